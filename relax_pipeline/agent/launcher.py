@@ -1,0 +1,318 @@
+"""Start one agent process per session and end its whole process group (DESIGN §3.2).
+
+`AgentProcess.start` runs `bash -c <command>` in `cwd`, in a new session (so its own process group),
+with stdin from /dev/null and stdout and stderr appended to one file, `<io_dir>/agent.log`. The
+environment is the parent's, minus any inherited `RELAX_*` variable, plus `AgentSpec.env`, plus the
+session's `RELAX_*` variables passed by the caller. The `RELAX_` prefix is reserved: `AgentSpec.env`
+may not use it and the session variables must.
+
+`AgentProcess.wait` counts an `ActiveTimer`: time spent paused (for example while the agent's request
+waits for the engine) does not count against `AgentSpec.timeout`. When the budget runs out, or when the
+waiting task is cancelled (session dropped), the whole group gets SIGTERM, then SIGKILL after
+`grace_s`. After a normal exit of the main process, leftover processes of the group are ended the same
+way. A non-zero exit, a death by signal and a timeout raise `AgentFailure` carrying the exit code and
+the tail of the log.
+
+Not done here: processes that leave the group (`setsid`, double-forking daemons) are not followed;
+writing the input file and reading the output file live in `session_io`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+RESERVED_PREFIX = "RELAX_"
+"""Environment prefix owned by the pipeline; user env may not set it."""
+LOG_NAME = "agent.log"
+"""File in the session io dir that receives the agent's stdout and stderr."""
+_POLL_S = 0.05
+"""How often a paused timer, or a terminating group, is looked at again."""
+
+
+class ActiveTimer:
+    """An active-time budget: counts seconds only while running; `budget=None` never expires."""
+
+    def __init__(self, budget: float | None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.budget = budget
+        self._clock = clock
+        self._spent = 0.0
+        self._since: float | None = None
+        self._started = False
+
+    def start(self) -> None:
+        """Begin counting; a timer starts once."""
+        if self._started:
+            raise RuntimeError("ActiveTimer.start() called twice; use resume() after pause()")
+        self._started = True
+        self._since = self._clock()
+
+    def pause(self) -> None:
+        """Stop counting until `resume`; no-op when not running."""
+        if self._since is not None:
+            self._spent += self._clock() - self._since
+            self._since = None
+
+    def resume(self) -> None:
+        """Count again after `pause`; no-op when running."""
+        if not self._started:
+            raise RuntimeError("ActiveTimer.resume() before start(); call start() first")
+        if self._since is None:
+            self._since = self._clock()
+
+    @property
+    def running(self) -> bool:
+        """True between start/resume and pause."""
+        return self._since is not None
+
+    def elapsed(self) -> float:
+        """Active seconds counted so far."""
+        live = self._clock() - self._since if self._since is not None else 0.0
+        return self._spent + live
+
+    def remaining(self) -> float:
+        """Active seconds left, never below 0; `math.inf` without a budget."""
+        return math.inf if self.budget is None else max(0.0, self.budget - self.elapsed())
+
+    @property
+    def expired(self) -> bool:
+        """True once the active time reached the budget."""
+        return self.budget is not None and self.elapsed() >= self.budget
+
+
+@dataclass(frozen=True)
+class AgentSpec:
+    """How to run the user's harness; connects the `agent` config group to `AgentProcess`."""
+
+    command: str
+    """Shell command run with `bash -c`."""
+    cwd: str | None = None
+    """Working directory; None keeps the parent's."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Extra environment variables; the RELAX_ prefix is reserved."""
+    timeout: float | None = None
+    """Active-time budget in seconds (paused time excluded); None is unlimited."""
+    grace_s: float = 5.0
+    """Seconds between SIGTERM and SIGKILL of the process group."""
+    log_tail_bytes: int = 8192
+    """How much of the end of agent.log a failure carries."""
+
+    def __post_init__(self) -> None:
+        reserved = sorted(k for k in self.env if str(k).startswith(RESERVED_PREFIX))
+        if reserved:
+            raise ValueError(f"agent.env sets {reserved}: the RELAX_ prefix is reserved; rename these keys")
+
+
+@dataclass(frozen=True)
+class AgentExit:
+    """A successful agent run; connects `AgentProcess.wait` to output parsing."""
+
+    exit_code: int
+    """Always 0 (any other exit raises `AgentFailure`)."""
+    elapsed_s: float
+    """Wall seconds from start to exit."""
+    active_s: float
+    """Seconds counted by the active timer."""
+
+
+class AgentFailure(Exception):
+    """The agent exited non-zero, died by a signal, or ran out of active time."""
+
+    def __init__(
+        self, reason: str, exit_code: int | None, log_tail: str, log_path: Path | None = None
+    ) -> None:
+        super().__init__(reason, exit_code, log_tail)
+        self.reason = reason
+        self.exit_code = exit_code
+        self.log_tail = log_tail
+        self.log_path = log_path
+
+    def __str__(self) -> str:
+        where = f" (full log: {self.log_path})" if self.log_path else ""
+        return f"agent {self.reason}{where}; last output:\n{self.log_tail}"
+
+
+class AgentProcess:
+    """One agent process group: start it, wait on it under the active timer, terminate it."""
+
+    def __init__(self, spec: AgentSpec) -> None:
+        self.spec = spec
+        self.timer = ActiveTimer(spec.timeout)
+        self._proc: asyncio.subprocess.Process | None = None
+        self._log_path: Path | None = None
+        self._started_at = 0.0
+        self._exited_at = 0.0
+        self._group_gone = False
+
+    @property
+    def pid(self) -> int | None:
+        """Pid (and process group id) of the main process, None before start."""
+        return self._proc.pid if self._proc else None
+
+    @property
+    def returncode(self) -> int | None:
+        """The main process's return code (negative: killed by that signal), None while it runs."""
+        return self._proc.returncode if self._proc else None
+
+    async def start(self, session_env: Mapping[str, str], io_dir: Path) -> None:
+        """Launch `bash -c command` in its own process group, logging to `io_dir/agent.log`."""
+        if self._proc is not None:
+            raise RuntimeError("AgentProcess.start() called twice; use one AgentProcess per session")
+        io_dir.mkdir(parents=True, exist_ok=True)
+        self._log_path = io_dir / LOG_NAME
+        env = self._environment(session_env)
+        with open(self._log_path, "ab") as log:
+            self._proc = await self._spawn(env, log.fileno())
+        self._started_at = time.monotonic()
+        self.timer.start()
+
+    def _environment(self, session_env: Mapping[str, str]) -> dict[str, str]:
+        """Parent env without inherited RELAX_* vars, then the spec's env, then the session's."""
+        foreign = sorted(k for k in session_env if not k.startswith(RESERVED_PREFIX))
+        if foreign:
+            raise ValueError(f"session env {foreign} lacks the RELAX_ prefix; put user variables in "
+                             "agent.env")
+        env = {k: v for k, v in os.environ.items() if not k.startswith(RESERVED_PREFIX)}
+        env.update({str(k): str(v) for k, v in self.spec.env.items()})
+        env.update({k: str(v) for k, v in session_env.items()})
+        return env
+
+    async def _spawn(self, env: dict[str, str], log_fd: int) -> asyncio.subprocess.Process:
+        """Create the subprocess; a missing cwd or bash becomes an `AgentFailure`."""
+        try:
+            return await asyncio.create_subprocess_exec(
+                "bash", "-c", self.spec.command, cwd=self.spec.cwd, env=env, start_new_session=True,
+                stdin=subprocess.DEVNULL, stdout=log_fd, stderr=subprocess.STDOUT)
+        except OSError as error:
+            raise AgentFailure(f"could not start ({error}); check agent.cwd and agent.command", None,
+                               "", self._log_path) from error
+
+    async def wait(self) -> AgentExit:
+        """Wait for exit under the active timer; raise `AgentFailure` unless it exits 0."""
+        proc = self._require_started()
+        try:
+            finished = await self._wait_active(proc)
+        except asyncio.CancelledError:
+            await asyncio.shield(self.terminate())
+            raise
+        if not finished:
+            await self.terminate()
+            raise self._failure(f"timed out after {self.timer.budget:g} s of active time", None)
+        await self.terminate()
+        return self._result(proc)
+
+    async def _wait_active(self, proc: asyncio.subprocess.Process) -> bool:
+        """True when the main process exited, False when the active budget ran out first."""
+        waiter = asyncio.ensure_future(proc.wait())
+        try:
+            while not waiter.done():
+                if self.timer.expired:
+                    return False
+                await asyncio.wait({waiter}, timeout=self._slice())
+            self._exited_at = time.monotonic()
+            return True
+        finally:
+            waiter.cancel()
+            self.timer.pause()
+
+    def _slice(self) -> float | None:
+        """How long to wait before looking at the timer again."""
+        if not self.timer.running:
+            return _POLL_S
+        remaining = self.timer.remaining()
+        return None if math.isinf(remaining) else remaining
+
+    def _result(self, proc: asyncio.subprocess.Process) -> AgentExit:
+        """AgentExit for exit 0, else the matching `AgentFailure`."""
+        code = proc.returncode
+        assert code is not None
+        if code < 0:
+            raise self._failure(f"killed by signal {_signal_name(-code)}", None)
+        if code > 0:
+            raise self._failure(f"exited with code {code}", code)
+        return AgentExit(exit_code=0, elapsed_s=self._exited_at - self._started_at,
+                         active_s=self.timer.elapsed())
+
+    async def terminate(self) -> None:
+        """SIGTERM the group, wait up to grace_s for it to empty, then SIGKILL it; idempotent."""
+        if self._proc is None or self._group_gone:
+            return
+        self._signal_group(signal.SIGTERM)
+        deadline = time.monotonic() + self.spec.grace_s
+        while _group_alive(self._proc.pid) and time.monotonic() < deadline:
+            await asyncio.sleep(_POLL_S)
+        self._signal_group(signal.SIGKILL)
+        await self._proc.wait()
+        self._group_gone = not _group_alive(self._proc.pid)
+
+    def _signal_group(self, sig: signal.Signals) -> None:
+        """Send `sig` to the whole group; a group that is already gone is fine."""
+        assert self._proc is not None
+        try:
+            os.killpg(self._proc.pid, sig)
+        except ProcessLookupError:
+            self._group_gone = True
+
+    def tail(self) -> str:
+        """The last `log_tail_bytes` of agent.log, decoded with replacement characters."""
+        if self._log_path is None or not self._log_path.exists():
+            return ""
+        with open(self._log_path, "rb") as log:
+            log.seek(max(0, log.seek(0, os.SEEK_END) - self.spec.log_tail_bytes))
+            return log.read().decode("utf-8", errors="replace")
+
+    def _failure(self, reason: str, exit_code: int | None) -> AgentFailure:
+        """An `AgentFailure` carrying the log tail."""
+        return AgentFailure(reason, exit_code, self.tail(), self._log_path)
+
+    def _require_started(self) -> asyncio.subprocess.Process:
+        """The running process, or a RuntimeError naming the missing call."""
+        if self._proc is None:
+            raise RuntimeError("AgentProcess.wait() before start(); call start() first")
+        return self._proc
+
+
+def _signal_name(signum: int) -> str:
+    """SIGTERM-style name of a signal number."""
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def _group_alive(pgid: int) -> bool:
+    """True while the process group has a member that is not a zombie."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return _has_live_member(pgid)
+
+
+def _has_live_member(pgid: int) -> bool:
+    """Scan /proc for a non-zombie process in group `pgid` (zombies wait on a non-reaping init)."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return True
+    for entry in proc.iterdir():
+        if entry.name.isdigit() and _stat_is_live_member(entry / "stat", pgid):
+            return True
+    return False
+
+
+def _stat_is_live_member(stat_path: Path, pgid: int) -> bool:
+    """Whether /proc/<pid>/stat shows a live (non-zombie) process in group `pgid`."""
+    try:
+        fields = stat_path.read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return False
+    return fields[2] == str(pgid) and fields[0] not in ("Z", "X")

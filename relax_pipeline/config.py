@@ -1,0 +1,222 @@
+"""Structured config: the typed schema of every key, registered in Hydra's ConfigStore.
+
+`conf/config.yaml` composes one run from the groups in DESIGN §1; each group file merges into the
+typed node below, so a misspelt key fails at compose time with Hydra's own message. Each group node
+carries a `_target_` naming our class, and `build` is the one instantiate helper (extra constructor
+arguments such as the model path are passed at build time). Cross-key rules that a schema cannot
+express are checked by `validate`, which names the key and the allowed values.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from hydra.utils import instantiate
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+JOBS = ("train", "rollout", "check")
+
+
+@dataclass
+class ProtocolConfig:
+    _target_: str = "relax_pipeline.protocol.suite.ProtocolSuite"
+    apis: list[str] = field(default_factory=lambda: ["chat"])
+    """Front-ends the gateway serves: chat (responses, messages land with the protocols issue)."""
+    reasoning_parser: str | None = "qwen3"
+    """SGLang reasoning-parser name used to split `<think>` text."""
+    tool_call_parser: str | None = "qwen25"
+    """SGLang tool-call-parser name used to extract tool calls."""
+    service_prefix: str = "/agentic_api"
+    """URL path the gateway serves under; RELAX_BASE_URL keeps it."""
+    sse_heartbeat_s: float = 15.0
+    """Seconds between Buffered SSE heartbeats."""
+
+
+@dataclass
+class RuntimeConfig:
+    _target_: str = "relax_pipeline.runtime.sync.SyncRuntime"
+    concurrency: int | None = None
+    """Resident prompt groups (Prepare + Runtime); None means rollout.over_sampling_batch_size."""
+    eval_concurrency: int | None = None
+    """Eval sessions in flight; None derives it from the train concurrency."""
+    max_aborted_count: int = 2
+    """Partial rollout: aborts after which a request is protected."""
+
+
+@dataclass
+class CreditConfig:
+    _target_: str = "relax_pipeline.credit.reward.RewardCredit"
+    reward_key: str | None = None
+    """Key of the primary value when an exported reward is an object."""
+    rm_path: str | None = None
+    """module.function custom reward model (credit=custom_rm)."""
+    advantage_path: str | None = None
+    """module.function per-context advantage hook (credit=custom_advantage)."""
+    normalize_advantages: bool = False
+    """Whiten token advantages across the batch."""
+    log_passrate: bool = False
+    """Log `passrate` (primary reward == 1)."""
+
+
+@dataclass
+class EngineConfig:
+    _target_: str = "relax_pipeline.engine.hf.HFEngine"
+    device: str = "cpu"
+    """torch device for the embedded engine."""
+    dtype: str = "float32"
+    """Weights dtype: float32, bfloat16 or float16."""
+    max_batch_size: int = 32
+    """Most sequences decoded together."""
+
+
+@dataclass
+class TrainerConfig:
+    _target_: str = "relax_pipeline.train.spec.TrainerSpec"
+    backend: str = "torch"
+    """torch (single process) or deepspeed."""
+    lr: float = 1e-3
+    """AdamW learning rate."""
+    global_batch_size: int | None = None
+    """Samples per optimizer step; None means the whole rollout batch."""
+
+
+@dataclass
+class ModelConfig:
+    _target_: str = "relax_pipeline.models.spec.ModelSpec"
+    name: str = "tiny"
+    """Label echoed as the model id."""
+    path: str | None = None
+    """Local Hugging Face folder; None builds the tiny model locally."""
+    cache_dir: str | None = None
+    """Where the tiny model is built; None means $RELAX_CACHE_DIR or ~/.cache/relax_pipeline."""
+    end_of_turn: str | None = None
+    """Template end-of-turn token; None detects it from the chat template."""
+
+
+@dataclass
+class DatasetConfig:
+    _target_: str = "relax_pipeline.data.dataset.JsonlDataset"
+    path: str = MISSING
+    """JSONL file, one prompt per line."""
+    input_key: str = "input"
+    """Row key holding the prompt: a string (one user message) or a message list."""
+    metadata_key: str | None = "metadata"
+    """Row key passed to the agent as input metadata."""
+    multimodal_keys: dict[str, str] = field(default_factory=dict)
+    """Media kind → row key (images land with the protocols issue)."""
+    shuffle: bool = True
+    """Shuffle prompt order each epoch with `seed`."""
+
+
+@dataclass
+class AgentConfig:
+    _target_: str = "relax_pipeline.agent.launcher.AgentSpec"
+    command: str = MISSING
+    """Shell command run by `bash -c` once per session."""
+    cwd: str | None = None
+    """Working directory of the agent process."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Extra environment (the RELAX_ prefix is reserved)."""
+    timeout: float | None = 120.0
+    """Active-time budget in seconds; None means no limit."""
+
+
+@dataclass
+class TrackingConfig:
+    _target_: str = "relax_pipeline.tracking.logger.NullTracker"
+    project: str = "relax_pipeline"
+    """W&B project."""
+
+
+@dataclass
+class RolloutConfig:
+    num_steps: int = 2
+    """Rollout steps (--num-rollout)."""
+    batch_size: int = 4
+    """Prompt groups per step."""
+    n_samples_per_prompt: int = 2
+    """Sessions per group."""
+    over_sampling_batch_size: int | None = None
+    """Groups in flight per step; None means batch_size."""
+    max_response_len: int = 64
+    """Most tokens generated per turn."""
+    max_context_len: int = 2048
+    """Most tokens in a prompt plus its response."""
+    temperature: float = 1.0
+    """Sampling temperature (requests cannot change it)."""
+    top_p: float = 1.0
+    """Nucleus sampling mass."""
+    top_k: int = -1
+    """Top-k sampling; -1 disables."""
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Default template kwargs written into each session's input."""
+
+
+@dataclass
+class EvalConfig:
+    datasets: list[Any] = field(default_factory=list)
+    """Eval datasets (land with the credit issue)."""
+    n_samples_per_prompt: int = 1
+    """Sessions per eval prompt."""
+    interval: int | None = None
+    """Run eval every N steps; None disables."""
+
+
+@dataclass
+class DebugConfig:
+    save_rollout_data: str | None = None
+    """Dump path containing {rollout_id}; relative paths resolve in the run's output folder."""
+
+
+@dataclass
+class Config:
+    job: str = "train"
+    """train, rollout or check."""
+    seed: int = 0
+    """One seed for data order, sampling and init."""
+    protocol: ProtocolConfig = field(default_factory=ProtocolConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    credit: CreditConfig = field(default_factory=CreditConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    dataset: DatasetConfig = field(default_factory=DatasetConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    debug: DebugConfig = field(default_factory=DebugConfig)
+    output_dir: str | None = None
+    """Where run.log and dumps go; None means Hydra's output folder (or ./outputs/<time> in-process)."""
+
+
+def register() -> None:
+    ConfigStore.instance().store(name="base_config", node=Config)
+    """Register the schema and the resolvers `${relax_root:}` (repo folder) and `${relax_python:}`."""
+    if not OmegaConf.has_resolver("relax_root"):
+        OmegaConf.register_new_resolver("relax_root", lambda: str(REPO_ROOT))
+    if not OmegaConf.has_resolver("relax_python"):
+        OmegaConf.register_new_resolver("relax_python", lambda: sys.executable)
+
+
+def build(node: DictConfig | Any, **kwargs: Any) -> Any:
+    """Instantiate one group node; plain Python containers, never OmegaConf ones, reach our classes."""
+    return instantiate(node, _convert_="all", **kwargs)
+
+
+def validate(cfg: DictConfig) -> None:
+    """Cross-key checks a schema cannot express; each error names the key and the allowed values."""
+    if cfg.job not in JOBS:
+        raise ValueError(f"job={cfg.job!r} is not a job; choose one of {list(JOBS)}")
+    for key in ("num_steps", "batch_size", "n_samples_per_prompt", "max_response_len", "max_context_len"):
+        if cfg.rollout[key] <= 0:
+            raise ValueError(f"rollout.{key} must be positive, got {cfg.rollout[key]}")
+    if cfg.rollout.max_response_len >= cfg.rollout.max_context_len:
+        raise ValueError("rollout.max_response_len must be smaller than rollout.max_context_len")
+    if cfg.runtime.concurrency is not None and cfg.runtime.concurrency <= 0:
+        raise ValueError(f"runtime.concurrency must be positive, got {cfg.runtime.concurrency}")

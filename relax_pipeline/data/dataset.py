@@ -1,0 +1,97 @@
+"""Prompt datasets and the data source that feeds rollout groups.
+
+`JsonlDataset` reads one prompt per line: `dataset.input_key` holds a string (one user message) or a
+message list, `dataset.metadata_key` an optional object passed to the agent. Rows are validated at load
+time; an error names the file, the line and the key. `DataSource` hands out prompts in a seeded order
+per epoch and takes back prompts whose group was dropped or filtered, serving them first, so an epoch
+still covers every prompt. Images (`multimodal_keys`) land with the protocols issue.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One dataset row; connects the dataset to Prepare (which writes the agent's input file)."""
+
+    index: int
+    input: str | list[dict[str, Any]]
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+class JsonlDataset:
+    """Prompts from a JSONL file."""
+
+    def __init__(self, path: str, input_key: str = "input", metadata_key: str | None = "metadata",
+                 multimodal_keys: dict[str, str] | None = None, shuffle: bool = True) -> None:
+        if multimodal_keys:
+            raise ValueError("dataset.multimodal_keys is not supported yet (images land with the protocols issue)")
+        self.path = Path(path).expanduser()
+        self.input_key = input_key
+        self.metadata_key = metadata_key
+        self.shuffle = shuffle
+        self.prompts = self._load()
+
+    def _load(self) -> list[Prompt]:
+        if not self.path.is_file():
+            raise FileNotFoundError(f"dataset.path={str(self.path)!r} does not exist")
+        prompts = []
+        for line_no, line in enumerate(self.path.read_text(encoding="utf-8").splitlines(), 1):
+            if line.strip():
+                prompts.append(self._row(json.loads(line), line_no, len(prompts)))
+        if not prompts:
+            raise ValueError(f"dataset.path={str(self.path)!r} has no rows")
+        return prompts
+
+    def _row(self, row: Any, line_no: int, index: int) -> Prompt:
+        where = f"{self.path}:{line_no}"
+        if not isinstance(row, dict) or self.input_key not in row:
+            raise ValueError(f"{where}: row has no {self.input_key!r} (dataset.input_key)")
+        value = row[self.input_key]
+        if not (isinstance(value, str) and value) and not (isinstance(value, list) and value):
+            raise ValueError(f"{where}: {self.input_key!r} must be a non-empty string or message list")
+        metadata = row.get(self.metadata_key) if self.metadata_key else None
+        if metadata is not None and not isinstance(metadata, dict):
+            raise ValueError(f"{where}: {self.metadata_key!r} must be an object (dataset.metadata_key)")
+        return Prompt(index, value, metadata or {})
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+
+class DataSource:
+    """Seeded epoch order with a return queue for prompts of dropped or filtered groups."""
+
+    def __init__(self, dataset: JsonlDataset, seed: int) -> None:
+        self.dataset = dataset
+        self.seed = seed
+        self.epoch = 0
+        self._order: deque[int] = deque()
+        self._returned: deque[Prompt] = deque()
+
+    def next(self) -> Prompt:
+        if self._returned:
+            return self._returned.popleft()
+        if not self._order:
+            self._new_epoch()
+        return self.dataset.prompts[self._order.popleft()]
+
+    def give_back(self, prompt: Prompt) -> None:
+        self._returned.append(prompt)
+
+    def _new_epoch(self) -> None:
+        order = list(range(len(self.dataset)))
+        if self.dataset.shuffle:
+            random.Random(self.seed * 1_000_003 + self.epoch).shuffle(order)
+        self._order.extend(order)
+        self.epoch += 1
+
+    def state(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "order": list(self._order), "returned": [p.index for p in self._returned]}

@@ -1,0 +1,504 @@
+"""`engine=hf`: the embedded, in-process transformers engine with continuous batching.
+
+`HFEngine` implements the `Engine` protocol of `base.py` on any `AutoModelForCausalLM` checkpoint. One
+worker thread owns the model and runs the decode loop; the asyncio side only queues commands (generate,
+abort, weight update, close) and gets results back via `loop.call_soon_threadsafe`, so the event loop
+serving HTTP never waits on the model.
+
+Continuous batching: at every step boundary the worker applies queued commands in order, admits waiting
+requests (up to `max_batch_size` active) by prefilling each alone and merging its KV cache into the
+shared left-padded batch cache, then runs one decode step for all active requests (attention mask,
+per-row position ids). Finished requests leave at once and all-padding leading cache columns are
+trimmed. Logits match a solo run up to float rounding of padded attention (tests: greedy identical).
+
+Contracts: per-request sampling and full-vocabulary float32 logprobs before top-k/top-p (`sampling.py`);
+stop token ids (request's plus engine default) end with "stop" and are kept; stop strings end with
+"stop", `matched_stop` is the string and tokens stay as generated; a prompt over `max_context_len`
+raises ValueError and output ends with "length" at `max_new_tokens` or a full context. `update_weights`
+applies between two decode steps: in-flight requests continue with the new weights from the next step
+(their older KV cache is kept, as SGLang does); each token records the version that sampled it,
+`weight_version` is the version at the last token and `weight_versions` is filled only when they
+differ. `abort` ends a request at the next step boundary; `generate` and `abort` return the same partial
+result with "abort". Cancelling a `generate` task aborts its request.
+
+Not supported: sliding-window attention layers (the padded shared cache treats every layer as full),
+batched prefill, prefix caching, speculative decoding; stop strings never match across the prompt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import itertools
+import logging
+import queue
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+
+from relax_pipeline.engine.base import FinishReason, GenerateResult, SamplingParams
+from relax_pipeline.engine.sampling import (
+    StopStringMatcher,
+    check_sampling,
+    derive_seed,
+    make_generator,
+    sample_rows,
+)
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+Command = Callable[[], None]
+_log = logging.getLogger(__name__)
+
+
+def _resolve(loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any], value: Any) -> None:
+    """Complete `future` on its loop from any thread; an exception value becomes the exception."""
+
+    def settle() -> None:
+        if future.done():
+            return
+        if isinstance(value, BaseException):
+            future.set_exception(value)
+        else:
+            future.set_result(value)
+
+    try:
+        loop.call_soon_threadsafe(settle)
+    except RuntimeError:  # the loop is closed: nobody is waiting any more
+        pass
+
+
+@dataclass(eq=False)
+class _Request:
+    """One generation from submission to result; touched only by the worker thread once submitted."""
+
+    rid: str
+    prompt: tuple[int, ...]
+    sampling: SamplingParams
+    stop_ids: frozenset[int]
+    limit: int
+    generator: torch.Generator
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[GenerateResult]
+    matcher: StopStringMatcher | None = None
+    output_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    matched: str | int | None = None
+
+    @property
+    def cached_len(self) -> int:
+        """Tokens of this request in the KV cache: the last sampled token is not fed yet."""
+        return len(self.prompt) + len(self.output_ids) - 1
+
+    def push(self, token: int, logprob: float, version: int) -> FinishReason | None:
+        """Record one sampled token; return the finish reason it causes, if any."""
+        self.output_ids.append(token)
+        self.logprobs.append(logprob)
+        self.versions.append(version)
+        if token in self.stop_ids:
+            self.matched = token
+            return "stop"
+        if self.matcher is not None and (hit := self.matcher.push(token)) is not None:
+            self.matched = hit
+            return "stop"
+        return "length" if len(self.output_ids) >= self.limit else None
+
+    def result(self, reason: FinishReason, version: int) -> GenerateResult:
+        """The frozen result; per-token versions only when they differ."""
+        versions = tuple(self.versions)
+        return GenerateResult(
+            output_ids=tuple(self.output_ids),
+            logprobs=tuple(self.logprobs),
+            finish_reason=reason,
+            weight_version=versions[-1] if versions else version,
+            matched_stop=self.matched if reason == "stop" else None,
+            weight_versions=versions if len(set(versions)) > 1 else (),
+        )
+
+
+def _left_pad(tensor: torch.Tensor, length: int, dim: int) -> torch.Tensor:
+    """Zero-pad `tensor` on the left of `dim` up to `length`."""
+    missing = length - tensor.shape[dim]
+    if missing <= 0:
+        return tensor
+    shape = list(tensor.shape)
+    shape[dim] = missing
+    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
+
+
+class _Batch:
+    """Active requests with one shared KV cache, left-padded so every row ends at the same column."""
+
+    def __init__(self) -> None:
+        self.rows: list[_Request] = []
+        self.cache: DynamicCache | None = None
+        self.mask: torch.Tensor | None = None
+
+    def add(self, request: _Request, cache: DynamicCache) -> None:
+        """Append a prefilled request whose single-row `cache` holds exactly its prompt."""
+        ones = torch.ones(1, len(request.prompt), dtype=torch.long, device=cache.layers[0].keys.device)
+        if self.cache is None or self.mask is None:
+            self.rows, self.cache, self.mask = [request], cache, ones
+            return
+        length = max(self.mask.shape[1], ones.shape[1])
+        for big, small in zip(self.cache.layers, cache.layers, strict=True):
+            big.keys = torch.cat([_left_pad(big.keys, length, 2), _left_pad(small.keys, length, 2)])
+            big.values = torch.cat([_left_pad(big.values, length, 2), _left_pad(small.values, length, 2)])
+        self.mask = torch.cat([_left_pad(self.mask, length, 1), _left_pad(ones, length, 1)])
+        self.rows.append(request)
+
+    def keep(self, keep: list[int]) -> None:
+        """Keep only rows `keep` and trim leading columns that are padding in every kept row."""
+        if not keep or self.cache is None or self.mask is None:
+            self.rows, self.cache, self.mask = [], None, None
+            return
+        cut = self.mask.shape[1] - max(self.rows[i].cached_len for i in keep)
+        if len(keep) == len(self.rows) and cut == 0:
+            return
+        index = torch.tensor(keep, device=self.mask.device)
+        for layer in self.cache.layers:
+            layer.keys = layer.keys[index, :, cut:]
+            layer.values = layer.values[index, :, cut:]
+        self.mask = self.mask[index, cut:]
+        self.rows = [self.rows[i] for i in keep]
+
+
+class _ModelCall:
+    """Forward passes with our own cache, hiding kwarg names that differ across transformers versions."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        params = inspect.signature(model.forward).parameters
+        self.model = model
+        self.device = next(model.parameters()).device
+        self._cache_key = "cache" if "cache" in params else "past_key_values"
+        self._last_only = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
+
+    def prefill(self, prompt: Sequence[int]) -> tuple[torch.Tensor, DynamicCache]:
+        """Run one prompt alone; return its last-position logits [1, vocab] and its cache."""
+        cache = DynamicCache()
+        ids = torch.tensor([list(prompt)], dtype=torch.long, device=self.device)
+        kwargs = {self._cache_key: cache, **self._last_only}
+        out = self.model(input_ids=ids, use_cache=True, **kwargs)
+        return out.logits[:, -1], cache
+
+    def decode(self, batch: _Batch) -> torch.Tensor:
+        """One decode step for every row of `batch`; returns logits [rows, vocab] and grows the cache."""
+        assert batch.mask is not None
+        rows = batch.rows
+        ids = torch.tensor([[r.output_ids[-1]] for r in rows], dtype=torch.long, device=self.device)
+        positions = torch.tensor([[r.cached_len] for r in rows], dtype=torch.long, device=self.device)
+        batch.mask = torch.cat([batch.mask, batch.mask.new_ones(len(rows), 1)], dim=1)
+        kwargs = {self._cache_key: batch.cache}
+        out = self.model(
+            input_ids=ids, attention_mask=batch.mask, position_ids=positions, use_cache=True, **kwargs
+        )
+        return out.logits[:, -1]
+
+
+class _Scheduler:
+    """The worker thread's state: waiting queue, active batch, and the step loop."""
+
+    def __init__(self, engine: HFEngine, model: torch.nn.Module, tokenizer: Any) -> None:
+        self.engine = engine
+        self.call = _ModelCall(model)
+        self.tokenizer = tokenizer
+        self.commands: queue.SimpleQueue[Command] = queue.SimpleQueue()
+        self.waiting: deque[_Request] = deque()
+        self.batch = _Batch()
+        self.live: dict[str, _Request] = {}
+        self.stopping = False
+
+    def run(self) -> None:
+        """Thread body: apply commands, admit, decode; abort whatever is left on exit."""
+        with torch.inference_mode():
+            while not self.stopping:
+                self._drain(block=not (self.waiting or self.batch.rows))
+                if self.stopping:
+                    break
+                self._admit()
+                self._step()
+            self._drain(block=False)
+            for request in list(self.live.values()):
+                self._finish(request, "abort")
+
+    def _drain(self, block: bool) -> None:
+        """Run queued commands; wait for the first one when there is nothing else to do."""
+        try:
+            command = self.commands.get(block=block)
+            while True:
+                self._run_command(command)
+                command = self.commands.get_nowait()
+        except queue.Empty:
+            return
+
+    @staticmethod
+    def _run_command(command: Command) -> None:
+        try:
+            command()
+        except Exception:  # a command must never kill the worker thread
+            _log.exception("hf engine command failed")
+
+    def submit(self, request: _Request) -> None:
+        """Command: queue a request for admission."""
+        if request.rid in self.live:
+            _resolve(request.loop, request.future, ValueError(f"rid {request.rid!r} is already generating"))
+            return
+        self.live[request.rid] = request
+        self.waiting.append(request)
+
+    def abort(self, rid: str, reply: Callable[[GenerateResult | None], None]) -> None:
+        """Command: end request `rid` now with its partial output, or reply None if unknown."""
+        request = self.live.get(rid)
+        if request is None:
+            reply(None)
+            return
+        if request in self.waiting:
+            self.waiting.remove(request)
+        else:
+            self.batch.keep([i for i, row in enumerate(self.batch.rows) if row is not request])
+        reply(self._finish(request, "abort"))
+
+    def load_weights(self, state_dict: dict[str, Any], version: int) -> None:
+        """Command: copy `state_dict` into the model and serve it as `version` from the next step."""
+        model = self.call.model
+        current = model.state_dict()
+        unknown = sorted(set(state_dict) - set(current))
+        if unknown:
+            raise ValueError(f"update_weights got keys the model does not have: {unknown[:5]}")
+        wrong = [k for k, v in state_dict.items() if tuple(v.shape) != tuple(current[k].shape)]
+        if wrong:
+            raise ValueError(f"update_weights got tensors of the wrong shape for: {wrong[:5]}")
+        with torch.inference_mode(False), torch.no_grad():
+            model.load_state_dict(state_dict, strict=False)
+        self.engine.weight_version = version
+
+    def stop(self) -> None:
+        """Command: leave the loop after this round of commands."""
+        self.stopping = True
+
+    def _admit(self) -> None:
+        """Prefill waiting requests while the batch has room."""
+        while self.waiting and not self.stopping and len(self.batch.rows) < self.engine.max_batch_size:
+            request = self.waiting.popleft()
+            try:
+                self._prefill(request)
+            except Exception as error:  # noqa: BLE001 - the failure belongs to this request only
+                self.live.pop(request.rid, None)
+                _resolve(request.loop, request.future, error)
+
+    def _prefill(self, request: _Request) -> None:
+        """Run the prompt alone, sample the first token, and join the batch unless already done."""
+        if request.sampling.stop:
+            request.matcher = StopStringMatcher(self.tokenizer, request.sampling.stop)
+        logits, cache = self.call.prefill(request.prompt)
+        self.engine.stats["prefills"] += 1
+        reason = self._sample([request], logits)[0]
+        if reason is not None:
+            self._finish(request, reason)
+        else:
+            self.batch.add(request, cache)
+
+    def _step(self) -> None:
+        """One decode step for the whole batch; finished rows leave it."""
+        rows = self.batch.rows
+        if not rows:
+            return
+        try:
+            reasons = self._sample(rows, self.call.decode(self.batch))
+        except Exception as error:  # noqa: BLE001 - fail the batch, keep serving new requests
+            self.batch.keep([])
+            for request in rows:
+                self.live.pop(request.rid, None)
+                _resolve(request.loop, request.future, error)
+            return
+        self._count_step(len(rows))
+        for request, reason in zip(rows, reasons, strict=True):
+            if reason is not None:
+                self._finish(request, reason)
+        self.batch.keep([i for i, reason in enumerate(reasons) if reason is None])
+
+    def _sample(self, rows: list[_Request], logits: torch.Tensor) -> list[FinishReason | None]:
+        """Sample one token per row and record it with the current weight version."""
+        tokens, logprobs = sample_rows(logits, [r.sampling for r in rows], [r.generator for r in rows])
+        version = self.engine.weight_version
+        self.engine.stats["tokens"] += len(rows)
+        return [r.push(t, lp, version) for r, t, lp in zip(rows, tokens, logprobs, strict=True)]
+
+    def _count_step(self, size: int) -> None:
+        stats = self.engine.stats
+        stats["steps"] += 1
+        stats["max_batch"] = max(stats["max_batch"], size)
+
+    def _finish(self, request: _Request, reason: FinishReason) -> GenerateResult:
+        """Deliver the result to the waiting `generate` call and forget the request."""
+        result = request.result(reason, self.engine.weight_version)
+        self.live.pop(request.rid, None)
+        _resolve(request.loop, request.future, result)
+        return result
+
+
+def _call(function: Callable[..., None], *args: Any) -> BaseException | None:
+    """Run `function`; return the exception it raised (to hand to an awaiting caller) or None."""
+    try:
+        function(*args)
+    except Exception as error:  # noqa: BLE001 - delivered to the caller, not swallowed
+        return error
+    return None
+
+
+def _load(model_path: str, device: str, dtype: str) -> tuple[torch.nn.Module, Any]:
+    """Load model (eval mode, on `device`) and tokenizer from a local HF folder."""
+    if dtype not in _DTYPES:
+        raise ValueError(f"engine.dtype={dtype!r} is not supported; use one of {sorted(_DTYPES)}")
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=_DTYPES[dtype])
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    return model.to(device).eval(), tokenizer
+
+
+class HFEngine:
+    """Embedded transformers engine: continuous batching in one worker thread, async API outside.
+
+    `stats` counts decode `steps`, `prefills`, sampled `tokens` and the largest decode batch
+    (`max_batch`); it is written by the worker thread and safe to read at any time.
+    """
+
+    def __init__(
+        self,
+        model_path: str,
+        device: str = "cpu",
+        dtype: str = "float32",
+        max_batch_size: int = 32,
+        max_context_len: int = 4096,
+        seed: int = 0,
+        default_stop_token_ids: tuple[int, ...] = (),
+    ) -> None:
+        self.model_path = model_path
+        self.device = device
+        self.dtype = dtype
+        self.max_batch_size = max_batch_size
+        self.max_context_len = max_context_len
+        self.seed = seed
+        self.default_stop_token_ids = tuple(default_stop_token_ids)
+        self.weight_version = 0
+        self.stats: dict[str, int] = {"steps": 0, "prefills": 0, "tokens": 0, "max_batch": 0}
+        self._model: torch.nn.Module | None = None
+        self._tokenizer: Any = None
+        self._scheduler: _Scheduler | None = None
+        self._thread: threading.Thread | None = None
+        self._counter = itertools.count()
+        self._closed = False
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The loaded causal LM (read-only use outside the engine; load weights via update_weights)."""
+        if self._model is None:
+            raise RuntimeError("HFEngine has no model: call `await engine.start()` first")
+        return self._model
+
+    @property
+    def tokenizer(self) -> Any:
+        """The tokenizer loaded from `model_path`."""
+        if self._tokenizer is None:
+            raise RuntimeError("HFEngine has no tokenizer: call `await engine.start()` first")
+        return self._tokenizer
+
+    async def start(self) -> None:
+        """Load model and tokenizer off the event loop, then start the worker thread."""
+        if self._thread is not None:
+            return
+        model, tokenizer = await asyncio.to_thread(_load, self.model_path, self.device, self.dtype)
+        self._model, self._tokenizer = model, tokenizer
+        self._scheduler = _Scheduler(self, model, tokenizer)
+        self._thread = threading.Thread(target=self._scheduler.run, name="hf-engine", daemon=True)
+        self._thread.start()
+
+    async def generate(self, input_ids: Sequence[int], sampling: SamplingParams, rid: str) -> GenerateResult:
+        """Generate a continuation of `input_ids`; batched with every other request in flight."""
+        request = self._request(input_ids, sampling, rid)
+        if request.limit <= 0:
+            return request.result("length", self.weight_version)
+        self._post(lambda s: s.submit(request))
+        try:
+            return await request.future
+        except asyncio.CancelledError:
+            if not self._closed:
+                self._post(lambda s: s.abort(rid, lambda _: None))
+            raise
+
+    async def abort(self, rid: str) -> GenerateResult | None:
+        """Abort `rid` at the next step boundary; None when it is unknown or already finished."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[GenerateResult | None] = loop.create_future()
+        self._post(lambda s: s.abort(rid, lambda r: _resolve(loop, future, r)))
+        return await future
+
+    async def update_weights(self, state_dict: dict[str, Any], version: int) -> None:
+        """Load `state_dict` between two decode steps and serve it as `version`.
+
+        Keys must exist in the model (a subset is fine). Do not modify the tensors until this returns.
+        """
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        self._post(lambda s: _resolve(loop, future, _call(s.load_weights, state_dict, version)))
+        await future
+
+    async def close(self) -> None:
+        """Abort everything in flight, stop the worker thread and drop the model."""
+        if self._closed:
+            return
+        if self._scheduler is not None and self._thread is not None:
+            self._scheduler.commands.put(self._scheduler.stop)
+            await asyncio.to_thread(self._thread.join)
+        self._closed = True
+        self._scheduler, self._thread, self._model = None, None, None
+        if self.device.startswith("cuda") and torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    def _request(self, input_ids: Sequence[int], sampling: SamplingParams, rid: str) -> _Request:
+        """Validate a generate call and build its request record."""
+        self._live_scheduler()
+        prompt = tuple(int(i) for i in input_ids)
+        if not prompt:
+            raise ValueError("input_ids is empty: the prompt needs at least one token")
+        if len(prompt) > self.max_context_len:
+            raise ValueError(
+                f"prompt has {len(prompt)} tokens, more than max_context_len={self.max_context_len}; "
+                "shorten the history or raise rollout.max_context_len"
+            )
+        check_sampling(sampling)
+        self._check_vocab(prompt)
+        seed = sampling.seed if sampling.seed is not None else derive_seed(self.seed, next(self._counter))
+        loop = asyncio.get_running_loop()
+        return _Request(
+            rid=rid,
+            prompt=prompt,
+            sampling=sampling,
+            stop_ids=frozenset(sampling.stop_token_ids) | frozenset(self.default_stop_token_ids),
+            limit=min(sampling.max_new_tokens, self.max_context_len - len(prompt)),
+            generator=make_generator(seed, self.device),
+            loop=loop,
+            future=loop.create_future(),
+        )
+
+    def _check_vocab(self, prompt: tuple[int, ...]) -> None:
+        vocab = self.model.get_input_embeddings().num_embeddings
+        if min(prompt) < 0 or max(prompt) >= vocab:
+            raise ValueError(f"input_ids must lie in [0, {vocab}); got ids {min(prompt)}..{max(prompt)}")
+
+    def _live_scheduler(self) -> _Scheduler:
+        if self._closed:
+            raise RuntimeError("HFEngine is closed")
+        if self._scheduler is None:
+            raise RuntimeError("HFEngine is not running: call `await engine.start()` first")
+        return self._scheduler
+
+    def _post(self, command: Callable[[_Scheduler], None]) -> None:
+        """Queue `command` for the worker thread; it runs at the next step boundary."""
+        scheduler = self._live_scheduler()
+        scheduler.commands.put(lambda: command(scheduler))

@@ -1,0 +1,135 @@
+"""Per-request token sampling and stop-string detection for the embedded engine.
+
+`sample_rows` turns one decode step's logits (one row per request) into a token and its logprob per
+row. The logprob is log_softmax(logits / T) over the full vocabulary in float32, taken before top-k and
+top-p truncation, exactly as the trainer recomputes it (T = 1 for greedy). Each request samples with its
+own `torch.Generator`, so its draws do not depend on which other requests share the batch.
+
+`StopStringMatcher` detokenizes a request's output incrementally (only the new tail is decoded each
+step) and reports the first stop string that appears in the generated text.
+
+This module does not batch, schedule or run the model; `hf.py` does. It does not trim text after a
+stop string either: tokens are kept as generated and trimming is the caller's job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from relax_pipeline.engine.base import SamplingParams
+
+_MAX_PENDING_IDS = 16
+"""Give up waiting for a multi-token character after this many ids and accept replacement chars."""
+
+
+def check_sampling(sampling: SamplingParams) -> None:
+    """Raise ValueError naming the field when sampling settings are out of range."""
+    if sampling.max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {sampling.max_new_tokens}")
+    if sampling.temperature < 0:
+        raise ValueError(f"temperature must be >= 0 (0 is greedy), got {sampling.temperature}")
+    if not 0 < sampling.top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {sampling.top_p}")
+    if sampling.top_k == 0 or sampling.top_k < -1:
+        raise ValueError(f"top_k must be -1 (off) or >= 1, got {sampling.top_k}")
+
+
+def derive_seed(engine_seed: int, counter: int) -> int:
+    """Seed for the `counter`-th request without its own seed: a fixed mix of engine seed and counter."""
+    return (engine_seed * 0x9E3779B97F4A7C15 + counter * 0xBF58476D1CE4E5B9 + 1) % (2**63 - 1)
+
+
+def make_generator(seed: int, device: torch.device | str) -> torch.Generator:
+    """A generator on `device` seeded with `seed`; one per request."""
+    generator = torch.Generator(device=device)
+    generator.manual_seed(seed)
+    return generator
+
+
+def full_logprobs(logits: torch.Tensor, temperatures: Sequence[float]) -> torch.Tensor:
+    """log_softmax(logits / T) per row in float32, T = 1 where the request is greedy (T = 0)."""
+    temps = [t if t > 0 else 1.0 for t in temperatures]
+    scale = torch.tensor(temps, dtype=torch.float32, device=logits.device).unsqueeze(1)
+    return torch.log_softmax(logits.float() / scale, dim=-1)
+
+
+def truncate(logprobs: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Set logprobs outside the top-k / top-p nucleus to -inf; always keeps the most likely token."""
+    if 0 < top_k < logprobs.shape[-1]:
+        kth = torch.topk(logprobs, top_k).values[-1]
+        logprobs = logprobs.masked_fill(logprobs < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_lp, order = torch.sort(logprobs, descending=True)
+        probs = sorted_lp.exp()
+        drop = (torch.cumsum(probs, dim=-1) - probs) > top_p
+        drop[0] = False
+        logprobs = logprobs.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
+    return logprobs
+
+
+def sample_row(logprobs: torch.Tensor, sampling: SamplingParams, generator: torch.Generator) -> torch.Tensor:
+    """Pick one token id (0-d tensor) from a row of full-vocabulary logprobs."""
+    if sampling.temperature <= 0:
+        return torch.argmax(logprobs)
+    kept = truncate(logprobs, sampling.top_k, sampling.top_p)
+    return torch.multinomial(kept.exp(), 1, generator=generator)[0]
+
+
+def sample_rows(
+    logits: torch.Tensor, params: Sequence[SamplingParams], generators: Sequence[torch.Generator]
+) -> tuple[list[int], list[float]]:
+    """Sample one token per row of `logits` [rows, vocab]; returns token ids and their full logprobs."""
+    logprobs = full_logprobs(logits, [p.temperature for p in params])
+    picked = torch.stack(
+        [sample_row(logprobs[i], p, g) for i, (p, g) in enumerate(zip(params, generators, strict=True))]
+    )
+    chosen = logprobs.gather(1, picked.view(-1, 1)).squeeze(1)
+    return picked.tolist(), chosen.tolist()
+
+
+class StopStringMatcher:
+    """Finds stop strings in a request's generated text, decoding only the tail each step.
+
+    Uses the prefix/read offsets of incremental detokenization: the text of the ids since the last
+    completed character boundary is decoded and compared to the text already seen, so multi-byte
+    characters split across tokens are only reported once complete. Decoding keeps special tokens
+    (the model's literal output) and does not clean up spaces.
+    """
+
+    def __init__(self, tokenizer: Any, stops: Sequence[str]) -> None:
+        self._tokenizer = tokenizer
+        self._stops = tuple(s for s in stops if s)
+        self._keep = max((len(s) for s in self._stops), default=1) - 1
+        self._ids: list[int] = []
+        self._prefix = 0
+        self._read = 0
+        self._tail = ""
+
+    def push(self, token_id: int) -> str | None:
+        """Add one generated id; return the stop string now contained in the text, if any."""
+        self._ids.append(token_id)
+        new_text = self._new_text()
+        if not new_text:
+            return None
+        window = self._tail + new_text
+        hit = next((s for s in self._stops if s in window), None)
+        self._tail = window[len(window) - self._keep :] if self._keep else ""
+        return hit
+
+    def _new_text(self) -> str:
+        """Text completed by the ids since the read offset; empty while a character is still partial."""
+        seen = self._decode(self._ids[self._prefix : self._read])
+        full = self._decode(self._ids[self._prefix :])
+        pending = len(self._ids) - self._read
+        if len(full) <= len(seen) or (full.endswith("\ufffd") and pending < _MAX_PENDING_IDS):
+            return ""
+        self._prefix, self._read = self._read, len(self._ids)
+        return full[len(seen) :]
+
+    def _decode(self, ids: list[int]) -> str:
+        if not ids:
+            return ""
+        return self._tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)

@@ -1,0 +1,108 @@
+"""Chat-template compiler: full renders for first turns, observation deltas for every later turn.
+
+The first turn of a conversation renders the whole request with the generation prompt and tokenizes
+it. A later turn never re-renders or re-tokenizes history: it renders a fixed two-message anchor
+(`user`, `assistant`) followed by the new messages, cuts the text right after the anchor assistant's
+content, and tokenizes only what follows: the template's glue after an assistant turn, the new messages
+and the next generation prompt. The cut text starts with the template's end-of-turn marker; when the
+previous response already ended with it (the usual case) that marker is dropped, otherwise (a response
+cut by the length limit or a stop string) it is kept, so the turn is closed the way the template
+renders it, with loss 0.
+
+Templates that rewrite history (for example dropping earlier reasoning) make a sample differ from a
+full render of the final conversation; `render_differences` reports where, it does not hide it.
+This module does not parse model output (`parsers.py`) and does not know about sessions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from relax_pipeline.forest.canonical import Context, Message
+
+ANCHOR_USER = "\u2063relax-anchor-user\u2063"
+ANCHOR_ASSISTANT = "\u2063relax-anchor-assistant\u2063"
+_ANCHOR = [{"role": "user", "content": ANCHOR_USER}, {"role": "assistant", "content": ANCHOR_ASSISTANT}]
+
+
+@dataclass(frozen=True)
+class RenderDifference:
+    """Where a sample's decoded tokens and a full render of its conversation first differ."""
+
+    offset: int
+    sample_text: str
+    render_text: str
+
+
+class ChatTemplate:
+    """Renders and tokenizes conversations with a Hugging Face tokenizer's chat template."""
+
+    def __init__(self, tokenizer: Any, end_of_turn: str | None = None) -> None:
+        self.tokenizer = tokenizer
+        self.end_of_turn = end_of_turn or self._detect_end_of_turn()
+        self.end_of_turn_ids = tuple(self.encode(self.end_of_turn))
+
+    def render(self, messages: Sequence[Message], context: Context, generation_prompt: bool) -> str:
+        """Full-render text of a conversation (used by first turns, checks and tests)."""
+        return self._render([m.to_template() for m in messages], context, generation_prompt)
+
+    def _render(self, messages: list[dict[str, Any]], context: Context, generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(
+            messages,
+            tools=context.template_tools(),
+            add_generation_prompt=generation_prompt,
+            tokenize=False,
+            **context.kwargs(),
+        )
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def prompt_ids(self, messages: Sequence[Message], context: Context) -> list[int]:
+        """Token ids of a first turn: the full render with the generation prompt."""
+        return self.encode(self.render(messages, context, generation_prompt=True))
+
+    def delta_ids(
+        self, messages: Sequence[Message], context: Context, previous_ended_turn: bool
+    ) -> list[int]:
+        """Token ids that follow a committed assistant turn: glue, new messages, generation prompt."""
+        return self.encode(self.delta_text(messages, context, previous_ended_turn))
+
+    def delta_text(self, messages: Sequence[Message], context: Context, previous_ended_turn: bool) -> str:
+        text = self._render(_ANCHOR + [m.to_template() for m in messages], context, True)
+        tail = text[text.index(ANCHOR_ASSISTANT) + len(ANCHOR_ASSISTANT) :]
+        if not tail.startswith(self.end_of_turn):
+            raise ValueError(f"chat template does not close an assistant turn with {self.end_of_turn!r}")
+        return tail[len(self.end_of_turn) :] if previous_ended_turn else tail
+
+    def _detect_end_of_turn(self) -> str:
+        """The special token the template writes right after an assistant message's content."""
+        text = self._render(list(_ANCHOR), Context(), generation_prompt=False)
+        tail = text[text.index(ANCHOR_ASSISTANT) + len(ANCHOR_ASSISTANT) :]
+        for token in sorted(self.tokenizer.all_special_tokens, key=len, reverse=True):
+            if tail.startswith(token):
+                return token
+        eos = self.tokenizer.eos_token
+        if eos and tail.startswith(eos):
+            return eos
+        raise ValueError("cannot find the chat template's end-of-turn token; set model.end_of_turn")
+
+    def render_differences(
+        self, token_ids: Sequence[int], messages: Sequence[Message], context: Context
+    ) -> RenderDifference | None:
+        """Compare a sample's decoded tokens with the full render of its final conversation."""
+        sample = self.tokenizer.decode(list(token_ids), skip_special_tokens=False)
+        render = self.render(messages, context, generation_prompt=False)
+        if sample == render or render.startswith(sample) and render[len(sample) :].strip() == "":
+            return None
+        offset = _first_difference(sample, render)
+        return RenderDifference(offset, sample[offset : offset + 80], render[offset : offset + 80])
+
+
+def _first_difference(a: str, b: str) -> int:
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return min(len(a), len(b))

@@ -1,0 +1,57 @@
+"""Every fake in the project, in one module: stand-ins for the edges, never for the parts under test.
+
+- `ScriptedEngine`: an `Engine` that answers from a script of texts, tokenized with the real tokenizer
+  and ended with the template's end-of-turn token, with fixed logprobs. Protocol and forest tests use it
+  so their expected outputs are known; end-to-end tests use the real embedded engine instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from relax_pipeline.engine.base import GenerateResult, SamplingParams
+
+Script = Callable[[Sequence[int]], str]
+
+
+class ScriptedEngine:
+    """Answers each generate call with the next scripted text (or `script(prompt_ids)`)."""
+
+    def __init__(self, tokenizer: Any, script: Sequence[str] | Script, end_of_turn: str = "<|im_end|>",
+                 logprob: float = -0.5, delay_s: float = 0.0, max_context_len: int = 4096) -> None:
+        self.tokenizer = tokenizer
+        self.script = script
+        self.end_of_turn_id = tokenizer.convert_tokens_to_ids(end_of_turn)
+        self.logprob = logprob
+        self.delay_s = delay_s
+        self.weight_version = 0
+        self.max_context_len = max_context_len
+        self.prompts: list[list[int]] = []
+        self._calls = 0
+
+    async def start(self) -> None:
+        return None
+
+    async def generate(self, input_ids: Sequence[int], sampling: SamplingParams, rid: str) -> GenerateResult:
+        self.prompts.append(list(input_ids))
+        text = self.script(input_ids) if callable(self.script) else self.script[self._calls % len(self.script)]
+        self._calls += 1
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
+        ids = self.tokenizer.encode(text, add_special_tokens=False) + [self.end_of_turn_id]
+        finish = "stop"
+        if len(ids) > sampling.max_new_tokens:
+            ids, finish = ids[: sampling.max_new_tokens], "length"
+        return GenerateResult(tuple(ids), (self.logprob,) * len(ids), finish, self.weight_version,
+                              self.end_of_turn_id if finish == "stop" else None)
+
+    async def abort(self, rid: str) -> GenerateResult | None:
+        return None
+
+    async def update_weights(self, state_dict: dict[str, Any], version: int) -> None:
+        self.weight_version = version
+
+    async def close(self) -> None:
+        return None

@@ -1,0 +1,86 @@
+"""Export matching: which committed states of a session become training contexts.
+
+Implicit export (the agent wrote no records) takes the single exportable leaf of a strictly linear
+history; a branched session fails with a message naming every leaf. Explicit records are canonicalized
+like requests and must end exactly on a committed state; a record that does not is reported with the
+closest committed state and the first message index where it diverges. Names must be non-empty and
+unique (checked when the output file is read). This module builds no samples (`sample.py`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from relax_pipeline.agent.session_io import ExportRecord
+from relax_pipeline.forest.canonical import CanonicalError, Context, canonical_template_kwargs, canonical_tools, chain_all
+from relax_pipeline.forest.store import Node, SessionForest
+from relax_pipeline.protocol.chat import parse_messages
+
+
+class ExportError(ValueError):
+    """An export that matches no committed state; the text says where it diverged."""
+
+
+@dataclass(frozen=True)
+class Exported:
+    """One exported context: the record (None for implicit) and the node it ends on."""
+
+    name: str | None
+    node: Node
+    record: ExportRecord | None = None
+
+
+def implicit_export(forest: SessionForest) -> Exported:
+    """The single leaf of a linear history."""
+    leaves = forest.leaves()
+    if not leaves:
+        raise ExportError("the agent made no model call, so there is nothing to export")
+    if len(leaves) > 1:
+        described = "; ".join(_describe(forest, leaf) for leaf in leaves)
+        raise ExportError(
+            f"implicit export needs a linear history but the session has {len(leaves)} leaves: {described}. "
+            "Write one explicit record per branch to RELAX_OUTPUT_JSON (JSONL with name and messages)"
+        )
+    return Exported(None, leaves[0])
+
+
+def _describe(forest: SessionForest, leaf: Node) -> str:
+    last = leaf.messages[-1].content[:40] if leaf.messages else ""
+    return f"node {leaf.id} (after {leaf.depth} messages, turn {_turn(forest, leaf)}, ends {last!r})"
+
+
+def _turn(forest: SessionForest, node: Node) -> int:
+    return sum(1 for n in forest.lineage(node) if n.kind == "response")
+
+
+def explicit_exports(forest: SessionForest, records: Sequence[ExportRecord]) -> list[Exported]:
+    return [Exported(r.name, explicit_node(forest, r), r) for r in records]
+
+
+def explicit_node(forest: SessionForest, record: ExportRecord) -> Node:
+    """The committed node a record's conversation ends on, or an ExportError saying where it diverged."""
+    label = f"export record {record.name!r}"
+    try:
+        messages = parse_messages(record.messages)
+        context = Context(canonical_tools(record.tools), canonical_template_kwargs(record.chat_template_kwargs))
+    except CanonicalError as error:
+        raise ExportError(f"{label}: {error.param}: {error.message}") from None
+    hashes = chain_all(context, messages)
+    node = forest.node_for_state(hashes[-1])
+    if node is not None and node.kind != "root":
+        return node
+    if forest.node_for_state(hashes[0]) is None:
+        raise ExportError(f"{label}: its tools/chat_template_kwargs match no request of this session")
+    return _diverged(forest, label, hashes, len(messages))
+
+
+def _diverged(forest: SessionForest, label: str, hashes: list[bytes], count: int) -> Node:
+    m = forest.longest_prefix(hashes)
+    closest = forest.node_for_state(hashes[m])
+    where = f"closest committed state: node {closest.id} after {m} messages" if closest else f"after {m} messages"
+    if m == count:
+        raise ExportError(f"{label}: it ends inside a committed request (messages[{m - 1}]); {where}")
+    committed = forest.next_committed(hashes, m)
+    what = "has no committed counterpart" if committed is None else f"differs from committed {committed.role} message"
+    raise ExportError(f"{label}: messages[{m}] {what}; {where}")

@@ -1,0 +1,84 @@
+"""Lineage → training sample: the token-exact record the trainer and the rollout dump consume.
+
+A sample is the path from a root to one exported node. Its prompt is every token before the first
+generated token; its response is everything after, with loss 1 exactly on generated tokens and 0 on
+observation tokens (tool results, template glue), whose logprob is 0.0. Every response position
+carries a weight version: the producing version on generated tokens, and on observation tokens the
+version of the latest generated token before them. This module does not assign credit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from relax_pipeline.forest.canonical import Context, Message
+from relax_pipeline.forest.store import Node, SessionForest
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One exported context as tokens; connects the forest to credit, the dump and the trainer."""
+
+    tokens: tuple[int, ...]
+    prompt_length: int
+    loss_mask: tuple[int, ...]
+    rollout_logprobs: tuple[float, ...]
+    weight_versions: tuple[int, ...]
+    messages: tuple[Message, ...]
+    context: Context
+    state_hash: str
+    turn_count: int
+    truncated: bool
+    """The last generated turn stopped at the length limit."""
+    abort_count: int = 0
+
+    @property
+    def response_length(self) -> int:
+        return len(self.tokens) - self.prompt_length
+
+
+def build_sample(forest: SessionForest, node: Node) -> Sample:
+    """Walk the lineage of `node` and lay out its tokens, masks, logprobs and versions."""
+    path = forest.lineage(node)
+    tokens: list[int] = []
+    mask: list[int] = []
+    logprobs: list[float] = []
+    versions: list[int] = []
+    prompt_length: int | None = None
+    for step in path:
+        if step.kind == "response" and prompt_length is None:
+            prompt_length = len(tokens)
+        tokens.extend(step.token_ids)
+        if prompt_length is None:
+            continue
+        _extend_response(step, mask, logprobs, versions)
+    responses = [s for s in path if s.kind == "response"]
+    return Sample(
+        tuple(tokens), len(tokens) if prompt_length is None else prompt_length, tuple(mask), tuple(logprobs),
+        tuple(versions), tuple(m for s in path for m in s.messages), path[0].context or Context(),
+        node.state_hash.hex(), len(responses), bool(responses) and responses[-1].finish_reason == "length",
+        sum(s.abort_count for s in responses),
+    )
+
+
+def _extend_response(step: Node, mask: list[int], logprobs: list[float], versions: list[int]) -> None:
+    n = len(step.token_ids)
+    if step.kind == "response":
+        mask.extend([1] * n)
+        logprobs.extend(step.logprobs)
+        versions.extend(step.weight_versions)
+        return
+    mask.extend([0] * n)
+    logprobs.extend([0.0] * n)
+    versions.extend([versions[-1] if versions else 0] * n)
+
+
+def token_table(sample: Sample, tokenizer: object, width: int = 18) -> str:
+    """Aligned rows of token text, loss mask, logprob and version, for reading tests and dumps."""
+    rows = []
+    for i, tid in enumerate(sample.tokens):
+        text = repr(tokenizer.decode([tid], skip_special_tokens=False))[:width]  # type: ignore[attr-defined]
+        j = i - sample.prompt_length
+        extra = f"{sample.loss_mask[j]}  {sample.rollout_logprobs[j]:9.4f}  v{sample.weight_versions[j]}" if j >= 0 else "-"
+        rows.append(f"{i:5d} {tid:6d} {text:<{width}} {extra}")
+    return "\n".join(rows)

@@ -1,0 +1,105 @@
+"""ForestStore: the typed registry of sessions that every stage and the gateway share.
+
+A session is one agent process working on one copy of a prompt. Its life is a small state machine
+designed for every runtime mode, of which `sync` uses the first and the terminal states:
+
+    created ─► waiting ─► running ─► exited ─► completed | truncated
+       │          │   ▲       │  │                 (samples exported)
+       │          │   └parked◄┘  └──────────────► failed | dropped | filtered | aborted
+       └──────────┴─────────────────────────────► dropped
+
+`waiting`: the process runs but its group holds no runtime lease yet (prelaunch holds first requests
+here); `parked`: between steps under partial/fully-async modes. The gateway serves requests only in
+`waiting`/`running`/`parked` states and answers 404 in terminal ones. Every session ends in exactly one
+terminal state with a reason, so nothing is lost silently. The store does no I/O.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from relax_pipeline.forest.store import SessionForest
+
+
+class Status(StrEnum):
+    CREATED = "created"
+    WAITING = "waiting"
+    RUNNING = "running"
+    PARKED = "parked"
+    EXITED = "exited"
+    COMPLETED = "completed"
+    TRUNCATED = "truncated"
+    ABORTED = "aborted"
+    FAILED = "failed"
+    DROPPED = "dropped"
+    FILTERED = "filtered"
+
+    @property
+    def terminal(self) -> bool:
+        return self in _TERMINAL
+
+    @property
+    def serving(self) -> bool:
+        return self in (Status.WAITING, Status.RUNNING, Status.PARKED)
+
+
+_TERMINAL = frozenset(
+    {Status.COMPLETED, Status.TRUNCATED, Status.ABORTED, Status.FAILED, Status.DROPPED, Status.FILTERED}
+)
+
+
+@dataclass
+class Session:
+    """One agent run on one prompt copy; owned by the ForestStore, mutated only through it."""
+
+    id: str
+    group_id: str
+    index: int
+    rollout_id: int
+    mode: str
+    prompt: dict[str, Any]
+    status: Status = Status.CREATED
+    error: str | None = None
+    forest: SessionForest = field(default_factory=SessionForest)
+    timing: dict[str, float] = field(default_factory=dict)
+    abort_count: int = 0
+    in_flight: int = 0
+
+    def mark(self, event: str) -> None:
+        self.timing[event] = time.time()
+
+
+class ForestStore:
+    """All sessions of a run by id; the gateway authenticates against it."""
+
+    def __init__(self) -> None:
+        self._sessions: dict[str, Session] = {}
+
+    def open(self, group_id: str, index: int, rollout_id: int, mode: str, prompt: dict[str, Any]) -> Session:
+        session = Session("sess-" + secrets.token_hex(12), group_id, index, rollout_id, mode, prompt)
+        session.mark("created")
+        self._sessions[session.id] = session
+        return session
+
+    def get(self, session_id: str) -> Session | None:
+        return self._sessions.get(session_id)
+
+    def set_status(self, session: Session, status: Status, error: str | None = None) -> None:
+        """Move a session to `status`; a terminal state is final and keeps its first reason."""
+        if session.status.terminal:
+            return
+        session.status = status
+        if error is not None:
+            session.error = error
+        session.mark(status.value)
+
+    def __iter__(self) -> Iterator[Session]:
+        return iter(self._sessions.values())
+
+    def __len__(self) -> int:
+        return len(self._sessions)

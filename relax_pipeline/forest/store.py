@@ -1,0 +1,253 @@
+"""SessionForest: the per-session tree of every model turn, recorded token-exactly.
+
+A session's forest has one root per distinct (tools, chat_template_kwargs) context. Below a root,
+observation nodes hold the messages a request added and their template tokens (loss 0), and response
+nodes hold one generated assistant message with the engine's token ids, logprobs and weight versions
+(loss 1). A node's `state_hash` is the chained hash of the canonical conversation up to its end.
+
+Matching a request costs time linear in its size: the chained hashes of every prefix are computed
+once and looked up in dicts (`match`). The deepest committed node state wins; the request's remaining
+messages form the delta to tokenize. When the request shares a longer prefix with committed messages
+than with committed node ends, or continues past a committed state differently from what was committed
+there, a `ForkEvent` records the message index and what differed.
+
+The tree only grows: `commit` adds nodes and never changes one. This module does not tokenize, render
+or generate; the gateway's turn service does that and then commits.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from relax_pipeline.engine.base import GenerateResult, SamplingParams
+from relax_pipeline.forest.canonical import Context, Message, chain, chain_all, digest
+
+NodeKind = Literal["root", "observation", "response"]
+
+
+@dataclass(frozen=True)
+class Node:
+    """One committed step of a conversation; connects the turn service to samples and dumps."""
+
+    id: int
+    parent: int | None
+    kind: NodeKind
+    messages: tuple[Message, ...]
+    token_ids: tuple[int, ...]
+    state_hash: bytes
+    depth: int
+    """Number of conversation messages from the root to the end of this node."""
+    context: Context | None = None
+    """Set on roots only."""
+    logprobs: tuple[float, ...] = ()
+    weight_versions: tuple[int, ...] = ()
+    sampling: SamplingParams | None = None
+    finish_reason: str | None = None
+    ends_turn: bool = True
+    """False when a response stopped before the template's end-of-turn token (length, stop string)."""
+    abort_count: int = 0
+    created_at: float = field(default_factory=time.time)
+
+
+@dataclass(frozen=True)
+class ForkEvent:
+    """A request that diverged from the committed history; recorded on the session forest."""
+
+    message_index: int
+    """Index in the request's messages of the first message that differs (-1: tools/kwargs)."""
+    differed: tuple[str, ...]
+    """Which fields differed: role, content, reasoning_content, tool_calls, or tools/kwargs."""
+    parent_node: int
+    """Node the new branch attaches to."""
+    at: float = field(default_factory=time.time)
+
+
+@dataclass(frozen=True)
+class Match:
+    """Where a request attaches: its parent node and the messages that are new."""
+
+    context: Context
+    parent: Node | None
+    """None when no root exists yet for the request's context."""
+    delta: tuple[Message, ...]
+    hashes: tuple[bytes, ...]
+    fork: ForkEvent | None = None
+
+    @property
+    def full(self) -> bool:
+        return not self.delta
+
+
+class SessionForest:
+    """All conversation trees of one session, with state-hash indexes for linear-time matching."""
+
+    def __init__(self) -> None:
+        self.nodes: list[Node] = []
+        self.children: dict[int, list[int]] = {}
+        self.forks: list[ForkEvent] = []
+        self._by_state: dict[bytes, int] = {}
+        self._by_prefix: dict[bytes, tuple[int, int]] = {}
+
+    def match(self, context: Context, messages: Sequence[Message]) -> Match:
+        """Find the deepest committed state the request extends (linear in the request size)."""
+        hashes = chain_all(context, messages)
+        k = next((i for i in range(len(hashes) - 1, -1, -1) if hashes[i] in self._by_state), None)
+        if k is None:
+            fork = self._root_fork(context)
+            return Match(context, None, tuple(messages), tuple(hashes), fork)
+        parent = self.nodes[self._by_state[hashes[k]]]
+        fork = self._divergence(hashes, messages, k, parent.id)
+        return Match(context, parent, tuple(messages[k:]), tuple(hashes), fork)
+
+    def _root_fork(self, context: Context) -> ForkEvent | None:
+        roots = self.children.get(-1, [])
+        if not roots:
+            return None
+        other = self.nodes[roots[0]].context or Context()
+        differed = tuple(
+            name
+            for name, a, b in (
+                ("tools", context.tools, other.tools),
+                ("chat_template_kwargs", context.kwargs(), other.kwargs()),
+            )
+            if a != b
+        )
+        return ForkEvent(-1, differed, -1)
+
+    def _divergence(self, hashes: list[bytes], messages: Sequence[Message], k: int, parent: int) -> ForkEvent | None:
+        m = k
+        while m + 1 < len(hashes) and hashes[m + 1] in self._by_prefix:
+            m += 1
+        if m == len(messages):
+            return None
+        committed = self._next_committed(hashes[m])
+        if committed is None:
+            return None
+        return ForkEvent(m, _differences(messages[m], committed), parent)
+
+    def _next_committed(self, prefix: bytes) -> Message | None:
+        """The committed message that follows the prefix state `prefix`, if any."""
+        located = self._by_prefix.get(prefix)
+        if located is None:
+            node_id = self._by_state.get(prefix)
+            offset = None
+        else:
+            node_id, offset = located
+        if node_id is None:
+            return None
+        node = self.nodes[node_id]
+        if offset is not None and offset + 1 < len(node.messages):
+            return node.messages[offset + 1]
+        for child in self.children.get(node.id, []):
+            if self.nodes[child].messages:
+                return self.nodes[child].messages[0]
+        return None
+
+    def find_child(self, parent: Node | None, state_hash: bytes) -> Node | None:
+        """An existing observation child with this end state (identical delta), to reuse its tokens."""
+        node_id = self._by_state.get(state_hash)
+        if node_id is None:
+            return None
+        node = self.nodes[node_id]
+        parent_id = parent.id if parent is not None else None
+        if node.kind == "observation" and node.parent == parent_id:
+            return node
+        return None
+
+    def add_root(self, context: Context) -> Node:
+        state = digest(context.key())
+        if state in self._by_state:
+            return self.nodes[self._by_state[state]]
+        return self._add(Node(len(self.nodes), None, "root", (), (), state, 0, context=context))
+
+    def add_observation(self, match: Match, token_ids: Sequence[int]) -> Node:
+        """Commit the request's delta messages below its parent (reusing an identical one)."""
+        parent = match.parent or self.add_root(match.context)
+        if match.fork is not None:
+            self.forks.append(match.fork)
+        state = match.hashes[-1]
+        existing = self.find_child(parent, state)
+        if existing is not None:
+            return existing
+        node = Node(len(self.nodes), parent.id, "observation", match.delta, tuple(token_ids), state,
+                    parent.depth + len(match.delta))
+        return self._add(node)
+
+    def add_response(
+        self, parent: Node, message: Message, result: GenerateResult, sampling: SamplingParams, ends_turn: bool
+    ) -> Node:
+        """Commit one generated assistant turn below an observation node."""
+        versions = result.weight_versions or (result.weight_version,) * len(result.output_ids)
+        node = Node(
+            len(self.nodes), parent.id, "response", (message,), result.output_ids,
+            chain(parent.state_hash, message), parent.depth + 1,
+            logprobs=result.logprobs, weight_versions=tuple(versions), sampling=sampling,
+            finish_reason=result.finish_reason, ends_turn=ends_turn,
+        )
+        return self._add(node)
+
+    def _add(self, node: Node) -> Node:
+        self.nodes.append(node)
+        self.children.setdefault(node.parent if node.parent is not None else -1, []).append(node.id)
+        self._by_state.setdefault(node.state_hash, node.id)
+        self._index_prefixes(node)
+        return node
+
+    def _index_prefixes(self, node: Node) -> None:
+        if node.parent is None:
+            return
+        state = self.nodes[node.parent].state_hash
+        for offset, message in enumerate(node.messages):
+            state = chain(state, message)
+            self._by_prefix.setdefault(state, (node.id, offset))
+
+    def lineage(self, node: Node) -> list[Node]:
+        """Nodes from the root down to `node`, inclusive."""
+        path = [node]
+        while path[-1].parent is not None:
+            path.append(self.nodes[path[-1].parent])
+        path.reverse()
+        return path
+
+    def prompt_ids(self, node: Node) -> list[int]:
+        ids: list[int] = []
+        for step in self.lineage(node):
+            ids.extend(step.token_ids)
+        return ids
+
+    def leaves(self) -> list[Node]:
+        """Response nodes without children: the exportable ends of the conversation trees."""
+        return [n for n in self.nodes if n.kind == "response" and not self.children.get(n.id)]
+
+    def node_for_state(self, state_hash: bytes) -> Node | None:
+        node_id = self._by_state.get(state_hash)
+        return None if node_id is None else self.nodes[node_id]
+
+    def longest_prefix(self, hashes: Sequence[bytes]) -> int:
+        """How many leading messages of a hashed conversation match committed messages."""
+        m = 0
+        while m + 1 < len(hashes) and (hashes[m + 1] in self._by_prefix or hashes[m + 1] in self._by_state):
+            m += 1
+        return m
+
+    def next_committed(self, hashes: Sequence[bytes], index: int) -> Message | None:
+        return self._next_committed(hashes[index])
+
+    @property
+    def turn_count(self) -> int:
+        return sum(1 for n in self.nodes if n.kind == "response")
+
+
+def _differences(request: Message, committed: Message) -> tuple[str, ...]:
+    fields = ("role", "content", "reasoning_content", "tool_calls")
+    diff = tuple(f for f in fields if _field(request, f) != _field(committed, f))
+    return diff or ("tool_call_id",)
+
+
+def _field(message: Message, name: str) -> object:
+    if name == "tool_calls":
+        return [c.key() for c in message.tool_calls]
+    return getattr(message, name)

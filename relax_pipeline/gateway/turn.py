@@ -1,0 +1,163 @@
+"""The turn service: one model call of one session, from canonical request to committed nodes.
+
+Every protocol front-end ends here with a `TurnRequest`. `prepare` (synchronous, the per-request hot
+path that `bench/forest.py` measures) matches the request in the session forest and builds the prompt
+ids: a full render for a conversation's first turn, the observation delta for a later one, or the
+tokens of an identical observation that is already committed. `run` then generates, parses the output
+and commits the observation and response nodes together, so a failed or aborted generation commits
+nothing. Requests are token-in, token-out: generated ids are stored as they came and never re-tokenized.
+
+This module does not render wire responses (the protocol modules do) and does not authenticate.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+
+from relax_pipeline.engine.base import Engine, GenerateResult, SamplingParams
+from relax_pipeline.engine.parsers import OutputParser
+from relax_pipeline.engine.template import ChatTemplate
+from relax_pipeline.forest.canonical import CanonicalError, Context, Message
+from relax_pipeline.forest.store import Match, Node, SessionForest
+from relax_pipeline.protocol.errors import ProtocolError
+
+
+@dataclass(frozen=True)
+class TurnRequest:
+    """A protocol-independent model call; connects the protocol parsers to the turn service."""
+
+    messages: tuple[Message, ...]
+    context: Context = field(default_factory=Context)
+    max_tokens: int | None = None
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class TurnResult:
+    """A committed turn; connects the turn service to the protocol renderers."""
+
+    message: Message
+    finish_reason: str
+    """"stop", "length" or "tool_calls"."""
+    prompt_tokens: int
+    output: GenerateResult
+    node_id: int
+
+
+@dataclass(frozen=True)
+class SamplingDefaults:
+    """Training-config sampling that every request gets (request temperature/top_p are ignored)."""
+
+    max_response_len: int = 256
+    max_context_len: int = 4096
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+
+
+@dataclass(frozen=True)
+class PreparedTurn:
+    """A matched request with its prompt ids, ready to generate."""
+
+    match: Match
+    observation_ids: tuple[int, ...]
+    prompt_ids: list[int]
+    sampling: SamplingParams
+
+
+class TurnService:
+    """Matches, tokenizes, generates, parses and commits turns for all sessions."""
+
+    def __init__(self, template: ChatTemplate, engine: Engine, parser: OutputParser, defaults: SamplingDefaults):
+        self.template = template
+        self.engine = engine
+        self.parser = parser
+        self.defaults = defaults
+        eos = getattr(template.tokenizer, "eos_token_id", None)
+        ids = set(template.end_of_turn_ids) | ({eos} if isinstance(eos, int) else set())
+        self.stop_token_ids = tuple(sorted(ids))
+
+    def prepare(self, forest: SessionForest, request: TurnRequest) -> PreparedTurn:
+        """Match the request and build its prompt ids (no generation, no commit)."""
+        _check_last_message(request.messages)
+        match = _attach_point(forest, forest.match(request.context, request.messages))
+        parent = match.parent
+        if parent is None or parent.kind == "root":
+            obs = self.template.prompt_ids(match.delta, match.context)
+            return self._prepared(match, obs, obs, request)
+        if match.full:
+            return self._prepared(match, (), forest.prompt_ids(parent), request)
+        existing = forest.find_child(parent, match.hashes[-1])
+        obs = existing.token_ids if existing else self.template.delta_ids(match.delta, match.context, parent.ends_turn)
+        return self._prepared(match, obs, forest.prompt_ids(parent) + list(obs), request)
+
+    def _prepared(self, match: Match, obs: list[int] | tuple[int, ...], prompt: list[int], request: TurnRequest) -> PreparedTurn:
+        d = self.defaults
+        room = d.max_context_len - len(prompt)
+        if room <= 0:
+            raise ProtocolError(
+                400,
+                f"the prompt has {len(prompt)} tokens but the context limit is {d.max_context_len} "
+                "(rollout.max_context_len); shorten the history",
+                "messages",
+                "context_length_exceeded",
+            )
+        limit = min(request.max_tokens or d.max_response_len, d.max_response_len, room)
+        sampling = SamplingParams(limit, d.temperature, d.top_p, d.top_k, request.stop, self.stop_token_ids,
+                                  request.seed)
+        return PreparedTurn(match, tuple(obs), prompt, sampling)
+
+    async def run(self, forest: SessionForest, request: TurnRequest, rid: str | None = None) -> TurnResult:
+        """Generate one turn and commit it; nothing is committed when generation fails or aborts."""
+        prepared = self.prepare(forest, request)
+        result = await self.engine.generate(prepared.prompt_ids, prepared.sampling, rid or _rid())
+        if result.finish_reason == "abort":
+            raise ProtocolError(499, "generation was aborted before it finished; nothing was committed")
+        return self.commit(forest, prepared, result)
+
+    def commit(self, forest: SessionForest, prepared: PreparedTurn, result: GenerateResult) -> TurnResult:
+        message, ends_turn = self._parse(result, prepared.sampling)
+        parent = prepared.match.parent
+        if prepared.match.full and parent is not None:
+            observation: Node = parent
+        else:
+            observation = forest.add_observation(prepared.match, prepared.observation_ids)
+        node = forest.add_response(observation, message, result, prepared.sampling, ends_turn)
+        finish = "length" if result.finish_reason == "length" else "tool_calls" if message.tool_calls else "stop"
+        return TurnResult(message, finish, len(prepared.prompt_ids), result, node.id)
+
+    def _parse(self, result: GenerateResult, sampling: SamplingParams) -> tuple[Message, bool]:
+        ids = list(result.output_ids)
+        ends_turn = bool(ids) and ids[-1] in self.template.end_of_turn_ids
+        if ids and ids[-1] in self.stop_token_ids:
+            ids = ids[:-1]
+        text = self.template.tokenizer.decode(ids, skip_special_tokens=False)
+        if isinstance(result.matched_stop, str) and result.matched_stop in text:
+            text = text[: text.index(result.matched_stop)]
+        parsed = self.parser.parse(text)
+        return Message("assistant", parsed.content, parsed.reasoning, parsed.tool_calls), ends_turn
+
+
+def _check_last_message(messages: tuple[Message, ...]) -> None:
+    if not messages:
+        raise CanonicalError("messages must contain at least one message", "messages")
+    if messages[-1].role == "assistant":
+        raise CanonicalError(
+            "the last message must come from user, tool or system; assistant prefill is not supported",
+            f"messages[{len(messages) - 1}].role",
+        )
+
+
+def _attach_point(forest: SessionForest, match: Match) -> Match:
+    """Attach below a response or root: an observation extended without a reply is re-rendered."""
+    parent = match.parent
+    if parent is None or parent.kind != "observation" or match.full:
+        return match
+    anchor = forest.nodes[parent.parent] if parent.parent is not None else None
+    return Match(match.context, anchor, parent.messages + match.delta, match.hashes, match.fork)
+
+
+def _rid() -> str:
+    return "turn-" + secrets.token_hex(8)

@@ -1,0 +1,128 @@
+"""OpenAI Chat Completions front-end: request JSON → `TurnRequest`, `TurnResult` → response JSON.
+
+Fields used: `messages`, `tools`, `chat_template_kwargs`, `max_completion_tokens` and the legacy
+`max_tokens` (the newer wins), `stop`, `seed`, `logprobs`; `model` is echoed. `temperature` and
+`top_p` are ignored (the training config rules) and every other field is accepted and ignored, since
+SDKs send many. `tool_choice`, `parallel_tool_calls` and `response_format` are not enforced.
+Roles are system/user/assistant/tool; `developer` is refused with a hint to send `system`.
+
+`parse_messages` is also how explicit exports (canonical Chat form) are read. Streaming is answered by
+the gateway with 400 until Buffered SSE lands with the protocols issue.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from relax_pipeline.forest.canonical import (
+    CanonicalError,
+    Context,
+    Message,
+    ToolCall,
+    canonical_arguments,
+    canonical_template_kwargs,
+    canonical_tools,
+    make_message,
+    text_of,
+)
+from relax_pipeline.gateway.turn import TurnRequest, TurnResult
+
+
+def parse_request(body: Any) -> TurnRequest:
+    """Validate a Chat Completions body; errors carry the field path in `param`."""
+    if not isinstance(body, Mapping):
+        raise CanonicalError("the request body must be a JSON object", None)
+    messages = parse_messages(body.get("messages"))
+    context = Context(canonical_tools(body.get("tools")), canonical_template_kwargs(body.get("chat_template_kwargs")))
+    return TurnRequest(messages, context, _max_tokens(body), _stop(body.get("stop")), _seed(body.get("seed")))
+
+
+def parse_messages(raw: Any, param: str = "messages") -> tuple[Message, ...]:
+    if not isinstance(raw, list) or not raw:
+        raise CanonicalError("messages must be a non-empty list", param)
+    return tuple(parse_message(m, f"{param}[{i}]") for i, m in enumerate(raw))
+
+
+def parse_message(raw: Any, param: str) -> Message:
+    if not isinstance(raw, Mapping):
+        raise CanonicalError("a message must be an object with 'role' and 'content'", param)
+    role = raw.get("role")
+    if role == "developer":
+        raise CanonicalError("role 'developer' is not supported; send it as a 'system' message", f"{param}.role")
+    content = text_of(raw.get("content"), f"{param}.content")
+    reasoning = raw.get("reasoning_content")
+    if reasoning is not None and not isinstance(reasoning, str):
+        raise CanonicalError("reasoning_content must be a string", f"{param}.reasoning_content")
+    calls = _tool_calls(raw.get("tool_calls"), f"{param}.tool_calls") if role == "assistant" else ()
+    call_id = raw.get("tool_call_id")
+    return make_message(role, content, param, reasoning, calls, call_id if isinstance(call_id, str) else None)
+
+
+def _tool_calls(raw: Any, param: str) -> tuple[ToolCall, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise CanonicalError("tool_calls must be a list", param)
+    return tuple(_tool_call(c, f"{param}[{i}]") for i, c in enumerate(raw))
+
+
+def _tool_call(raw: Any, param: str) -> ToolCall:
+    fn = raw.get("function") if isinstance(raw, Mapping) else None
+    if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str) or not fn["name"]:
+        raise CanonicalError("a tool call needs function.name", f"{param}.function.name")
+    args = canonical_arguments(fn.get("arguments", "{}"), f"{param}.function.arguments")
+    call_id = raw.get("id")
+    return ToolCall(fn["name"], args, call_id if isinstance(call_id, str) else None)
+
+
+def _max_tokens(body: Mapping[str, Any]) -> int | None:
+    for key in ("max_completion_tokens", "max_tokens"):
+        value = body.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise CanonicalError(f"{key} must be a positive integer, got {value!r}", key)
+        return value
+    return None
+
+
+def _stop(raw: Any) -> tuple[str, ...]:
+    if raw is None:
+        return ()
+    if isinstance(raw, str):
+        return (raw,) if raw else ()
+    if isinstance(raw, list) and all(isinstance(s, str) for s in raw):
+        return tuple(s for s in raw if s)
+    raise CanonicalError("stop must be a string or a list of strings", "stop")
+
+
+def _seed(raw: Any) -> int | None:
+    if raw is None:
+        return None
+    if isinstance(raw, bool) or not isinstance(raw, int):
+        raise CanonicalError("seed must be an integer", "seed")
+    return raw
+
+
+def render_response(
+    result: TurnResult, model: str, response_id: str, token_text: Callable[[int], str] | None = None
+) -> dict[str, Any]:
+    """The `chat.completion` object for a committed turn."""
+    message = result.message.to_openai()
+    if not result.message.tool_calls:
+        message.pop("tool_calls", None)
+    choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": result.finish_reason,
+                              "logprobs": _logprobs(result, token_text) if token_text else None}
+    completion = len(result.output.output_ids)
+    usage = {"prompt_tokens": result.prompt_tokens, "completion_tokens": completion,
+             "total_tokens": result.prompt_tokens + completion}
+    return {"id": response_id, "object": "chat.completion", "created": int(time.time()), "model": model,
+            "choices": [choice], "usage": usage}
+
+
+def _logprobs(result: TurnResult, token_text: Callable[[int], str]) -> dict[str, Any]:
+    entries = [{"token": token_text(tid), "logprob": lp, "bytes": None, "top_logprobs": []}
+               for tid, lp in zip(result.output.output_ids, result.output.logprobs, strict=True)]
+    return {"content": entries, "refusal": None}

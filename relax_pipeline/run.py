@@ -1,0 +1,195 @@
+"""`run(cfg)`: build the run's objects from the composed config, run the job, return its metrics.
+
+Jobs: `rollout` (rollout steps, credit, dump; no training), `check` (validate the config, the model,
+the dataset and the agent setup, print findings, start nothing) and `train` (rollout + training),
+whose trainer lands with the training issue: until then `job=train` refuses at start with that
+sentence. Everything is built here, in one place, from the config groups; `__main__` stays thin and
+tests call `run` in-process. A failed run raises after logging, as its last line, one sentence saying
+why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
+
+from relax_pipeline.config import build, register, validate
+from relax_pipeline.data.dataset import DataSource
+from relax_pipeline.engine.template import ChatTemplate
+from relax_pipeline.forest.sessions import ForestStore
+from relax_pipeline.gateway.app import create_app
+from relax_pipeline.gateway.server import GatewayServer
+from relax_pipeline.gateway.turn import SamplingDefaults, TurnService
+from relax_pipeline.runtime.base import resident_capacity
+from relax_pipeline.stages.pipeline import Pipeline
+from relax_pipeline.stages.prepare import Prepare
+from relax_pipeline.stages.reward import Reward
+from relax_pipeline.stages.runtime import Runtime
+from relax_pipeline.stages.transfer import Transfer
+from relax_pipeline.tracking.dump import RolloutDump
+from relax_pipeline.tracking.logs import run_logging
+
+log = logging.getLogger("relax_pipeline")
+
+
+def run(cfg: DictConfig) -> dict[str, float]:
+    """Run the configured job; returns the last step's metrics (or the check's findings)."""
+    register()
+    output_dir = _output_dir(cfg)
+    with run_logging(output_dir) as log_path:
+        try:
+            validate(cfg)
+            _refuse_unbuilt(cfg)
+            (output_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+            log.info("job=%s output_dir=%s log=%s", cfg.job, output_dir, log_path)
+            return asyncio.run(_run_job(cfg, output_dir))
+        except BaseException as error:
+            log.error("run failed: %s", _one_sentence(error))
+            raise
+
+
+def _refuse_unbuilt(cfg: DictConfig) -> None:
+    if cfg.job == "train":
+        raise ValueError("job=train needs the trainer, which lands with the training issue; run job=rollout")
+
+
+async def _run_job(cfg: DictConfig, output_dir: Path) -> dict[str, float]:
+    parts = await _Parts.create(cfg, output_dir)
+    try:
+        if cfg.job == "check":
+            return parts.check()
+        return await parts.rollout_steps()
+    finally:
+        await parts.close()
+
+
+class _Parts:
+    """Every object of one run, built from the config groups."""
+
+    cfg: DictConfig
+    output_dir: Path
+
+    @classmethod
+    async def create(cls, cfg: DictConfig, output_dir: Path) -> _Parts:
+        self = cls()
+        self.cfg, self.output_dir = cfg, output_dir
+        self.model = build(cfg.model, seed=cfg.seed)
+        self.model_path = self.model.resolve()
+        self.protocol = build(cfg.protocol)
+        self.agent = build(cfg.agent)
+        self.dataset = build(cfg.dataset)
+        self.credit = build(cfg.credit)
+        self.strategy = build(cfg.runtime)
+        self.tracker = build(cfg.tracking)
+        self.engine = build(cfg.engine, model_path=str(self.model_path), seed=cfg.seed,
+                            max_context_len=cfg.rollout.max_context_len)
+        self.server: GatewayServer | None = None
+        if cfg.job != "check":
+            await self._serve()
+        return self
+
+    async def _serve(self) -> None:
+        cfg = self.cfg
+        await self.engine.start()
+        template = ChatTemplate(self.engine.tokenizer, self.model.end_of_turn)
+        r = cfg.rollout
+        defaults = SamplingDefaults(r.max_response_len, r.max_context_len, r.temperature, r.top_p, r.top_k)
+        self.store = ForestStore()
+        turns = TurnService(template, self.engine, self.protocol.parser(), defaults)
+        app = create_app(self.store, turns, self.protocol.service_prefix, self.model.name)
+        self.server = GatewayServer(app, prefix=self.protocol.service_prefix)
+        await self.server.start()
+        log.info("gateway serving at %s (weights v%d)", self.server.base_url, self.engine.weight_version)
+
+    def pipeline(self) -> Pipeline:
+        cfg, store = self.cfg, self.store
+        io_root = self.output_dir / "sessions"
+        prepare = Prepare(store, self.agent, io_root, self.server.base_url, cfg.rollout.n_samples_per_prompt,
+                          OmegaConf.to_container(cfg.rollout.chat_template_kwargs))
+        dump = RolloutDump(cfg.debug.save_rollout_data, self.output_dir)
+        return Pipeline(DataSource(self.dataset, cfg.seed), prepare, Runtime(store), Reward(store, self.credit),
+                        Transfer(store), dump, cfg.rollout.batch_size)
+
+    async def rollout_steps(self) -> dict[str, float]:
+        cfg = self.cfg
+        r = cfg.rollout
+        self.strategy.bind(resident_capacity(cfg.runtime.concurrency, r.over_sampling_batch_size, r.batch_size))
+        pipeline = self.pipeline()
+        self.tracker.start(OmegaConf.to_container(cfg, resolve=True))
+        metrics: dict[str, float] = {}
+        for step in range(r.num_steps):
+            with tqdm(total=r.batch_size * r.n_samples_per_prompt, desc=f"rollout {step}", unit=" scored",
+                      file=sys.stderr, leave=False) as bar:
+                pipeline.on_scored = bar.update
+                result = await self.strategy.rollout(pipeline, step)
+            metrics = result.metrics
+            self.tracker.log(metrics, step)
+            log.info("step %d metrics %s", step, _short(metrics))
+        return metrics
+
+    def check(self) -> dict[str, float]:
+        """Findings of job=check: what would run, and anything that would stop it."""
+        cfg = self.cfg
+        capacity = resident_capacity(cfg.runtime.concurrency, cfg.rollout.over_sampling_batch_size,
+                                     cfg.rollout.batch_size)
+        findings = {
+            "model": str(self.model_path), "dataset_rows": len(self.dataset),
+            "agent_command": self.agent.command, "resident_groups": capacity,
+            "resident_sessions": capacity * cfg.rollout.n_samples_per_prompt,
+        }
+        problems = _agent_problems(self.agent)
+        for key, value in findings.items():
+            log.info("check: %s = %s", key, value)
+        for problem in problems:
+            log.warning("check: problem: %s", problem)
+        if problems:
+            raise ValueError(problems[0])
+        log.info("check: OK")
+        return {"check/problems": 0.0, "check/dataset_rows": float(len(self.dataset)),
+                "check/resident_sessions": float(findings["resident_sessions"])}
+
+    async def close(self) -> None:
+        try:
+            await self.strategy.close()
+            if self.server is not None:
+                await self.server.stop()
+            await self.engine.close()
+        finally:
+            self.tracker.finish()
+
+
+def _agent_problems(agent: Any) -> list[str]:
+    problems = []
+    if agent.cwd is not None and not Path(agent.cwd).is_dir():
+        problems.append(f"agent.cwd={agent.cwd!r} is not a directory")
+    if shutil.which("bash") is None:
+        problems.append("bash is not on PATH; agents run with bash -c")
+    return problems
+
+
+def _output_dir(cfg: DictConfig) -> Path:
+    if cfg.get("output_dir"):
+        return Path(cfg.output_dir).expanduser().resolve()
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return Path(HydraConfig.get().runtime.output_dir)
+    except ValueError:
+        return Path("outputs") / time.strftime("%Y-%m-%d_%H-%M-%S")
+
+
+def _short(metrics: dict[str, float]) -> str:
+    return " ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items()))
+
+
+def _one_sentence(error: BaseException) -> str:
+    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return f"{type(error).__name__}: {text}" if not isinstance(error, ValueError) else text

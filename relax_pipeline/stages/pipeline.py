@@ -1,0 +1,90 @@
+"""The step loop: runtime strategies drive groups through Prepare → Runtime → Reward → Transfer.
+
+`Pipeline` owns the four stage objects and the data source and knows how to move one group through
+them (`start_group`, `await_group`, `score_group`); a runtime strategy (`relax_pipeline.runtime`) decides when, and
+how many groups are resident. Each rollout step ends with the dump, the metrics and the one-line
+`AGENTIC ROLLOUT event=accounting_end` record. Dropped groups give their prompt back to the data
+source. Training is not here: `run.py` calls the trainer between steps.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from relax_pipeline.data.dataset import DataSource
+from relax_pipeline.forest.export import Exported
+from relax_pipeline.stages.group import Group
+from relax_pipeline.stages.prepare import Prepare
+from relax_pipeline.stages.reward import Reward
+from relax_pipeline.stages.runtime import Runtime
+from relax_pipeline.stages.transfer import Transfer
+from relax_pipeline.tracking.dump import RolloutDump
+from relax_pipeline.tracking.metrics import rollout_metrics
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StepResult:
+    """What one rollout step produced; connects the step loop to the trainer and the tracker."""
+
+    rollout_id: int
+    groups: list[Group] = field(default_factory=list)
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class Pipeline:
+    """Stage objects plus the data source; strategies call its group methods."""
+
+    def __init__(self, source: DataSource, prepare: Prepare, runtime: Runtime, reward: Reward, transfer: Transfer,
+                 dump: RolloutDump, batch_size: int) -> None:
+        self.source = source
+        self.prepare = prepare
+        self.runtime = runtime
+        self.reward = reward
+        self.transfer = transfer
+        self.dump = dump
+        self.batch_size = batch_size
+        self.on_scored: Callable[[int], None] = lambda n: None
+
+    async def start_group(self, rollout_id: int, mode: str = "train") -> Group:
+        group = self.prepare.open_group(self.source.next(), rollout_id, mode)
+        await self.prepare.start(group)
+        return group
+
+    async def await_group(self, group: Group) -> dict[str, list[Exported]]:
+        """Wait for the group's agents (inside the resident capacity) and match their exports."""
+        return await self.runtime.run(group)
+
+    def score_group(self, group: Group, exports: dict[str, list[Exported]]) -> list[dict[str, Any]]:
+        """Reward and Transfer (outside the resident capacity); a dropped group returns its prompt."""
+        self.reward.run(group, exports)
+        rows = self.transfer.run(group)
+        if group.dropped:
+            self.source.give_back(group.prompt)
+        self.on_scored(len(group.sessions))
+        return rows
+
+    def close_step(self, result: StepResult, started: float) -> StepResult:
+        path = self.dump.write(result.rollout_id, result.rows)
+        result.metrics = rollout_metrics(result.rows, result.groups)
+        result.metrics["perf/rollout_time"] = time.time() - started
+        dropped = sum(1 for g in result.groups if g.dropped)
+        failed = sum(1 for r in result.rows if r["status"] == "failed")
+        log.info(
+            "AGENTIC ROLLOUT event=accounting_end rollout=%d groups=%d rows=%d dropped=%d failed=%d samples=%d "
+            "reward_mean=%s time_s=%.2f dump=%s",
+            result.rollout_id, len(result.groups), len(result.rows), dropped, failed,
+            sum(1 for r in result.rows if r["status"] in ("completed", "truncated")),
+            _fmt(result.metrics.get("rollout/raw_reward")), result.metrics["perf/rollout_time"], path,
+        )
+        return result
+
+
+def _fmt(value: float | None) -> str:
+    return "nan" if value is None else f"{value:.4f}"

@@ -1,0 +1,70 @@
+"""Prepare stage: open a group's sessions, write their input files and start their agents.
+
+One session per copy of the prompt (`rollout.n_samples_per_prompt`), each with its own io folder,
+input file and `RELAX_*` environment (DESIGN §3.2). Under `sync` the agents start when the group is
+leased; prelaunch strategies call the same method earlier. This stage does not wait for agents.
+"""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+from typing import Any
+
+from relax_pipeline.agent.launcher import AgentFailure, AgentProcess, AgentSpec
+from relax_pipeline.agent.session_io import build_input, write_input
+from relax_pipeline.data.dataset import Prompt
+from relax_pipeline.forest.sessions import ForestStore, Session, Status
+from relax_pipeline.stages.group import Group
+
+
+class Prepare:
+    """Creates sessions and launches one agent process per session."""
+
+    def __init__(self, store: ForestStore, agent: AgentSpec, io_root: Path, base_url: str,
+                 n_samples: int, chat_template_kwargs: dict[str, Any] | None = None) -> None:
+        self.store = store
+        self.agent = agent
+        self.io_root = io_root
+        self.base_url = base_url
+        self.n_samples = n_samples
+        self.chat_template_kwargs = chat_template_kwargs or {}
+
+    def open_group(self, prompt: Prompt, rollout_id: int, mode: str = "train") -> Group:
+        group = Group(f"g{rollout_id}-{prompt.index}-{secrets.token_hex(3)}", prompt, rollout_id, mode, self.io_root)
+        payload = build_input(prompt.input, prompt.metadata or None)
+        for index in range(self.n_samples):
+            session = self.store.open(group.id, index, rollout_id, mode, payload)
+            group.sessions.append(session)
+        return group
+
+    async def start(self, group: Group) -> None:
+        """Write inputs and start every session's agent; a start failure fails that session."""
+        for session in group.sessions:
+            folder = group.session_dir(session)
+            folder.mkdir(parents=True, exist_ok=True)
+            write_input(folder / "input.json", self._input(session))
+            process = AgentProcess(self.agent)
+            group.processes[session.id] = process
+            self.store.set_status(session, Status.RUNNING)
+            try:
+                await process.start(self._env(group, session, folder), folder)
+            except AgentFailure as failure:
+                self.store.set_status(session, Status.FAILED, str(failure))
+
+    def _input(self, session: Session) -> dict[str, Any]:
+        payload = dict(session.prompt)
+        if self.chat_template_kwargs:
+            payload.setdefault("chat_template_kwargs", dict(self.chat_template_kwargs))
+        return payload
+
+    def _env(self, group: Group, session: Session, folder: Path) -> dict[str, str]:
+        return {
+            "RELAX_INPUT_JSON": str(folder / "input.json"),
+            "RELAX_OUTPUT_JSON": str(folder / "output.json"),
+            "RELAX_SESSION_IO_DIR": str(folder),
+            "RELAX_BASE_URL": self.base_url,
+            "RELAX_SESSION_ID": session.id,
+            "RELAX_ROLLOUT_MODE": group.mode,
+            "RELAX_GROUP_ID": group.id,
+        }

@@ -1,0 +1,73 @@
+"""Transfer stage: scored contexts → training samples and rollout-dump rows (DESIGN §3.4).
+
+A healthy group yields one row per exported context, with status `completed` (or `truncated` when its
+last turn hit the length limit); a dropped group yields one row per session saying why (`failed` for
+the session that failed, `dropped` for its siblings), so nothing is lost silently. Rows follow the
+dump schema exactly; writing them is `tracking/dump.py`'s job.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from relax_pipeline.forest.sessions import ForestStore, Session, Status
+from relax_pipeline.stages.group import Context, Group
+
+
+class Transfer:
+    """Closes a group's sessions and lays out its samples as dump rows."""
+
+    def __init__(self, store: ForestStore) -> None:
+        self.store = store
+
+    def run(self, group: Group) -> list[dict[str, Any]]:
+        if group.dropped:
+            return [self._failed_row(group, s) for s in group.sessions]
+        rows = [self._row(group, c) for c in group.contexts]
+        for session in group.sessions:
+            truncated = any(c.sample.truncated for c in group.contexts if c.session is session)
+            self.store.set_status(session, Status.TRUNCATED if truncated else Status.COMPLETED)
+        return rows
+
+    def _row(self, group: Group, context: Context) -> dict[str, Any]:
+        sample, session, exported = context.sample, context.session, context.exported
+        record = exported.record
+        metadata = record.metadata if record is not None else group.outputs[session.id].metadata
+        row = _base(group, session, "truncated" if sample.truncated else "completed", None)
+        row.update(
+            name=exported.name, reward=context.reward, advantage=context.advantage, metadata=metadata,
+            messages=[m.to_openai() for m in sample.messages], tools=[dict(t) for t in sample.context.tools],
+            chat_template_kwargs=sample.context.kwargs(), state_hash=sample.state_hash,
+            tokens=list(sample.tokens), loss_mask=list(sample.loss_mask),
+            rollout_logprobs=list(sample.rollout_logprobs), weight_versions=list(sample.weight_versions),
+            prompt_length=sample.prompt_length, response_length=sample.response_length,
+            turn_count=sample.turn_count, abort_count=sample.abort_count,
+        )
+        return row
+
+    def _failed_row(self, group: Group, session: Session) -> dict[str, Any]:
+        if not session.status.terminal:
+            self.store.set_status(session, Status.DROPPED, group.dropped)
+        row = _base(group, session, session.status.value, session.error or group.dropped)
+        row.update(
+            name=None, reward=None, advantage=None, metadata=group.prompt.metadata, messages=[], tools=[],
+            chat_template_kwargs={}, state_hash=None, tokens=[], loss_mask=[], rollout_logprobs=[],
+            weight_versions=[], prompt_length=0, response_length=0,
+            turn_count=session.forest.turn_count, abort_count=session.abort_count,
+        )
+        return row
+
+
+def _base(group: Group, session: Session, status: str, error: str | None) -> dict[str, Any]:
+    return {
+        "rollout_id": group.rollout_id, "group_id": group.id, "session_id": session.id, "index": session.index,
+        "mode": group.mode, "status": status, "error": error, "timing": _timing(session),
+    }
+
+
+def _timing(session: Session) -> dict[str, float]:
+    marks = dict(session.timing)
+    start = marks.get("running", marks.get("created", 0.0))
+    end = marks.get("exited") or max(marks.values(), default=start)
+    marks["agent_s"] = round(max(0.0, end - start), 4)
+    return marks

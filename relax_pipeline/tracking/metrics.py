@@ -1,0 +1,62 @@
+"""Rollout metrics with the names of DESIGN §3.4.
+
+`rollout/raw_reward` is the mean primary reward of the step's scored contexts; numeric fields of
+reward objects become `rollout/<field>/{mean,median,max,min}` and numeric top-level export metadata
+`<field>/{mean,median,max,min}`. Also turn counts, response lengths, the truncated ratio and the
+dropped-group count. Pure functions over dump rows; no I/O.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+SCORED = ("completed", "truncated")
+
+
+def summary(prefix: str, values: Sequence[float]) -> dict[str, float]:
+    if not values:
+        return {}
+    return {f"{prefix}/mean": statistics.fmean(values), f"{prefix}/median": statistics.median(values),
+            f"{prefix}/max": max(values), f"{prefix}/min": min(values)}
+
+
+def rollout_metrics(rows: Sequence[dict[str, Any]], groups: Sequence[Any]) -> dict[str, float]:
+    """Metrics of one step from its dump rows and groups (whose contexts keep raw reward objects)."""
+    scored = [r for r in rows if r["status"] in SCORED]
+    rewards = [r["reward"] for r in scored if isinstance(r["reward"], int | float)]
+    metrics: dict[str, float] = {"rollout/dropped_groups": float(sum(1 for g in groups if g.dropped))}
+    if rewards:
+        metrics["rollout/raw_reward"] = statistics.fmean(rewards)
+    if scored:
+        metrics["rollout/num_turns/mean"] = statistics.fmean(r["turn_count"] for r in scored)
+        metrics["rollout/num_turns/max"] = float(max(r["turn_count"] for r in scored))
+        metrics["rollout/response_len/mean"] = statistics.fmean(r["response_length"] for r in scored)
+        metrics["rollout/truncated_ratio"] = sum(r["status"] == "truncated" for r in scored) / len(scored)
+    objects = [c.reward_object for g in groups if not g.dropped for c in g.contexts]
+    metrics.update(_numeric_fields(objects, [r["metadata"] for r in scored]))
+    return metrics
+
+
+def _numeric_fields(objects: Iterable[Any], metadata: Iterable[Any]) -> dict[str, float]:
+    reward_fields: dict[str, list[float]] = {}
+    meta_fields: dict[str, list[float]] = {}
+    for raw in objects:
+        if isinstance(raw, dict):
+            _collect(raw, reward_fields)
+    for meta in metadata:
+        if isinstance(meta, dict):
+            _collect(meta, meta_fields)
+    out: dict[str, float] = {}
+    for name, values in reward_fields.items():
+        out.update(summary(f"rollout/{name}", values))
+    for name, values in meta_fields.items():
+        out.update(summary(name, values))
+    return out
+
+
+def _collect(source: dict[str, Any], into: dict[str, list[float]]) -> None:
+    for key, value in source.items():
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            into.setdefault(key, []).append(float(value))

@@ -1,0 +1,327 @@
+"""The embedded transformers engine (`engine=hf`) on the real tiny model: batching, sampling, control.
+
+Nothing is faked: the tiny Qwen3 model and its byte-level tokenizer are built by `build_tiny` into a
+temporary folder, loaded through the `Auto*` classes, and driven through `HFEngine`'s async API. The
+weight matrices are redrawn with std 0.2 (seeded) because the stock init (std 0.02, tied embeddings)
+makes greedy decoding repeat the last prompt token, which would make equality checks vacuous.
+Logprobs are checked against an independent full forward pass of the same model. The throughput report
+is marked slow and only prints (run it with `-m slow -s`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from relax_pipeline.engine.base import Engine, GenerateResult, SamplingParams
+from relax_pipeline.engine.hf import HFEngine
+from relax_pipeline.engine.sampling import StopStringMatcher
+from relax_pipeline.models.tiny import build_tiny
+
+GREEDY = SamplingParams(max_new_tokens=24, temperature=0.0)
+FIRST_PLAIN_ID = 9
+"""Ids below this are the tiny tokenizer's special tokens; prompts avoid them."""
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model with sharper weights: varied greedy outputs, peaked distributions."""
+    source = build_tiny(tmp_path_factory.mktemp("tiny"), seed=0)
+    model = AutoModelForCausalLM.from_pretrained(source)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.dim() >= 2:
+                param.copy_(0.2 * torch.randn(param.shape, generator=generator))
+    target = tmp_path_factory.mktemp("tiny-sharp")
+    model.save_pretrained(target)
+    AutoTokenizer.from_pretrained(source).save_pretrained(target)
+    return target
+
+
+@pytest.fixture
+async def engine(model_path: Path) -> AsyncIterator[HFEngine]:
+    eng = HFEngine(str(model_path), seed=7)
+    await eng.start()
+    yield eng
+    await eng.close()
+
+
+def prompt(length: int, offset: int = 0) -> list[int]:
+    """A deterministic prompt of plain (non-special) token ids."""
+    return [FIRST_PLAIN_ID + (31 * i + 17 * offset) % 500 for i in range(length)]
+
+
+def reference_logprobs(model: torch.nn.Module, ids: Sequence[int], output: Sequence[int], temp: float) -> list[float]:
+    """log_softmax(logits / T) at each generated token, from one full forward over prompt + output."""
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([list(ids) + list(output)])).logits[0].float()
+    logprobs = torch.log_softmax(logits / (temp if temp > 0 else 1.0), dim=-1)
+    start = len(ids) - 1
+    return [logprobs[start + i, token].item() for i, token in enumerate(output)]
+
+
+async def run_all(eng: HFEngine, prompts: Sequence[list[int]], sampling: SamplingParams) -> list[GenerateResult]:
+    calls = [eng.generate(p, sampling, rid=f"r{i}") for i, p in enumerate(prompts)]
+    return list(await asyncio.gather(*calls))
+
+
+async def wait_for_tokens(eng: HFEngine, count: int) -> None:
+    """Yield to the worker until it has sampled at least `count` tokens in total."""
+    while eng.stats["tokens"] < count:
+        await asyncio.sleep(0.001)
+
+
+async def test_engine_satisfies_protocol(engine: HFEngine) -> None:
+    assert isinstance(engine, Engine)
+    assert engine.weight_version == 0 and engine.max_context_len == 4096
+    assert engine.tokenizer.decode(engine.tokenizer.encode("hello")) == "hello"
+
+
+async def test_greedy_alone_equals_batched(engine: HFEngine) -> None:
+    prompts = [prompt(3), prompt(40, 1), prompt(11, 2), prompt(1, 3), prompt(27, 4)]
+    alone = [await engine.generate(p, GREEDY, rid=f"solo{i}") for i, p in enumerate(prompts)]
+    together = await run_all(engine, prompts, GREEDY)
+    assert [r.output_ids for r in together] == [r.output_ids for r in alone]
+    assert engine.stats["max_batch"] == len(prompts)
+    for a, b in zip(alone, together, strict=True):
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+
+
+async def test_greedy_request_joining_a_running_batch(engine: HFEngine) -> None:
+    long_sampling = SamplingParams(max_new_tokens=60, temperature=0.0)
+    alone = await engine.generate(prompt(5), long_sampling, rid="alone")
+    late_alone = await engine.generate(prompt(33, 9), GREEDY, rid="late-alone")
+    first = asyncio.create_task(engine.generate(prompt(5), long_sampling, rid="first"))
+    await wait_for_tokens(engine, engine.stats["tokens"] + 10)
+    late = await engine.generate(prompt(33, 9), GREEDY, rid="late")
+    assert (await first).output_ids == alone.output_ids
+    assert late.output_ids == late_alone.output_ids
+
+
+async def test_seeded_sampling_is_reproducible_alone_and_batched(engine: HFEngine) -> None:
+    sampling = SamplingParams(max_new_tokens=20, temperature=1.0, top_p=0.9, top_k=50, seed=1234)
+    target = prompt(9, 5)
+    first = await engine.generate(target, sampling, rid="a")
+    second = await engine.generate(target, sampling, rid="b")
+    others = [prompt(30, 6), prompt(2, 7)]
+    batched = await run_all(engine, [*others, target], sampling)
+    assert first.output_ids == second.output_ids == batched[-1].output_ids
+    other_seed = await engine.generate(target, SamplingParams(max_new_tokens=20, seed=99), rid="c")
+    assert other_seed.output_ids != first.output_ids
+
+
+async def test_unseeded_sampling_follows_engine_seed_and_order(model_path: Path) -> None:
+    sampling = SamplingParams(max_new_tokens=12, temperature=1.0)
+    runs = []
+    for _ in range(2):
+        eng = HFEngine(str(model_path), seed=3)
+        await eng.start()
+        runs.append([(await eng.generate(prompt(6), sampling, rid=str(i))).output_ids for i in range(2)])
+        await eng.close()
+    assert runs[0] == runs[1]
+    assert runs[0][0] != runs[0][1]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0, 0.7])
+async def test_logprobs_match_full_forward(engine: HFEngine, temperature: float) -> None:
+    sampling = SamplingParams(max_new_tokens=16, temperature=temperature, top_k=40, top_p=0.8, seed=5)
+    prompts = [prompt(13, 8), prompt(4, 9)]
+    for ids, result in zip(prompts, await run_all(engine, prompts, sampling), strict=True):
+        expected = reference_logprobs(engine.model, ids, result.output_ids, temperature)
+        assert list(result.logprobs) == pytest.approx(expected, abs=1e-4)
+        assert all(lp <= 0.0 for lp in result.logprobs)
+
+
+async def test_max_new_tokens_ends_with_length(engine: HFEngine) -> None:
+    result = await engine.generate(prompt(4), SamplingParams(max_new_tokens=7, temperature=0.0), rid="x")
+    assert (len(result.output_ids), result.finish_reason, result.matched_stop) == (7, "length", None)
+    assert len(result.logprobs) == 7 and result.weight_versions == ()
+    empty = await engine.generate(prompt(4), SamplingParams(max_new_tokens=0), rid="y")
+    assert (empty.output_ids, empty.finish_reason) == ((), "length")
+
+
+async def test_context_limit(model_path: Path) -> None:
+    eng = HFEngine(str(model_path), max_context_len=32)
+    await eng.start()
+    try:
+        result = await eng.generate(prompt(29), SamplingParams(max_new_tokens=50), rid="a")
+        assert (len(result.output_ids), result.finish_reason) == (3, "length")
+        with pytest.raises(ValueError, match="max_context_len=32"):
+            await eng.generate(prompt(33), GREEDY, rid="b")
+    finally:
+        await eng.close()
+
+
+async def test_stop_token_id_is_kept(engine: HFEngine) -> None:
+    free = await engine.generate(prompt(8), GREEDY, rid="free")
+    stop_id = free.output_ids[5]
+    cut = free.output_ids.index(stop_id) + 1
+    stopped = await engine.generate(prompt(8), SamplingParams(24, temperature=0.0, stop_token_ids=(stop_id,)), "s")
+    assert stopped.output_ids == free.output_ids[:cut]
+    assert (stopped.finish_reason, stopped.matched_stop) == ("stop", stop_id)
+
+
+async def test_engine_default_stop_token_ids(model_path: Path) -> None:
+    eng = HFEngine(str(model_path))
+    await eng.start()
+    free = await eng.generate(prompt(8), GREEDY, rid="free")
+    await eng.close()
+    stop_id = free.output_ids[3]
+    eng = HFEngine(str(model_path), default_stop_token_ids=(stop_id,))
+    await eng.start()
+    stopped = await eng.generate(prompt(8), GREEDY, rid="stopped")
+    await eng.close()
+    assert stopped.output_ids == free.output_ids[: free.output_ids.index(stop_id) + 1]
+    assert stopped.matched_stop == stop_id
+
+
+def first_new_text(tokenizer: object, ids: Sequence[int], start: int, width: int) -> tuple[str, int]:
+    """A `width`-char suffix of the text at some token k >= start that the earlier text lacks; and k."""
+    decode = tokenizer.decode  # type: ignore[attr-defined]
+    for k in range(start, len(ids)):
+        before, after = decode(ids[:k]), decode(ids[: k + 1])
+        text = after[-width:]
+        if len(after) >= width and "\ufffd" not in after and text not in before and after != before:
+            return text, k
+    raise AssertionError("no usable stop string in this output")
+
+
+@pytest.mark.parametrize("width", [1, 6])
+async def test_stop_string(engine: HFEngine, width: int) -> None:
+    free = await engine.generate(prompt(8), GREEDY, rid="free")
+    text, k = first_new_text(engine.tokenizer, free.output_ids, 4, width)
+    sampling = SamplingParams(24, temperature=0.0, stop=("never-there", text))
+    stopped = await engine.generate(prompt(8), sampling, rid="s")
+    assert stopped.output_ids == free.output_ids[: k + 1]
+    assert (stopped.finish_reason, stopped.matched_stop) == ("stop", text)
+
+
+def test_stop_matcher_waits_for_whole_characters(model_path: Path) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(str(model_path))
+    ids = tokenizer.encode("zz \u00e9\u00e9\u00e9 end")
+    matcher = StopStringMatcher(tokenizer, ["\u00e9\u00e9\u00e9"])
+    hits = [matcher.push(i) for i in ids]
+    first = next(i for i, hit in enumerate(hits) if hit)
+    assert tokenizer.decode(ids[: first + 1]).endswith("\u00e9\u00e9\u00e9")
+    assert hits[first] == "\u00e9\u00e9\u00e9"
+
+
+async def test_abort_returns_partial_output_to_both_callers(engine: HFEngine) -> None:
+    sampling = SamplingParams(max_new_tokens=3000, temperature=1.0, seed=1)
+    task = asyncio.create_task(engine.generate(prompt(10), sampling, rid="long"))
+    await wait_for_tokens(engine, 5)
+    aborted = await engine.abort("long")
+    assert aborted is not None and aborted.finish_reason == "abort"
+    assert 0 < len(aborted.output_ids) < 3000 and len(aborted.logprobs) == len(aborted.output_ids)
+    assert await task == aborted
+    assert await engine.abort("long") is None
+    assert await engine.abort("never-started") is None
+
+
+async def test_cancelled_generate_frees_its_slot(engine: HFEngine) -> None:
+    task = asyncio.create_task(engine.generate(prompt(10), SamplingParams(3000), rid="gone"))
+    await wait_for_tokens(engine, 3)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await engine.abort("gone") is None
+    assert (await engine.generate(prompt(3), GREEDY, rid="gone")).finish_reason == "length"
+
+
+def perturbed(model: torch.nn.Module, scale: float) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    return {
+        name: value + scale * torch.randn(value.shape, generator=generator)
+        for name, value in model.state_dict().items()
+        if value.is_floating_point()
+    }
+
+
+async def test_update_weights_between_generations(engine: HFEngine) -> None:
+    before = await engine.generate(prompt(6), GREEDY, rid="a")
+    await engine.update_weights(perturbed(engine.model, 0.5), version=1)
+    after = await engine.generate(prompt(6), GREEDY, rid="b")
+    assert engine.weight_version == 1 and (before.weight_version, after.weight_version) == (0, 1)
+    assert after.output_ids != before.output_ids and after.weight_versions == ()
+    expected = reference_logprobs(engine.model, prompt(6), after.output_ids, 0.0)
+    assert list(after.logprobs) == pytest.approx(expected, abs=1e-4)
+
+
+async def test_update_weights_mid_generation_records_versions(engine: HFEngine) -> None:
+    task = asyncio.create_task(engine.generate(prompt(6), SamplingParams(3000, temperature=0.0), rid="long"))
+    await wait_for_tokens(engine, 5)
+    await engine.update_weights(perturbed(engine.model, 0.1), version=4)
+    await wait_for_tokens(engine, engine.stats["tokens"] + 5)
+    result = await engine.abort("long")
+    assert result is not None and await task == result
+    versions = result.weight_versions
+    assert len(versions) == len(result.output_ids) and result.weight_version == 4
+    switch = versions.index(4)
+    assert 0 < switch and set(versions[:switch]) == {0} and set(versions[switch:]) == {4}
+
+
+async def test_update_weights_rejects_unknown_keys(engine: HFEngine) -> None:
+    with pytest.raises(ValueError, match="does not have"):
+        await engine.update_weights({"nope.weight": torch.zeros(1)}, version=2)
+    assert engine.weight_version == 0
+
+
+async def test_concurrent_requests_share_decode_steps(engine: HFEngine) -> None:
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    tick_task = asyncio.create_task(ticker())
+    sampling = SamplingParams(max_new_tokens=32, temperature=1.0)
+    results = await run_all(engine, [prompt(4 + 3 * i, i) for i in range(8)], sampling)
+    tick_task.cancel()
+    assert all(len(r.output_ids) == 32 and r.finish_reason == "length" for r in results)
+    assert engine.stats["max_batch"] == 8
+    assert engine.stats["steps"] < 8 * 31
+    assert ticks > 10
+
+
+async def test_rejects_bad_requests(engine: HFEngine, model_path: Path) -> None:
+    with pytest.raises(ValueError, match="empty"):
+        await engine.generate([], GREEDY, rid="a")
+    with pytest.raises(ValueError, match="top_p"):
+        await engine.generate([10], SamplingParams(4, top_p=0.0), rid="b")
+    with pytest.raises(ValueError, match="input_ids must lie"):
+        await engine.generate([10**6], GREEDY, rid="c")
+    with pytest.raises(RuntimeError, match="start"):
+        await HFEngine(str(model_path)).generate([10], GREEDY, rid="d")
+
+
+async def test_close_aborts_requests_in_flight(model_path: Path) -> None:
+    eng = HFEngine(str(model_path))
+    await eng.start()
+    task = asyncio.create_task(eng.generate(prompt(5), SamplingParams(3000), rid="x"))
+    await wait_for_tokens(eng, 3)
+    await eng.close()
+    assert (await task).finish_reason == "abort"
+    with pytest.raises(RuntimeError, match="closed"):
+        await eng.generate(prompt(5), GREEDY, rid="y")
+
+
+@pytest.mark.slow
+async def test_report_throughput(engine: HFEngine) -> None:
+    """Prints generated tokens/s with 1 and with 16 concurrent requests (a report, not an assertion)."""
+    sampling = SamplingParams(max_new_tokens=128, temperature=1.0)
+    await run_all(engine, [prompt(16)], sampling)
+    for width in (1, 16):
+        start = time.perf_counter()
+        results = await run_all(engine, [prompt(16 + i, i) for i in range(width)], sampling)
+        seconds = time.perf_counter() - start
+        tokens = sum(len(r.output_ids) for r in results)
+        print(f"\nhf engine, tiny model, {width:2d} concurrent: {tokens / seconds:8.1f} tokens/s")

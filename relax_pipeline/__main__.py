@@ -1,4 +1,9 @@
-"""`python -m relax_pipeline [overrides]`: compose the config with Hydra and call `run(cfg)`."""
+"""`python -m relax_pipeline [overrides]`: compose the config with Hydra and call `run(cfg)`.
+
+One convenience before Hydra parses the command line: an override whose value holds a `{rollout_id}`
+placeholder (`debug.save_rollout_data=out/r_{rollout_id}.jsonl`) is quoted, since Hydra's grammar
+reads a bare `{` as the start of a dict.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from relax_pipeline.config import register
+from relax_pipeline.config import quote_placeholders, register
 from relax_pipeline.run import run
 
 register()
@@ -22,4 +27,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    sys.argv = quote_placeholders(sys.argv)
     main()

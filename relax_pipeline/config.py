@@ -220,3 +220,14 @@ def validate(cfg: DictConfig) -> None:
         raise ValueError("rollout.max_response_len must be smaller than rollout.max_context_len")
     if cfg.runtime.concurrency is not None and cfg.runtime.concurrency <= 0:
         raise ValueError(f"runtime.concurrency must be positive, got {cfg.runtime.concurrency}")
+
+
+def quote_placeholders(overrides: list[str]) -> list[str]:
+    """Quote override values holding `{rollout_id}`: Hydra's grammar reads a bare `{` as a dict."""
+    out = []
+    for arg in overrides:
+        key, sep, value = arg.partition("=")
+        if sep and "{rollout_id}" in value and value[:1] not in ("'", '"'):
+            arg = f"{key}='{value}'" if "'" not in value else f'{key}="{value}"'
+        out.append(arg)
+    return out

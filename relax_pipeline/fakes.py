@@ -3,6 +3,9 @@
 - `ScriptedEngine`: an `Engine` that answers from a script of texts, tokenized with the real tokenizer
   and ended with the template's end-of-turn token, with fixed logprobs. Protocol and forest tests use it
   so their expected outputs are known; end-to-end tests use the real embedded engine instead.
+- `RecordingHFEngine`: the real embedded engine plus a record of every prompt it was given, selected
+  with `engine._target_=relax_pipeline.fakes.RecordingHFEngine` so end-to-end tests can check that each
+  turn's prompt starts with the previous turn's tokens. It changes no behaviour.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from relax_pipeline.engine.base import GenerateResult, SamplingParams
+from relax_pipeline.engine.hf import HFEngine
 
 Script = Callable[[Sequence[int]], str]
 
@@ -55,3 +59,19 @@ class ScriptedEngine:
 
     async def close(self) -> None:
         return None
+
+
+class RecordingHFEngine(HFEngine):
+    """HFEngine that remembers (prompt ids, output ids) per call; the last instance is kept for tests."""
+
+    last: RecordingHFEngine | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.calls: list[tuple[list[int], list[int]]] = []
+        RecordingHFEngine.last = self
+
+    async def generate(self, input_ids: Sequence[int], sampling: SamplingParams, rid: str) -> GenerateResult:
+        result = await super().generate(input_ids, sampling, rid)
+        self.calls.append((list(input_ids), list(result.output_ids)))
+        return result

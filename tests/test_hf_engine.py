@@ -1,7 +1,7 @@
 """The embedded transformers engine (`engine=hf`) on the real tiny model: batching, sampling, control.
 
-Nothing is faked: the tiny Qwen3 model and its byte-level tokenizer are built by `build_tiny` into a
-temporary folder, loaded through the `Auto*` classes, and driven through `HFEngine`'s async API. The
+Nothing is faked: the tiny Qwen3 model and its byte-level tokenizer come from `build_tiny` (conftest's
+`tiny_path`), loaded through the `Auto*` classes, and driven through `HFEngine`'s async API. The
 weight matrices are redrawn with std 0.2 (seeded) because the stock init (std 0.02, tied embeddings)
 makes greedy decoding repeat the last prompt token, which would make equality checks vacuous.
 Logprobs are checked against an independent full forward pass of the same model. The throughput report
@@ -16,13 +16,13 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import pytest
+import pytest_asyncio
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from relax_pipeline.engine.base import Engine, GenerateResult, SamplingParams
 from relax_pipeline.engine.hf import HFEngine
 from relax_pipeline.engine.sampling import StopStringMatcher
-from relax_pipeline.models.tiny import build_tiny
 
 GREEDY = SamplingParams(max_new_tokens=24, temperature=0.0)
 FIRST_PLAIN_ID = 9
@@ -30,9 +30,9 @@ FIRST_PLAIN_ID = 9
 
 
 @pytest.fixture(scope="module")
-def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny model with sharper weights: varied greedy outputs, peaked distributions."""
-    source = build_tiny(tmp_path_factory.mktemp("tiny"), seed=0)
+def model_path(tiny_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The shared tiny model (conftest) with sharper weights: varied greedy outputs, peaked logits."""
+    source = tiny_path
     model = AutoModelForCausalLM.from_pretrained(source)
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
@@ -45,7 +45,7 @@ def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return target
 
 
-@pytest.fixture
+@pytest_asyncio.fixture
 async def engine(model_path: Path) -> AsyncIterator[HFEngine]:
     eng = HFEngine(str(model_path), seed=7)
     await eng.start()
@@ -58,7 +58,9 @@ def prompt(length: int, offset: int = 0) -> list[int]:
     return [FIRST_PLAIN_ID + (31 * i + 17 * offset) % 500 for i in range(length)]
 
 
-def reference_logprobs(model: torch.nn.Module, ids: Sequence[int], output: Sequence[int], temp: float) -> list[float]:
+def reference_logprobs(
+    model: torch.nn.Module, ids: Sequence[int], output: Sequence[int], temp: float
+) -> list[float]:
     """log_softmax(logits / T) at each generated token, from one full forward over prompt + output."""
     with torch.no_grad():
         logits = model(input_ids=torch.tensor([list(ids) + list(output)])).logits[0].float()
@@ -67,7 +69,9 @@ def reference_logprobs(model: torch.nn.Module, ids: Sequence[int], output: Seque
     return [logprobs[start + i, token].item() for i, token in enumerate(output)]
 
 
-async def run_all(eng: HFEngine, prompts: Sequence[list[int]], sampling: SamplingParams) -> list[GenerateResult]:
+async def run_all(
+    eng: HFEngine, prompts: Sequence[list[int]], sampling: SamplingParams
+) -> list[GenerateResult]:
     calls = [eng.generate(p, sampling, rid=f"r{i}") for i, p in enumerate(prompts)]
     return list(await asyncio.gather(*calls))
 
@@ -78,12 +82,14 @@ async def wait_for_tokens(eng: HFEngine, count: int) -> None:
         await asyncio.sleep(0.001)
 
 
+@pytest.mark.asyncio
 async def test_engine_satisfies_protocol(engine: HFEngine) -> None:
     assert isinstance(engine, Engine)
     assert engine.weight_version == 0 and engine.max_context_len == 4096
     assert engine.tokenizer.decode(engine.tokenizer.encode("hello")) == "hello"
 
 
+@pytest.mark.asyncio
 async def test_greedy_alone_equals_batched(engine: HFEngine) -> None:
     prompts = [prompt(3), prompt(40, 1), prompt(11, 2), prompt(1, 3), prompt(27, 4)]
     alone = [await engine.generate(p, GREEDY, rid=f"solo{i}") for i, p in enumerate(prompts)]
@@ -94,6 +100,7 @@ async def test_greedy_alone_equals_batched(engine: HFEngine) -> None:
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
 
 
+@pytest.mark.asyncio
 async def test_greedy_request_joining_a_running_batch(engine: HFEngine) -> None:
     long_sampling = SamplingParams(max_new_tokens=60, temperature=0.0)
     alone = await engine.generate(prompt(5), long_sampling, rid="alone")
@@ -105,6 +112,7 @@ async def test_greedy_request_joining_a_running_batch(engine: HFEngine) -> None:
     assert late.output_ids == late_alone.output_ids
 
 
+@pytest.mark.asyncio
 async def test_seeded_sampling_is_reproducible_alone_and_batched(engine: HFEngine) -> None:
     sampling = SamplingParams(max_new_tokens=20, temperature=1.0, top_p=0.9, top_k=50, seed=1234)
     target = prompt(9, 5)
@@ -117,6 +125,7 @@ async def test_seeded_sampling_is_reproducible_alone_and_batched(engine: HFEngin
     assert other_seed.output_ids != first.output_ids
 
 
+@pytest.mark.asyncio
 async def test_unseeded_sampling_follows_engine_seed_and_order(model_path: Path) -> None:
     sampling = SamplingParams(max_new_tokens=12, temperature=1.0)
     runs = []
@@ -130,6 +139,7 @@ async def test_unseeded_sampling_follows_engine_seed_and_order(model_path: Path)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0, 0.7])
+@pytest.mark.asyncio
 async def test_logprobs_match_full_forward(engine: HFEngine, temperature: float) -> None:
     sampling = SamplingParams(max_new_tokens=16, temperature=temperature, top_k=40, top_p=0.8, seed=5)
     prompts = [prompt(13, 8), prompt(4, 9)]
@@ -139,6 +149,16 @@ async def test_logprobs_match_full_forward(engine: HFEngine, temperature: float)
         assert all(lp <= 0.0 for lp in result.logprobs)
 
 
+@pytest.mark.asyncio
+async def test_top_k_one_is_greedy_with_untruncated_logprobs(engine: HFEngine) -> None:
+    greedy = await engine.generate(prompt(10), GREEDY, rid="g")
+    top1 = await engine.generate(prompt(10), SamplingParams(24, temperature=1.0, top_k=1, seed=3), rid="k")
+    assert top1.output_ids == greedy.output_ids
+    assert list(top1.logprobs) == pytest.approx(list(greedy.logprobs), abs=1e-6)
+    assert max(top1.logprobs) < -0.01
+
+
+@pytest.mark.asyncio
 async def test_max_new_tokens_ends_with_length(engine: HFEngine) -> None:
     result = await engine.generate(prompt(4), SamplingParams(max_new_tokens=7, temperature=0.0), rid="x")
     assert (len(result.output_ids), result.finish_reason, result.matched_stop) == (7, "length", None)
@@ -147,6 +167,7 @@ async def test_max_new_tokens_ends_with_length(engine: HFEngine) -> None:
     assert (empty.output_ids, empty.finish_reason) == ((), "length")
 
 
+@pytest.mark.asyncio
 async def test_context_limit(model_path: Path) -> None:
     eng = HFEngine(str(model_path), max_context_len=32)
     await eng.start()
@@ -159,15 +180,19 @@ async def test_context_limit(model_path: Path) -> None:
         await eng.close()
 
 
+@pytest.mark.asyncio
 async def test_stop_token_id_is_kept(engine: HFEngine) -> None:
     free = await engine.generate(prompt(8), GREEDY, rid="free")
     stop_id = free.output_ids[5]
     cut = free.output_ids.index(stop_id) + 1
-    stopped = await engine.generate(prompt(8), SamplingParams(24, temperature=0.0, stop_token_ids=(stop_id,)), "s")
+    stopped = await engine.generate(
+        prompt(8), SamplingParams(24, temperature=0.0, stop_token_ids=(stop_id,)), "s"
+    )
     assert stopped.output_ids == free.output_ids[:cut]
     assert (stopped.finish_reason, stopped.matched_stop) == ("stop", stop_id)
 
 
+@pytest.mark.asyncio
 async def test_engine_default_stop_token_ids(model_path: Path) -> None:
     eng = HFEngine(str(model_path))
     await eng.start()
@@ -194,6 +219,7 @@ def first_new_text(tokenizer: object, ids: Sequence[int], start: int, width: int
 
 
 @pytest.mark.parametrize("width", [1, 6])
+@pytest.mark.asyncio
 async def test_stop_string(engine: HFEngine, width: int) -> None:
     free = await engine.generate(prompt(8), GREEDY, rid="free")
     text, k = first_new_text(engine.tokenizer, free.output_ids, 4, width)
@@ -213,6 +239,7 @@ def test_stop_matcher_waits_for_whole_characters(model_path: Path) -> None:
     assert hits[first] == "\u00e9\u00e9\u00e9"
 
 
+@pytest.mark.asyncio
 async def test_abort_returns_partial_output_to_both_callers(engine: HFEngine) -> None:
     sampling = SamplingParams(max_new_tokens=3000, temperature=1.0, seed=1)
     task = asyncio.create_task(engine.generate(prompt(10), sampling, rid="long"))
@@ -225,6 +252,7 @@ async def test_abort_returns_partial_output_to_both_callers(engine: HFEngine) ->
     assert await engine.abort("never-started") is None
 
 
+@pytest.mark.asyncio
 async def test_cancelled_generate_frees_its_slot(engine: HFEngine) -> None:
     task = asyncio.create_task(engine.generate(prompt(10), SamplingParams(3000), rid="gone"))
     await wait_for_tokens(engine, 3)
@@ -244,6 +272,7 @@ def perturbed(model: torch.nn.Module, scale: float) -> dict[str, torch.Tensor]:
     }
 
 
+@pytest.mark.asyncio
 async def test_update_weights_between_generations(engine: HFEngine) -> None:
     before = await engine.generate(prompt(6), GREEDY, rid="a")
     await engine.update_weights(perturbed(engine.model, 0.5), version=1)
@@ -254,6 +283,7 @@ async def test_update_weights_between_generations(engine: HFEngine) -> None:
     assert list(after.logprobs) == pytest.approx(expected, abs=1e-4)
 
 
+@pytest.mark.asyncio
 async def test_update_weights_mid_generation_records_versions(engine: HFEngine) -> None:
     task = asyncio.create_task(engine.generate(prompt(6), SamplingParams(3000, temperature=0.0), rid="long"))
     await wait_for_tokens(engine, 5)
@@ -267,12 +297,14 @@ async def test_update_weights_mid_generation_records_versions(engine: HFEngine) 
     assert 0 < switch and set(versions[:switch]) == {0} and set(versions[switch:]) == {4}
 
 
+@pytest.mark.asyncio
 async def test_update_weights_rejects_unknown_keys(engine: HFEngine) -> None:
     with pytest.raises(ValueError, match="does not have"):
         await engine.update_weights({"nope.weight": torch.zeros(1)}, version=2)
     assert engine.weight_version == 0
 
 
+@pytest.mark.asyncio
 async def test_concurrent_requests_share_decode_steps(engine: HFEngine) -> None:
     ticks = 0
 
@@ -292,6 +324,21 @@ async def test_concurrent_requests_share_decode_steps(engine: HFEngine) -> None:
     assert ticks > 10
 
 
+@pytest.mark.asyncio
+async def test_requests_beyond_max_batch_size_wait_for_a_slot(model_path: Path) -> None:
+    eng = HFEngine(str(model_path), max_batch_size=3)
+    await eng.start()
+    try:
+        prompts = [prompt(2 + 5 * i, i) for i in range(8)]
+        alone = [await eng.generate(p, GREEDY, rid=f"solo{i}") for i, p in enumerate(prompts)]
+        together = await run_all(eng, prompts, GREEDY)
+    finally:
+        await eng.close()
+    assert [r.output_ids for r in together] == [r.output_ids for r in alone]
+    assert eng.stats["max_batch"] == 3
+
+
+@pytest.mark.asyncio
 async def test_rejects_bad_requests(engine: HFEngine, model_path: Path) -> None:
     with pytest.raises(ValueError, match="empty"):
         await engine.generate([], GREEDY, rid="a")
@@ -303,6 +350,7 @@ async def test_rejects_bad_requests(engine: HFEngine, model_path: Path) -> None:
         await HFEngine(str(model_path)).generate([10], GREEDY, rid="d")
 
 
+@pytest.mark.asyncio
 async def test_close_aborts_requests_in_flight(model_path: Path) -> None:
     eng = HFEngine(str(model_path))
     await eng.start()
@@ -315,6 +363,7 @@ async def test_close_aborts_requests_in_flight(model_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.asyncio
 async def test_report_throughput(engine: HFEngine) -> None:
     """Prints generated tokens/s with 1 and with 16 concurrent requests (a report, not an assertion)."""
     sampling = SamplingParams(max_new_tokens=128, temperature=1.0)

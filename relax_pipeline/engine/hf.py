@@ -127,9 +127,7 @@ def _left_pad(tensor: torch.Tensor, length: int, dim: int) -> torch.Tensor:
     missing = length - tensor.shape[dim]
     if missing <= 0:
         return tensor
-    shape = list(tensor.shape)
-    shape[dim] = missing
-    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
+    return torch.nn.functional.pad(tensor, [0, 0] * (tensor.dim() - 1 - dim) + [missing, 0])
 
 
 class _Batch:
@@ -317,7 +315,8 @@ class _Scheduler:
                 self.live.pop(request.rid, None)
                 _resolve(request.loop, request.future, error)
             return
-        self._count_step(len(rows))
+        self.engine.stats["steps"] += 1
+        self.engine.stats["max_batch"] = max(self.engine.stats["max_batch"], len(rows))
         for request, reason in zip(rows, reasons, strict=True):
             if reason is not None:
                 self._finish(request, reason)
@@ -329,11 +328,6 @@ class _Scheduler:
         version = self.engine.weight_version
         self.engine.stats["tokens"] += len(rows)
         return [r.push(t, lp, version) for r, t, lp in zip(rows, tokens, logprobs, strict=True)]
-
-    def _count_step(self, size: int) -> None:
-        stats = self.engine.stats
-        stats["steps"] += 1
-        stats["max_batch"] = max(stats["max_batch"], size)
 
     def _finish(self, request: _Request, reason: FinishReason) -> GenerateResult:
         """Deliver the result to the waiting `generate` call and forget the request."""
@@ -452,10 +446,10 @@ class HFEngine:
         """Abort everything in flight, stop the worker thread and drop the model."""
         if self._closed:
             return
+        self._closed = True  # refuse new commands before the worker's last drain
         if self._scheduler is not None and self._thread is not None:
             self._scheduler.commands.put(self._scheduler.stop)
             await asyncio.to_thread(self._thread.join)
-        self._closed = True
         self._scheduler, self._thread, self._model = None, None, None
         if self.device.startswith("cuda") and torch.cuda.is_available():
             torch.cuda.empty_cache()

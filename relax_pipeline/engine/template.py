@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from relax_pipeline.engine.render import Codec, Renderer
 from relax_pipeline.forest.canonical import Context, Message
 
 ANCHOR_USER = "\u2063relax-anchor-user\u2063"
@@ -41,6 +42,9 @@ class ChatTemplate:
 
     def __init__(self, tokenizer: Any, end_of_turn: str | None = None) -> None:
         self.tokenizer = tokenizer
+        self._renderer = Renderer(tokenizer)
+        self.codec = Codec(tokenizer)
+        self._tools_matter: dict[bytes, bool] = {}
         self.end_of_turn = end_of_turn or self._detect_end_of_turn()
         self.end_of_turn_ids = tuple(self.encode(self.end_of_turn))
 
@@ -48,17 +52,17 @@ class ChatTemplate:
         """Full-render text of a conversation (used by first turns, checks and tests)."""
         return self._render([m.to_template() for m in messages], context, generation_prompt)
 
-    def _render(self, messages: list[dict[str, Any]], context: Context, generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(
-            messages,
-            tools=context.template_tools(),
-            add_generation_prompt=generation_prompt,
-            tokenize=False,
-            **context.kwargs(),
-        )
+    def _render(
+        self, messages: list[dict[str, Any]], context: Context, generation_prompt: bool, tools: bool = True
+    ) -> str:
+        return self._renderer(messages, context.template_tools() if tools else None, generation_prompt,
+                              context.kwargs())
 
     def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        return self.codec.encode(text)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.codec.decode(ids)
 
     def prompt_ids(self, messages: Sequence[Message], context: Context) -> list[int]:
         """Token ids of a first turn: the full render with the generation prompt."""
@@ -71,11 +75,25 @@ class ChatTemplate:
         return self.encode(self.delta_text(messages, context, previous_ended_turn))
 
     def delta_text(self, messages: Sequence[Message], context: Context, previous_ended_turn: bool) -> str:
-        text = self._render(_ANCHOR + [m.to_template() for m in messages], context, True)
-        tail = text[text.index(ANCHOR_ASSISTANT) + len(ANCHOR_ASSISTANT) :]
+        tail = self._tail([m.to_template() for m in messages], context, self._need_tools(context))
         if not tail.startswith(self.end_of_turn):
             raise ValueError(f"chat template does not close an assistant turn with {self.end_of_turn!r}")
         return tail[len(self.end_of_turn) :] if previous_ended_turn else tail
+
+    def _tail(self, messages: list[dict[str, Any]], context: Context, tools: bool) -> str:
+        """What the template writes after the anchor assistant's content, for these new messages."""
+        text = self._render(_ANCHOR + messages, context, True, tools)
+        return text[text.index(ANCHOR_ASSISTANT) + len(ANCHOR_ASSISTANT) :]
+
+    def _need_tools(self, context: Context) -> bool:
+        """Whether this context's tools change delta renders (checked once per context on a probe)."""
+        if not context.tools:
+            return False
+        key = context.root_hash
+        if key not in self._tools_matter:
+            probe = [{"role": "tool", "tool_call_id": "c", "content": "t"}, {"role": "user", "content": "u"}]
+            self._tools_matter[key] = self._tail(probe, context, True) != self._tail(probe, context, False)
+        return self._tools_matter[key]
 
     def _detect_end_of_turn(self) -> str:
         """The special token the template writes right after an assistant message's content."""
@@ -93,7 +111,7 @@ class ChatTemplate:
         self, token_ids: Sequence[int], messages: Sequence[Message], context: Context
     ) -> RenderDifference | None:
         """Compare a sample's decoded tokens with the full render of its final conversation."""
-        sample = self.tokenizer.decode(list(token_ids), skip_special_tokens=False)
+        sample = self.decode(token_ids)
         render = self.render(messages, context, generation_prompt=False)
         if sample == render or render.startswith(sample) and render[len(sample) :].strip() == "":
             return None

@@ -19,6 +19,7 @@ protocol and does not handle images (the protocols issue adds media parts).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
@@ -65,9 +66,14 @@ class Message:
     tool_call_id: str | None = None
 
     def key(self) -> bytes:
-        """Bytes that identify the model-visible content of this message (ids excluded)."""
-        calls = [c.key() for c in self.tool_calls]
-        return _compact([self.role, self.content, self.reasoning_content, calls]).encode()
+        """Bytes that identify the model-visible content of this message (ids excluded).
+
+        Length-prefixed fields, so no content can imitate a field boundary; cheaper than JSON.
+        """
+        parts = [self.role, self.content, "\x00" if self.reasoning_content is None else "\x01" + self.reasoning_content]
+        for call in self.tool_calls:
+            parts += [call.name, call.arguments]
+        return "".join(f"{len(p)}:{p}" for p in parts).encode()
 
     def to_template(self) -> dict[str, Any]:
         """The dict a Hugging Face chat template expects (arguments as a mapping when JSON)."""
@@ -106,6 +112,11 @@ class Context:
     def key(self) -> bytes:
         return _compact([list(self.tools), dict(self.template_kwargs or {})]).encode()
 
+    @functools.cached_property
+    def root_hash(self) -> bytes:
+        """State hash of the root of this context's tree (computed once per object)."""
+        return digest(self.key())
+
     def template_tools(self) -> list[dict[str, Any]] | None:
         return [dict(t) for t in self.tools] or None
 
@@ -136,7 +147,7 @@ def chain(previous: bytes, message: Message) -> bytes:
 
 def chain_all(context: Context, messages: Sequence[Message]) -> list[bytes]:
     """State hashes of every prefix: `[root, after m0, after m1, ...]`; linear in the input size."""
-    hashes = [digest(context.key())]
+    hashes = [context.root_hash]
     for message in messages:
         hashes.append(chain(hashes[-1], message))
     return hashes
@@ -145,13 +156,19 @@ def chain_all(context: Context, messages: Sequence[Message]) -> list[bytes]:
 def canonical_arguments(arguments: Any, param: str) -> str:
     """Tool-call arguments as sorted compact JSON; text that is not JSON is kept verbatim."""
     if isinstance(arguments, str):
-        try:
-            return _compact(json.loads(arguments))
-        except ValueError:
-            return arguments
+        return _canonical_json_text(arguments)
     if isinstance(arguments, Mapping):
         return _compact(arguments)
     raise CanonicalError("tool-call arguments must be a JSON string or an object", param)
+
+
+@functools.lru_cache(maxsize=8192)
+def _canonical_json_text(text: str) -> str:
+    """Replayed histories resend the same argument texts every turn: canonicalize each once."""
+    try:
+        return _compact(json.loads(text))
+    except ValueError:
+        return text
 
 
 def text_of(content: Any, param: str) -> str | None:
@@ -198,7 +215,8 @@ def make_message(
 
 
 def canonical_tools(tools: Any, param: str = "tools") -> tuple[Mapping[str, Any], ...]:
-    """Function tools in canonical order-preserving form; non-function tool types are ignored."""
+    """Function tools in the OpenAI form, key order kept for rendering (hashing sorts keys);
+    non-function tool types are ignored."""
     if tools is None:
         return ()
     if not isinstance(tools, list):
@@ -220,7 +238,7 @@ def _function_tool(tool: Any, param: str) -> dict[str, Any] | None:
     if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str) or not fn["name"]:
         raise CanonicalError("a function tool needs a non-empty 'name'", f"{param}.function.name")
     spec = {k: fn[k] for k in ("name", "description", "parameters") if fn.get(k) is not None}
-    return json.loads(_compact({"type": "function", "function": spec}))
+    return json.loads(json.dumps({"type": "function", "function": spec}))  # a detached copy, order kept
 
 
 def canonical_template_kwargs(kwargs: Any, param: str = "chat_template_kwargs") -> Mapping[str, Any] | None:

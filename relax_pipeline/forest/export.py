@@ -13,7 +13,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from relax_pipeline.agent.session_io import ExportRecord
-from relax_pipeline.forest.canonical import CanonicalError, Context, canonical_template_kwargs, canonical_tools, chain_all
+from relax_pipeline.forest.canonical import (
+    CanonicalError,
+    Context,
+    canonical_template_kwargs,
+    canonical_tools,
+    chain_all,
+)
 from relax_pipeline.forest.store import Node, SessionForest
 from relax_pipeline.protocol.chat import parse_messages
 

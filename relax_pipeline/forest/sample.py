@@ -79,6 +79,8 @@ def token_table(sample: Sample, tokenizer: object, width: int = 18) -> str:
     for i, tid in enumerate(sample.tokens):
         text = repr(tokenizer.decode([tid], skip_special_tokens=False))[:width]  # type: ignore[attr-defined]
         j = i - sample.prompt_length
-        extra = f"{sample.loss_mask[j]}  {sample.rollout_logprobs[j]:9.4f}  v{sample.weight_versions[j]}" if j >= 0 else "-"
+        extra = "-"
+        if j >= 0:
+            extra = f"{sample.loss_mask[j]}  {sample.rollout_logprobs[j]:9.4f}  v{sample.weight_versions[j]}"
         rows.append(f"{i:5d} {tid:6d} {text:<{width}} {extra}")
     return "\n".join(rows)

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from relax_pipeline.forest.memo import RequestMemo
 from relax_pipeline.forest.store import SessionForest
 
 
@@ -66,6 +67,7 @@ class Session:
     status: Status = Status.CREATED
     error: str | None = None
     forest: SessionForest = field(default_factory=SessionForest)
+    memo: RequestMemo = field(default_factory=RequestMemo)
     timing: dict[str, float] = field(default_factory=dict)
     abort_count: int = 0
     in_flight: int = 0

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from relax_pipeline.engine.base import GenerateResult, SamplingParams
-from relax_pipeline.forest.canonical import Context, Message, chain, chain_all, digest
+from relax_pipeline.forest.canonical import Context, Message, chain, chain_all
 
 NodeKind = Literal["root", "observation", "response"]
 
@@ -91,9 +91,12 @@ class SessionForest:
         self._by_state: dict[bytes, int] = {}
         self._by_prefix: dict[bytes, tuple[int, int]] = {}
 
-    def match(self, context: Context, messages: Sequence[Message]) -> Match:
-        """Find the deepest committed state the request extends (linear in the request size)."""
-        hashes = chain_all(context, messages)
+    def match(self, context: Context, messages: Sequence[Message], hashes: Sequence[bytes] = ()) -> Match:
+        """Find the deepest committed state the request extends (linear in the request size).
+
+        `hashes` may carry the request's chained hashes when the caller already has them.
+        """
+        hashes = list(hashes) if len(hashes) == len(messages) + 1 else chain_all(context, messages)
         k = next((i for i in range(len(hashes) - 1, -1, -1) if hashes[i] in self._by_state), None)
         if k is None:
             fork = self._root_fork(context)
@@ -158,7 +161,7 @@ class SessionForest:
         return None
 
     def add_root(self, context: Context) -> Node:
-        state = digest(context.key())
+        state = context.root_hash
         if state in self._by_state:
             return self.nodes[self._by_state[state]]
         return self._add(Node(len(self.nodes), None, "root", (), (), state, 0, context=context))

@@ -28,7 +28,9 @@ from relax_pipeline.protocol.errors import ProtocolError, openai_body
 log = logging.getLogger(__name__)
 
 
-def create_app(store: ForestStore, turns: TurnService, prefix: str = "/agentic_api", model_name: str = "relax") -> FastAPI:
+def create_app(
+    store: ForestStore, turns: TurnService, prefix: str = "/agentic_api", model_name: str = "relax"
+) -> FastAPI:
     """Build the app; `prefix` is the service path that agents' base URLs keep."""
     app = FastAPI(title="relax_pipeline gateway", docs_url=None, redoc_url=None, openapi_url=None)
     prefix = "/" + prefix.strip("/") if prefix.strip("/") else ""
@@ -74,7 +76,7 @@ class _Gateway:
             return _error(ProtocolError(500, f"internal error: {type(error).__name__}: {error}"))
 
     async def _chat_turn(self, session: Session, body: Any) -> Response:
-        turn = chat.parse_request(body)
+        turn = chat.parse_request(body, session.memo)
         if body.get("stream"):
             raise ProtocolError(400, "stream=true is not supported yet; send stream=false", "stream")
         session.in_flight += 1

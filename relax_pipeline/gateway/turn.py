@@ -32,6 +32,8 @@ class TurnRequest:
     max_tokens: int | None = None
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    hashes: tuple[bytes, ...] = ()
+    """Chained hashes of the messages when the parser already computed them (else computed on match)."""
 
 
 @dataclass(frozen=True)
@@ -82,7 +84,7 @@ class TurnService:
     def prepare(self, forest: SessionForest, request: TurnRequest) -> PreparedTurn:
         """Match the request and build its prompt ids (no generation, no commit)."""
         _check_last_message(request.messages)
-        match = _attach_point(forest, forest.match(request.context, request.messages))
+        match = _attach_point(forest, forest.match(request.context, request.messages, request.hashes))
         parent = match.parent
         if parent is None or parent.kind == "root":
             obs = self.template.prompt_ids(match.delta, match.context)
@@ -93,7 +95,9 @@ class TurnService:
         obs = existing.token_ids if existing else self.template.delta_ids(match.delta, match.context, parent.ends_turn)
         return self._prepared(match, obs, forest.prompt_ids(parent) + list(obs), request)
 
-    def _prepared(self, match: Match, obs: list[int] | tuple[int, ...], prompt: list[int], request: TurnRequest) -> PreparedTurn:
+    def _prepared(
+        self, match: Match, obs: list[int] | tuple[int, ...], prompt: list[int], request: TurnRequest
+    ) -> PreparedTurn:
         d = self.defaults
         room = d.max_context_len - len(prompt)
         if room <= 0:
@@ -133,7 +137,7 @@ class TurnService:
         ends_turn = bool(ids) and ids[-1] in self.template.end_of_turn_ids
         if ids and ids[-1] in self.stop_token_ids:
             ids = ids[:-1]
-        text = self.template.tokenizer.decode(ids, skip_special_tokens=False)
+        text = self.template.decode(ids)
         if isinstance(result.matched_stop, str) and result.matched_stop in text:
             text = text[: text.index(result.matched_stop)]
         parsed = self.parser.parse(text)

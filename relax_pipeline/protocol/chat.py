@@ -27,16 +27,24 @@ from relax_pipeline.forest.canonical import (
     make_message,
     text_of,
 )
+from relax_pipeline.forest.memo import RequestMemo
 from relax_pipeline.gateway.turn import TurnRequest, TurnResult
 
 
-def parse_request(body: Any) -> TurnRequest:
-    """Validate a Chat Completions body; errors carry the field path in `param`."""
+def parse_request(body: Any, memo: RequestMemo | None = None) -> TurnRequest:
+    """Validate a Chat Completions body; errors carry the field path in `param`.
+
+    With the session's `memo`, the replayed prefix of the history is not canonicalized again.
+    """
     if not isinstance(body, Mapping):
         raise CanonicalError("the request body must be a JSON object", None)
-    messages = parse_messages(body.get("messages"))
     context = Context(canonical_tools(body.get("tools")), canonical_template_kwargs(body.get("chat_template_kwargs")))
-    return TurnRequest(messages, context, _max_tokens(body), _stop(body.get("stop")), _seed(body.get("seed")))
+    raw = body.get("messages")
+    if not isinstance(raw, list) or not raw:
+        raise CanonicalError("messages must be a non-empty list", "messages")
+    messages, hashes = (memo or RequestMemo(0)).canonical(raw, context, parse_message)
+    return TurnRequest(messages, context, _max_tokens(body), _stop(body.get("stop")), _seed(body.get("seed")),
+                       hashes)
 
 
 def parse_messages(raw: Any, param: str = "messages") -> tuple[Message, ...]:

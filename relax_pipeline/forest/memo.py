@@ -1,0 +1,82 @@
+"""RequestMemo: reuse the canonical form and chained hashes of a session's replayed history.
+
+Every request replays its branch's whole history, so most of a request is what the same session sent
+a turn ago. The memo keeps a session's few most recent requests (their decoded JSON items, canonical
+messages and chained hashes) and, for a new request, finds the entry with the longest run of equal
+leading items (plain `==` on decoded JSON, done in C) and reuses its messages and hashes for that
+prefix; only the new items are canonicalized and hashed. The result is identical to canonicalizing
+everything, because canonicalization is a pure function of an item; what changes is that a turn's
+Python-level work no longer grows with the number of earlier turns.
+
+It keeps references to the decoded items it was given (no copies) and forgets the oldest entry when
+full. It knows nothing about protocols: the caller passes the per-item parse function.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from relax_pipeline.forest.canonical import Context, Message, chain
+
+ParseItem = Callable[[Any, str], Message]
+
+
+@dataclass(frozen=True)
+class _Entry:
+    items: Sequence[Any]
+    messages: tuple[Message, ...]
+    hashes: tuple[bytes, ...]
+    """Chained hashes `[root, after m0, ...]` under the entry's context."""
+
+
+class RequestMemo:
+    """A session's recent requests, reused by common prefix."""
+
+    def __init__(self, size: int = 4) -> None:
+        self._entries: deque[_Entry] = deque(maxlen=max(size, 1))
+        self._enabled = size > 0
+
+    def canonical(self, items: Sequence[Any], context: Context, parse: ParseItem, param: str = "messages"
+                  ) -> tuple[tuple[Message, ...], tuple[bytes, ...]]:
+        """Canonical messages and chained hashes of `items`, reusing the best cached prefix."""
+        entry, n = self._best(items)
+        messages = list(entry.messages[:n]) if entry else []
+        messages += [parse(items[i], f"{param}[{i}]") for i in range(n, len(items))]
+        same_root = entry is not None and entry.hashes[0] == context.root_hash
+        hashes = list(entry.hashes[: n + 1]) if same_root else [context.root_hash]
+        for message in messages[len(hashes) - 1 :]:
+            hashes.append(chain(hashes[-1], message))
+        result = _Entry(items, tuple(messages), tuple(hashes))
+        if self._enabled:
+            self._entries.append(result)
+        return result.messages, result.hashes
+
+    def _best(self, items: Sequence[Any]) -> tuple[_Entry | None, int]:
+        """Newest entries first; stop once all but the last two items are covered."""
+        best, best_n = None, 0
+        for entry in reversed(self._entries):
+            n = _common_prefix(entry.items, items)
+            if n > best_n:
+                best, best_n = entry, n
+            if best_n >= len(items) - 2:
+                break
+        return best, best_n
+
+
+def _common_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
+    """Length of the longest common prefix, by slice comparisons (C loops; the full-prefix case is one)."""
+    lo, hi = 0, min(len(a), len(b))
+    for k in range(hi, max(hi - 3, -1), -1):  # the usual cases: a replay that extends or retries a request
+        if list(a[:k]) == list(b[:k]):
+            return k
+    hi -= 3
+    while lo < hi:  # invariant: a[:lo] == b[:lo] and a[:hi+1] != b[:hi+1]
+        mid = (lo + hi + 1) // 2
+        if list(a[:mid]) == list(b[:mid]):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo

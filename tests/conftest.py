@@ -1,0 +1,29 @@
+"""Shared fixtures: the tiny model built once per test run, its tokenizer and chat template."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from relax_pipeline.engine.template import ChatTemplate
+from relax_pipeline.models.tiny import build_tiny
+
+
+@pytest.fixture(scope="session")
+def tiny_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    cache = os.environ.get("RELAX_TEST_CACHE") or tmp_path_factory.mktemp("tiny-cache")
+    return build_tiny(cache, seed=0)
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tiny_path: Path):  # noqa: ANN201 - a transformers tokenizer
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_path)
+
+
+@pytest.fixture(scope="session")
+def template(tokenizer) -> ChatTemplate:  # noqa: ANN001
+    return ChatTemplate(tokenizer)

@@ -3,6 +3,8 @@
 - `ScriptedEngine`: an `Engine` that answers from a script of texts, tokenized with the real tokenizer
   and ended with the template's end-of-turn token, with fixed logprobs. Protocol and forest tests use it
   so their expected outputs are known; end-to-end tests use the real embedded engine instead.
+- `AbortingEngine` / `FailingEngine`: scripted engines whose Nth generation ends "abort", or that raise
+  on every call like a dead worker, for the gateway's commit-nothing paths.
 - `RecordingHFEngine`: the real embedded engine plus a record of every prompt it was given, selected
   with `engine._target_=relax_pipeline.fakes.RecordingHFEngine` so end-to-end tests can check that each
   turn's prompt starts with the previous turn's tokens. It changes no behaviour.
@@ -11,6 +13,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -59,6 +62,29 @@ class ScriptedEngine:
 
     async def close(self) -> None:
         return None
+
+
+class AbortingEngine(ScriptedEngine):
+    """Answers call number `abort_at` (0-based) with finish_reason "abort", like an engine abort."""
+
+    def __init__(self, tokenizer: Any, script: Sequence[str], abort_at: int) -> None:
+        super().__init__(tokenizer, script)
+        self.abort_at = abort_at
+
+    async def generate(self, input_ids: Sequence[int], sampling: SamplingParams, rid: str) -> GenerateResult:
+        result = await super().generate(input_ids, sampling, rid)
+        if len(self.prompts) - 1 == self.abort_at:
+            return dataclasses.replace(result, output_ids=result.output_ids[:1], logprobs=result.logprobs[:1],
+                                       finish_reason="abort", matched_stop=None)
+        return result
+
+
+class FailingEngine(ScriptedEngine):
+    """Raises on every generate call, like a crashed engine worker."""
+
+    async def generate(self, input_ids: Sequence[int], sampling: SamplingParams, rid: str) -> GenerateResult:
+        self.prompts.append(list(input_ids))
+        raise RuntimeError("engine worker died")
 
 
 class RecordingHFEngine(HFEngine):

@@ -9,9 +9,8 @@ session isolation, and aborted or failed generations that commit nothing. Bad re
 
 from __future__ import annotations
 
-import dataclasses
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -20,10 +19,9 @@ import httpx
 import openai
 import pytest
 
-from relax_pipeline.engine.base import GenerateResult, SamplingParams
 from relax_pipeline.engine.parsers import OutputParser
 from relax_pipeline.engine.template import ChatTemplate
-from relax_pipeline.fakes import ScriptedEngine
+from relax_pipeline.fakes import AbortingEngine, FailingEngine, ScriptedEngine
 from relax_pipeline.forest.sessions import ForestStore, Session, Status
 from relax_pipeline.gateway.app import create_app
 from relax_pipeline.gateway.server import GatewayServer
@@ -303,29 +301,6 @@ async def test_sessions_cannot_touch_each_other(template: ChatTemplate, tokenize
 
 
 # --- generations that do not finish -------------------------------------------------------------
-
-
-class AbortingEngine(ScriptedEngine):
-    """Answers call number `abort_at` (0-based) with finish_reason "abort", like an engine abort."""
-
-    def __init__(self, tokenizer: Any, script: Sequence[str], abort_at: int) -> None:
-        super().__init__(tokenizer, script)
-        self.abort_at = abort_at
-
-    async def generate(self, input_ids: Sequence[int], sampling: SamplingParams, rid: str) -> GenerateResult:
-        result = await super().generate(input_ids, sampling, rid)
-        if len(self.prompts) - 1 == self.abort_at:
-            return dataclasses.replace(result, output_ids=result.output_ids[:1], logprobs=result.logprobs[:1],
-                                       finish_reason="abort", matched_stop=None)
-        return result
-
-
-class FailingEngine(ScriptedEngine):
-    """Raises on every generate call, like a crashed engine worker."""
-
-    async def generate(self, input_ids: Sequence[int], sampling: SamplingParams, rid: str) -> GenerateResult:
-        self.prompts.append(list(input_ids))
-        raise RuntimeError("engine worker died")
 
 
 async def test_aborted_generation_commits_nothing(template: ChatTemplate, tokenizer: Any) -> None:

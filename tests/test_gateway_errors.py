@@ -11,6 +11,7 @@ import re
 from collections.abc import AsyncIterator
 from typing import Any
 
+import httpx
 import pytest
 import pytest_asyncio
 from test_gateway import Gateway, assert_openai_error, generated_ids, kinds, running_gateway
@@ -102,8 +103,6 @@ async def test_bad_request_answers_400_with_field_path(gw: Gateway, body: Any, p
     assert len(gw.engine.prompts) == calls and session.forest.nodes == [] and session.forest.forks == []
 
 
-@pytest.mark.xfail(strict=True, reason="app.py _json catches ValueError only: json.loads raises RecursionError "
-                                       "on a deeply nested body, which answers 500 internal instead of 400")
 async def test_deeply_nested_body_is_a_bad_request(gw: Gateway) -> None:
     session = gw.open_session()
     error = assert_openai_error(await gw.post(session, b"[" * 100_000), 400, "invalid_request_error")
@@ -190,3 +189,26 @@ async def test_later_turn_context_overflow_counts_the_whole_lineage(template: Ch
         assert_context_error(assert_openai_error(response, 400, "invalid_request_error"),
                              first_len + generated + delta, limit)
     assert kinds(session) == ["root", "observation", "response"] and len(engine.prompts) == 1
+
+
+async def test_stream_must_be_a_boolean(gw: Gateway) -> None:
+    session = gw.open_session()
+    error = assert_openai_error(await gw.post(session, {"messages": [USER], "stream": "false"}), 400,
+                                "invalid_request_error")
+    assert error["param"] == "stream" and "boolean" in error["message"]
+
+
+async def test_unknown_route_and_wrong_method_answer_in_openai_shape(gw: Gateway) -> None:
+    session = gw.open_session()
+    async with httpx.AsyncClient(base_url=gw.base_url, headers={"Authorization": f"Bearer {session.id}"}) as raw:
+        missing = await raw.post("v1/responses", json={"input": "hi"})
+        wrong = await raw.get("v1/chat/completions")
+    assert missing.status_code == 404 and set(missing.json()["error"]) == {"message", "type", "param", "code"}
+    assert "chat/completions" in missing.json()["error"]["message"]
+    assert wrong.status_code == 405 and wrong.json()["error"]["type"] == "invalid_request_error"
+
+
+async def test_session_not_started_yet_is_not_found(gw: Gateway) -> None:
+    session = gw.store.open("group-x", 0, 0, "train", {})
+    error = assert_openai_error(await gw.post(session, {"messages": [USER]}), 404, "not_found_error")
+    assert "not started" in error["message"]

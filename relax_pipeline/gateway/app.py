@@ -18,9 +18,10 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from relax_pipeline.forest.canonical import CanonicalError
-from relax_pipeline.forest.sessions import ForestStore, Session
+from relax_pipeline.forest.sessions import ForestStore, Session, Status
 from relax_pipeline.gateway.turn import TurnService
 from relax_pipeline.protocol import chat
 from relax_pipeline.protocol.errors import ProtocolError, openai_body
@@ -39,7 +40,18 @@ def create_app(
     for base in (f"{prefix}/v1", prefix):
         app.add_api_route(f"{base}/chat/completions", gateway.chat, methods=["POST"])
         app.add_api_route(f"{base}/models", gateway.models, methods=["GET"])
+    app.add_exception_handler(StarletteHTTPException, _http_error)
     return app
+
+
+async def _http_error(request: Request, error: Exception) -> Response:
+    """Unknown routes and wrong methods answer in the OpenAI error shape too."""
+    status = getattr(error, "status_code", 500)
+    detail = getattr(error, "detail", "error")
+    message = f"{request.method} {request.url.path}: {detail}"
+    if status == 404:
+        message += "; this gateway serves chat/completions and models (Responses and Messages land later)"
+    return JSONResponse(openai_body(ProtocolError(status, message)), status_code=status)
 
 
 class _Gateway:
@@ -77,7 +89,10 @@ class _Gateway:
 
     async def _chat_turn(self, session: Session, body: Any) -> Response:
         turn = chat.parse_request(body, session.memo)
-        if body.get("stream"):
+        stream = body.get("stream")
+        if stream is not None and not isinstance(stream, bool):
+            raise ProtocolError(400, f"stream must be a boolean, got {stream!r}", "stream")
+        if stream:
             raise ProtocolError(400, "stream=true is not supported yet; send stream=false", "stream")
         session.in_flight += 1
         try:
@@ -99,6 +114,8 @@ class _Gateway:
         session = self.store.get(key)
         if session is None:
             raise ProtocolError(401, "unknown credential: use the RELAX_SESSION_ID given to this agent")
+        if session.status is Status.CREATED:
+            raise ProtocolError(404, f"session {session.id} has not started yet")
         if not session.status.serving:
             raise ProtocolError(404, f"session {session.id} is {session.status.value}; it takes no more requests")
         return session
@@ -114,7 +131,7 @@ def _credential(request: Request) -> str | None:
 def _json(raw: bytes) -> Any:
     try:
         return json.loads(raw)
-    except ValueError as error:
+    except (ValueError, RecursionError) as error:
         raise ProtocolError(400, f"the request body is not valid JSON: {error}") from None
 
 

@@ -44,11 +44,11 @@ class ProtocolError(Exception):
 
 
 def openai_body(error: ProtocolError) -> dict[str, Any]:
-    kind = _OPENAI_TYPES.get(error.status, "server_error")
+    kind = _OPENAI_TYPES.get(error.status, "invalid_request_error" if error.status < 500 else "server_error")
     return {"error": {"message": error.message, "type": kind, "param": error.param, "code": error.code}}
 
 
 def anthropic_body(error: ProtocolError) -> dict[str, Any]:
-    kind = _ANTHROPIC_TYPES.get(error.status, "api_error")
+    kind = _ANTHROPIC_TYPES.get(error.status, "invalid_request_error" if error.status < 500 else "api_error")
     message = f"{error.param}: {error.message}" if error.param else error.message
     return {"type": "error", "error": {"type": kind, "message": message}}

@@ -15,7 +15,7 @@ full. It knows nothing about protocols: the caller passes the per-item parse fun
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +26,7 @@ ParseItem = Callable[[Any, str], Message]
 
 @dataclass(frozen=True)
 class _Entry:
-    items: Sequence[Any]
+    items: list[Any]
     messages: tuple[Message, ...]
     hashes: tuple[bytes, ...]
     """Chained hashes `[root, after m0, ...]` under the entry's context."""
@@ -39,7 +39,7 @@ class RequestMemo:
         self._entries: deque[_Entry] = deque(maxlen=max(size, 1))
         self._enabled = size > 0
 
-    def canonical(self, items: Sequence[Any], context: Context, parse: ParseItem, param: str = "messages"
+    def canonical(self, items: list[Any], context: Context, parse: ParseItem, param: str = "messages"
                   ) -> tuple[tuple[Message, ...], tuple[bytes, ...]]:
         """Canonical messages and chained hashes of `items`, reusing the best cached prefix."""
         entry, n = self._best(items)
@@ -54,7 +54,7 @@ class RequestMemo:
             self._entries.append(result)
         return result.messages, result.hashes
 
-    def _best(self, items: Sequence[Any]) -> tuple[_Entry | None, int]:
+    def _best(self, items: list[Any]) -> tuple[_Entry | None, int]:
         """Newest entries first; stop once all but the last two items are covered."""
         best, best_n = None, 0
         for entry in reversed(self._entries):
@@ -66,16 +66,15 @@ class RequestMemo:
         return best, best_n
 
 
-def _common_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
+def _common_prefix(a: list[Any], b: list[Any]) -> int:
     """Length of the longest common prefix, by slice comparisons (C loops; the full-prefix case is one)."""
     lo, hi = 0, min(len(a), len(b))
-    for k in range(hi, max(hi - 3, -1), -1):  # the usual cases: a replay that extends or retries a request
-        if list(a[:k]) == list(b[:k]):
-            return k
-    hi -= 3
+    if hi and a[: hi - 1] == b[: hi - 1]:  # the usual case: a replay that extends or retries a request
+        return hi if a[hi - 1] == b[hi - 1] else hi - 1
+    hi -= 2
     while lo < hi:  # invariant: a[:lo] == b[:lo] and a[:hi+1] != b[:hi+1]
         mid = (lo + hi + 1) // 2
-        if list(a[:mid]) == list(b[:mid]):
+        if a[:mid] == b[:mid]:
             lo = mid
         else:
             hi = mid - 1

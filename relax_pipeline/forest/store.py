@@ -26,6 +26,7 @@ from relax_pipeline.engine.base import GenerateResult, SamplingParams
 from relax_pipeline.forest.canonical import Context, Message, chain, chain_all
 
 NodeKind = Literal["root", "observation", "response"]
+IDS_CACHE_NODES = 8
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,7 @@ class SessionForest:
         self.forks: list[ForkEvent] = []
         self._by_state: dict[bytes, int] = {}
         self._by_prefix: dict[bytes, tuple[int, int]] = {}
+        self._ids_cache: dict[int, tuple[int, ...]] = {}
 
     def match(self, context: Context, messages: Sequence[Message], hashes: Sequence[bytes] = ()) -> Match:
         """Find the deepest committed state the request extends (linear in the request size).
@@ -216,10 +218,26 @@ class SessionForest:
         return path
 
     def prompt_ids(self, node: Node) -> list[int]:
-        ids: list[int] = []
-        for step in self.lineage(node):
+        """All token ids from the root to the end of `node`.
+
+        The ids of recently used nodes are kept (a few per session), so a turn copies its lineage's
+        tokens once instead of walking every earlier node.
+        """
+        path: list[Node] = []
+        cursor: Node | None = node
+        while cursor is not None and cursor.id not in self._ids_cache:
+            path.append(cursor)
+            cursor = self.nodes[cursor.parent] if cursor.parent is not None else None
+        ids = list(self._ids_cache[cursor.id]) if cursor is not None else []
+        for step in reversed(path):
             ids.extend(step.token_ids)
+        self._remember_ids(node.id, ids)
         return ids
+
+    def _remember_ids(self, node_id: int, ids: list[int]) -> None:
+        self._ids_cache[node_id] = tuple(ids)
+        if len(self._ids_cache) > IDS_CACHE_NODES:
+            del self._ids_cache[next(iter(self._ids_cache))]
 
     def leaves(self) -> list[Node]:
         """Response nodes without children: the exportable ends of the conversation trees."""

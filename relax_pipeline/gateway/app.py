@@ -4,18 +4,18 @@ Every route is served under the service prefix in both forms, `{prefix}/v1/<reso
 `{prefix}/<resource>` (the OpenAI SDKs append the bare resource to a base URL that keeps its path).
 `Authorization: Bearer <session id>` selects the session: missing or unknown → 401, a session that is
 not running (finished, failed, dropped) → 404. A request can only read and write its own session's
-forest. Bodies are parsed with `json.loads` on the raw bytes (no pydantic on the hot path); errors are
+forest. Bodies are parsed with `orjson.loads` on the raw bytes (no pydantic on the hot path); errors are
 shaped per protocol. This module does not start a server (`server.py`) and holds no turn logic
 (`turn.py`).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import secrets
 from typing import Any
 
+import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -130,7 +130,7 @@ def _credential(request: Request) -> str | None:
 
 def _json(raw: bytes) -> Any:
     try:
-        return json.loads(raw)
+        return orjson.loads(raw)
     except (ValueError, RecursionError) as error:
         raise ProtocolError(400, f"the request body is not valid JSON: {error}") from None
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
+from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import MISSING, DictConfig, OmegaConf
 
@@ -205,8 +206,16 @@ def register() -> None:
 
 
 def build(node: DictConfig | Any, **kwargs: Any) -> Any:
-    """Instantiate one group node; plain Python containers, never OmegaConf ones, reach our classes."""
-    return instantiate(node, _convert_="all", **kwargs)
+    """Instantiate one group node; plain Python containers, never OmegaConf ones, reach our classes.
+
+    A constructor's own error (which names the key and the fix) is raised as it is, not wrapped.
+    """
+    try:
+        return instantiate(node, _convert_="all", **kwargs)
+    except InstantiationException as error:
+        if error.__cause__ is not None:
+            raise error.__cause__ from None
+        raise
 
 
 def validate(cfg: DictConfig) -> None:

@@ -1,0 +1,123 @@
+"""Config: every group option composes, binds to its `_target_`'s signature and instantiates; jobs refuse
+bad setups at start naming the key; the CLI's exit status and last log line; a two-value sweep.
+
+Golden file: `tests/golden/default_config.yaml`, regenerated with
+`python -m relax_pipeline --cfg job > tests/golden/default_config.yaml`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
+from hydra.utils import get_class
+from omegaconf import OmegaConf
+
+from relax_pipeline.config import REPO_ROOT, build, register
+from relax_pipeline.run import run
+
+CONF = REPO_ROOT / "conf"
+GROUPS = ("protocol", "runtime", "credit", "engine", "trainer", "model", "dataset", "agent", "tracking")
+BUILD_ARGS = {"engine": {"model_path": "unused", "seed": 0, "max_context_len": 128}, "model": {"seed": 0}}
+
+
+def options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+
+
+def composed(*overrides: str):  # noqa: ANN201
+    register()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("config", overrides=list(overrides))
+
+
+def test_default_config_matches_the_golden_file() -> None:
+    golden = (Path(__file__).parent / "golden" / "default_config.yaml").read_text()
+    assert OmegaConf.to_yaml(composed()) == golden
+
+
+def test_a_misspelt_key_fails_at_compose_time() -> None:
+    with pytest.raises(ConfigCompositionException):
+        composed("rollout.batch_sise=3")
+
+
+@pytest.mark.parametrize(
+    "protocol, runtime, credit",
+    list(itertools.product(options("protocol"), options("runtime"), options("credit"))),
+)
+def test_every_combination_binds_every_target(protocol: str, runtime: str, credit: str) -> None:
+    cfg = composed(f"protocol={protocol}", f"runtime={runtime}", f"credit={credit}")
+    for group in GROUPS:
+        node = OmegaConf.to_container(cfg[group], resolve=True)
+        target = get_class(node.pop("_target_"))
+        assert target.__module__.startswith("relax_pipeline."), f"{group} must target our own class"
+        inspect.signature(target).bind(**node, **BUILD_ARGS.get(group, {}))
+
+
+@pytest.mark.parametrize("group, option", [(g, o) for g in GROUPS if g != "engine" for o in options(g)])
+def test_cpu_safe_groups_instantiate(group: str, option: str) -> None:
+    cfg = composed(f"{group}={option}")
+    assert build(cfg[group], **BUILD_ARGS.get(group, {})) is not None
+
+
+def test_experiment_smoke_cpu_composes_to_a_rollout() -> None:
+    cfg = composed("experiment=smoke_cpu")
+    assert cfg.job == "rollout" and cfg.rollout.num_steps == 1
+
+
+@pytest.mark.parametrize(
+    "override, fragment",
+    [
+        ("job=nap", "job='nap' is not a job"),
+        ("rollout.batch_size=0", "rollout.batch_size must be positive"),
+        ("rollout.max_response_len=4096", "rollout.max_response_len must be smaller"),
+        ("+agent.env.RELAX_X=x", "the RELAX_ prefix is reserved"),
+        ("protocol.tool_call_parser=nope", "protocol.tool_call_parser='nope' is not built in"),
+        ("dataset.path=/nonexistent.jsonl", "dataset.path='/nonexistent.jsonl' does not exist"),
+        ("agent.cwd=/nonexistent", "agent.cwd='/nonexistent' is not a directory"),
+        ("job=train", "job=train needs the trainer"),
+    ],
+)
+def test_bad_setups_fail_at_start_naming_the_key(tmp_path: Path, tiny_path: Path, override: str, fragment: str
+                                                 ) -> None:
+    cfg = composed("job=check", f"output_dir={tmp_path}", f"model.cache_dir={tiny_path.parent}", override)
+    with pytest.raises(Exception, match=fragment.replace("(", r"\(").replace("[", r"\[")):
+        run(cfg)
+    assert fragment.split("=")[0].split(".")[0] in (tmp_path / "run.log").read_text().splitlines()[-1]
+
+
+def test_check_job_reports_findings(tmp_path: Path, tiny_path: Path) -> None:
+    metrics = run(composed("job=check", f"output_dir={tmp_path}", f"model.cache_dir={tiny_path.parent}"))
+    assert metrics["check/problems"] == 0 and metrics["check/dataset_rows"] == 32
+    assert "check: OK" in (tmp_path / "run.log").read_text()
+
+
+def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "relax_pipeline", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=240)
+
+
+def test_cli_exit_status_and_last_log_line(tmp_path: Path, tiny_path: Path) -> None:
+    cache = f"model.cache_dir={tiny_path.parent}"
+    ok = cli("job=check", cache, f"hydra.run.dir={tmp_path}/ok", cwd=tmp_path)
+    assert ok.returncode == 0, ok.stderr
+    failed = cli(cache, f"hydra.run.dir={tmp_path}/train", cwd=tmp_path)
+    assert failed.returncode != 0
+    last = (tmp_path / "train" / "run.log").read_text().strip().splitlines()[-1]
+    assert "run failed: job=train needs the trainer" in last
+
+
+@pytest.mark.slow
+def test_multirun_sweep_runs_each_job_in_its_own_folder(tmp_path: Path, tiny_path: Path) -> None:
+    result = cli("-m", "job=rollout", "experiment=smoke_cpu", "seed=0,1", f"model.cache_dir={tiny_path.parent}",
+                 "debug.save_rollout_data=r_{rollout_id}.jsonl", f"hydra.sweep.dir={tmp_path}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    for job in ("0", "1"):
+        assert (tmp_path / job / "r_0.jsonl").read_text().strip()
+        assert "accounting_end" in (tmp_path / job / "run.log").read_text()

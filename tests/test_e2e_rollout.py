@@ -104,3 +104,14 @@ def test_failing_agents_are_recorded_and_the_run_goes_on(tmp_path: Path, tiny_pa
         if row["status"] == "completed":
             check_row(row)
             assert row["turn_count"] == 1 and row["name"] is None
+
+
+def test_seed_minimal_agent_exports_implicitly(tmp_path: Path, tiny_path: Path) -> None:
+    cfg = compose_config(tmp_path, tiny_path, "agent=single_turn", "rollout.batch_size=1")
+    run(cfg)
+    rows = read_dump(tmp_path / "dump" / "r_0.jsonl")
+    assert len(rows) == 2
+    for row in rows:
+        check_row(row)
+        assert row["name"] is None and row["turn_count"] == 1 and row["reward"] in (0.0, 1.0)
+        assert [m["role"] for m in row["messages"]] == ["user", "assistant"]

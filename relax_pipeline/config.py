@@ -58,6 +58,12 @@ class CreditConfig:
     """module.function custom reward model (credit=custom_rm)."""
     advantage_path: str | None = None
     """module.function per-context advantage hook (credit=custom_advantage)."""
+    estimator: str = "grpo"
+    """Advantage estimator: grpo, rloo, reinforce_plus_plus or reinforce_plus_plus_baseline."""
+    normalize_std: bool = True
+    """GRPO: divide the group-centred reward by the group's std."""
+    kl_coef: float = 0.0
+    """KL reward shaping coefficient (reinforce_plus_plus estimators)."""
     normalize_advantages: bool = False
     """Whiten token advantages across the batch."""
     log_passrate: bool = False
@@ -77,13 +83,51 @@ class EngineConfig:
 
 @dataclass
 class TrainerConfig:
-    _target_: str = "relax_pipeline.train.spec.TrainerSpec"
-    backend: str = "torch"
-    """torch (single process) or deepspeed."""
+    _target_: str = "relax_pipeline.train.torch_backend.TorchTrainer"
+    device: str = "cpu"
+    """torch device of the policy being trained."""
     lr: float = 1e-3
     """AdamW learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    grad_clip: float = 1.0
+    """Max global gradient norm; 0 disables clipping."""
     global_batch_size: int | None = None
-    """Samples per optimizer step; None means the whole rollout batch."""
+    """Samples per optimizer step; None means one optimizer step over the whole rollout batch."""
+    micro_batch_size: int = 8
+    """Samples per forward/backward when dynamic batching is off."""
+    use_dynamic_batch_size: bool = False
+    """Pack micro-batches by token count (required when a session exports several contexts)."""
+    max_tokens_per_gpu: int = 8192
+    """Token budget of one packed micro-batch under dynamic batching."""
+    eps_clip_low: float = 0.2
+    """PPO clip range below 1."""
+    eps_clip_high: float = 0.28
+    """PPO clip range above 1."""
+    use_rollout_logprobs: bool = True
+    """Ratio against the engine's logprobs (True) or logprobs recomputed by the trainer before the step."""
+    tis_cap: float | None = None
+    """Truncated importance sampling cap on exp(old - rollout) logprobs; None disables TIS."""
+    opsm_delta: float | None = None
+    """Off-policy sequence masking: drop negative-advantage sequences whose KL to the rollout exceeds this."""
+    entropy_coef: float = 0.0
+    """Entropy bonus coefficient."""
+    use_kl_loss: bool = False
+    """Add a reference-KL loss against a frozen copy of the initial policy."""
+    kl_loss_coef: float = 0.0
+    """Weight of the reference-KL loss."""
+    kl_loss_type: str = "k3"
+    """KL estimator: k1, k2 or k3."""
+    loss_reduction: str = "token_mean"
+    """token_mean, seq_mean_token_sum or seq_mean_token_mean."""
+    zero_stage: int = 0
+    """DeepSpeed ZeRO stage (trainer=deepspeed only)."""
+    save_interval: int | None = None
+    """Save a checkpoint every N steps (and at the end); None saves only at the end."""
+    resume: bool = False
+    """Continue from the latest checkpoint in checkpoint_dir."""
+    checkpoint_dir: str | None = None
+    """Where checkpoints are written and resumed from; None means <output folder>/checkpoints."""
 
 
 @dataclass
@@ -132,6 +176,12 @@ class TrackingConfig:
     _target_: str = "relax_pipeline.tracking.logger.NullTracker"
     project: str = "relax_pipeline"
     """W&B project."""
+    entity: str | None = None
+    """W&B entity (team or user); None uses the account default."""
+    name: str | None = None
+    """Run name; None lets W&B choose."""
+    mode: str | None = None
+    """online, offline or disabled; None means offline unless WANDB_API_KEY is set."""
 
 
 @dataclass

@@ -1,11 +1,10 @@
 """`run(cfg)`: build the run's objects from the composed config, run the job, return its metrics.
 
-Jobs: `rollout` (rollout steps, credit, dump; no training), `check` (validate the config, the model,
-the dataset and the agent setup, print findings, start nothing) and `train` (rollout + training),
-whose trainer lands with the training issue: until then `job=train` refuses at start with that
-sentence. Everything is built here, in one place, from the config groups; `__main__` stays thin and
-tests call `run` in-process. A failed run raises after logging, as its last line, one sentence saying
-why.
+Jobs: `train` (rollout, credit, training and weight sync per step; checkpoints), `rollout` (rollout
+steps, credit, dump; no training) and `check` (validate the config, the model, the dataset and the agent
+setup, print findings, start nothing). Everything is built here, in one place, from the config groups;
+the step loop itself is `loop.py`. `__main__` stays thin and tests call `run` in-process. A failed run
+raises after logging, as its last line, one sentence saying why.
 """
 
 from __future__ import annotations
@@ -13,13 +12,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
-from tqdm import tqdm
 
 from relax_pipeline.config import build, register, validate
 from relax_pipeline.data.dataset import DataSource
@@ -28,6 +25,7 @@ from relax_pipeline.forest.sessions import ForestStore
 from relax_pipeline.gateway.app import create_app
 from relax_pipeline.gateway.server import GatewayServer
 from relax_pipeline.gateway.turn import SamplingDefaults, TurnService
+from relax_pipeline.loop import Checkpoints, StepLoop
 from relax_pipeline.runtime.base import resident_capacity
 from relax_pipeline.stages.pipeline import Pipeline
 from relax_pipeline.stages.prepare import Prepare
@@ -47,7 +45,6 @@ def run(cfg: DictConfig) -> dict[str, float]:
     with run_logging(output_dir) as log_path:
         try:
             validate(cfg)
-            _refuse_unbuilt(cfg)
             (output_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
             log.info("job=%s output_dir=%s log=%s", cfg.job, output_dir, log_path)
             return asyncio.run(_run_job(cfg, output_dir))
@@ -56,17 +53,12 @@ def run(cfg: DictConfig) -> dict[str, float]:
             raise
 
 
-def _refuse_unbuilt(cfg: DictConfig) -> None:
-    if cfg.job == "train":
-        raise ValueError("job=train needs the trainer, which lands with the training issue; run job=rollout")
-
-
 async def _run_job(cfg: DictConfig, output_dir: Path) -> dict[str, float]:
     parts = await _Parts.create(cfg, output_dir)
     try:
         if cfg.job == "check":
             return parts.check()
-        return await parts.rollout_steps()
+        return await parts.loop().run()
     finally:
         await parts.close()
 
@@ -88,13 +80,20 @@ class _Parts:
         self.dataset = build(cfg.dataset)
         self.credit = build(cfg.credit)
         self.strategy = build(cfg.runtime)
-        self.tracker = build(cfg.tracking)
+        self.tracker = build(cfg.tracking, output_dir=str(output_dir))
         self.engine = build(cfg.engine, model_path=str(self.model_path), seed=cfg.seed,
                             max_context_len=cfg.rollout.max_context_len)
+        self.trainer = self._trainer() if cfg.job == "train" else None
         self.server: GatewayServer | None = None
         if cfg.job != "check":
             await self._serve()
         return self
+
+    def _trainer(self) -> Any:
+        cfg = self.cfg
+        return build(cfg.trainer, model_path=str(self.model_path), seed=cfg.seed, temperature=cfg.rollout.temperature,
+                     estimator=cfg.credit.estimator, kl_coef=cfg.credit.kl_coef,
+                     normalize_advantages=cfg.credit.normalize_advantages)
 
     async def _serve(self) -> None:
         cfg = self.cfg
@@ -113,27 +112,20 @@ class _Parts:
         cfg, store = self.cfg, self.store
         io_root = self.output_dir / "sessions"
         prepare = Prepare(store, self.agent, io_root, self.server.base_url, cfg.rollout.n_samples_per_prompt,
-                          OmegaConf.to_container(cfg.rollout.chat_template_kwargs))
+                          OmegaConf.to_container(cfg.rollout.chat_template_kwargs), cfg.seed)
         dump = RolloutDump(cfg.debug.save_rollout_data, self.output_dir)
         return Pipeline(DataSource(self.dataset, cfg.seed), prepare, Runtime(store), Reward(store, self.credit),
                         Transfer(store), dump, cfg.rollout.batch_size)
 
-    async def rollout_steps(self) -> dict[str, float]:
+    def loop(self) -> StepLoop:
         cfg = self.cfg
         r = cfg.rollout
         self.strategy.bind(resident_capacity(cfg.runtime.concurrency, r.over_sampling_batch_size, r.batch_size))
-        pipeline = self.pipeline()
         self.tracker.start(OmegaConf.to_container(cfg, resolve=True))
-        metrics: dict[str, float] = {}
-        for step in range(r.num_steps):
-            with tqdm(total=r.batch_size * r.n_samples_per_prompt, desc=f"rollout {step}", unit=" scored",
-                      file=sys.stderr, leave=False) as bar:
-                pipeline.on_scored = bar.update
-                result = await self.strategy.rollout(pipeline, step)
-            metrics = result.metrics
-            self.tracker.log(metrics, step)
-            log.info("step %d metrics %s", step, _short(metrics))
-        return metrics
+        folder = Path(cfg.trainer.checkpoint_dir or self.output_dir / "checkpoints").expanduser()
+        checkpoints = Checkpoints(folder, cfg.trainer.save_interval, cfg.trainer.resume)
+        return StepLoop(self.pipeline(), self.strategy, self.engine, self.tracker, r.num_steps, self.trainer,
+                        checkpoints)
 
     def check(self) -> dict[str, float]:
         """Findings of job=check: what would run, and anything that would stop it."""
@@ -163,6 +155,8 @@ class _Parts:
                 await self.server.stop()
             await self.engine.close()
         finally:
+            if self.trainer is not None:
+                self.trainer.close()
             self.tracker.finish()
 
 
@@ -186,10 +180,7 @@ def _output_dir(cfg: DictConfig) -> Path:
         return Path("outputs") / time.strftime("%Y-%m-%d_%H-%M-%S")
 
 
-def _short(metrics: dict[str, float]) -> str:
-    return " ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items()))
-
-
 def _one_sentence(error: BaseException) -> str:
     text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    return f"{type(error).__name__}: {text}" if not isinstance(error, ValueError) else text
+    named = isinstance(error, ValueError | FileNotFoundError)  # our own messages already name the key
+    return text if named else f"{type(error).__name__}: {text}"

@@ -30,7 +30,8 @@ def compose_config(tmp_path: Path, tiny_path: Path, *overrides: str):  # noqa: A
     register()
     with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base="1.3"):
         return compose("config", overrides=quote_placeholders([
-            "job=rollout", "rollout.num_steps=1", "rollout.batch_size=2", "rollout.n_samples_per_prompt=2",
+            "job=rollout", "agent=minimal", "dataset=toy", "rollout.num_steps=1", "rollout.batch_size=2",
+            "rollout.n_samples_per_prompt=2",
             "rollout.max_response_len=12", f"output_dir={tmp_path}", f"model.cache_dir={tiny_path.parent}",
             f"debug.save_rollout_data={tmp_path}/dump/r_{{rollout_id}}.jsonl", *overrides,
         ]))

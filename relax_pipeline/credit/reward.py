@@ -2,9 +2,10 @@
 
 A context's reward is what the agent exported: a number, or an object whose `credit.reward_key` field
 is the primary value (its other numeric fields are kept for metrics). `null` or absent rewards stay
-`None`. The base scalar credit of a group is GRPO's: reward minus the group mean (divided by the group
-std when `normalize_std`); a group with any missing reward gets no advantage. Custom reward models,
-group RMs and the per-context advantage hook join with the credit issue.
+`None`. The base scalar credit of a group comes from `credit.estimator` (`credit/advantage.py`: GRPO's
+group-centred reward, optionally std-normalized, RLOO, REINFORCE++); a group with any missing reward gets
+no advantage. Custom reward models, group RMs and the per-context advantage hook join with the credit
+issue.
 """
 
 from __future__ import annotations
@@ -13,23 +14,30 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from relax_pipeline.credit.advantage import ESTIMATORS, base_advantages
+
 
 class RewardError(ValueError):
     """An exported reward that has no usable primary value; the message names the key."""
 
 
 class RewardCredit:
-    """`credit=reward`: read rewards from the agents' outputs, normalize them per group."""
+    """`credit=reward`: read rewards from the agents' outputs; base credit per group by the estimator."""
 
     def __init__(self, reward_key: str | None = None, rm_path: str | None = None, advantage_path: str | None = None,
-                 normalize_advantages: bool = False, log_passrate: bool = False, normalize_std: bool = False) -> None:
+                 estimator: str = "grpo", normalize_std: bool = True, kl_coef: float = 0.0,
+                 normalize_advantages: bool = False, log_passrate: bool = False) -> None:
         if rm_path is not None or advantage_path is not None:
             raise ValueError("credit.rm_path and credit.advantage_path need credit=custom_rm / custom_advantage, "
                              "which land with the credit issue")
+        if estimator not in ESTIMATORS:
+            raise ValueError(f"credit.estimator={estimator!r}; choose one of {list(ESTIMATORS)}")
         self.reward_key = reward_key
+        self.estimator = estimator
+        self.normalize_std = normalize_std
+        self.kl_coef = kl_coef
         self.normalize_advantages = normalize_advantages
         self.log_passrate = log_passrate
-        self.normalize_std = normalize_std
 
     def primary(self, reward: Any) -> float | None:
         """The primary scalar of an exported reward (number, object with reward_key, or null)."""
@@ -52,16 +60,10 @@ class RewardCredit:
         return self.primary(reward[self.reward_key])
 
     def advantages(self, rewards: Sequence[float | None]) -> list[float | None]:
-        """GRPO base credit of one group: centred by the group mean, optionally scaled by its std."""
+        """Base credit of one group by `credit.estimator`; a group with a missing reward gets none."""
         if not rewards or any(r is None for r in rewards):
             return [None] * len(rewards)
-        values = [float(r) for r in rewards if r is not None]
-        mean = sum(values) / len(values)
-        centred = [v - mean for v in values]
-        if not self.normalize_std or len(values) < 2:
-            return list(centred)
-        std = math.sqrt(sum(c * c for c in centred) / (len(values) - 1))
-        return [c / (std + 1e-6) for c in centred]
+        return list(base_advantages([float(r) for r in rewards if r is not None], self.estimator, self.normalize_std))
 
 
 def _finite(value: float, key: str) -> float:

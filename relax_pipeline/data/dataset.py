@@ -94,4 +94,11 @@ class DataSource:
         self.epoch += 1
 
     def state(self) -> dict[str, Any]:
+        """The data position, for checkpoints: epoch, the rest of this epoch's order, returned prompts."""
         return {"epoch": self.epoch, "order": list(self._order), "returned": [p.index for p in self._returned]}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Continue exactly where `state()` was taken."""
+        self.epoch = int(state["epoch"])
+        self._order = deque(int(i) for i in state["order"])
+        self._returned = deque(self.dataset.prompts[int(i)] for i in state["returned"])

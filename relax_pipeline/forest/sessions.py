@@ -16,6 +16,7 @@ terminal state with a reason, so nothing is lost silently. The store does no I/O
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 import time
 from collections.abc import Iterator
@@ -71,9 +72,21 @@ class Session:
     timing: dict[str, float] = field(default_factory=dict)
     abort_count: int = 0
     in_flight: int = 0
+    seed: int = 0
+    """Base of the sampling seeds of this session's turns (requests without their own seed)."""
 
     def mark(self, event: str) -> None:
         self.timing[event] = time.time()
+
+    def turn_seed(self) -> int:
+        """The sampling seed of this session's next turn: reproducible from the run seed and the turn."""
+        return derive_seed(self.seed, self.forest.turn_count)
+
+
+def derive_seed(*parts: object) -> int:
+    """A 63-bit seed that depends only on `parts` (not on timing or on other sessions)."""
+    digest = hashlib.blake2b(":".join(map(str, parts)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") & (2**63 - 1)
 
 
 class ForestStore:

@@ -96,7 +96,7 @@ class _Gateway:
             raise ProtocolError(400, "stream=true is not supported yet; send stream=false", "stream")
         session.in_flight += 1
         try:
-            result = await self.turns.run(session.forest, turn)
+            result = await self.turns.run(session.forest, turn, seed=session.turn_seed())
         finally:
             session.in_flight -= 1
         token_text = self._token_text if body.get("logprobs") else None

@@ -12,6 +12,7 @@ This module does not render wire responses (the protocol modules do) and does no
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 from dataclasses import dataclass, field
 
@@ -81,8 +82,12 @@ class TurnService:
         ids = set(template.end_of_turn_ids) | ({eos} if isinstance(eos, int) else set())
         self.stop_token_ids = tuple(sorted(ids))
 
-    def prepare(self, forest: SessionForest, request: TurnRequest) -> PreparedTurn:
-        """Match the request and build its prompt ids (no generation, no commit)."""
+    def prepare(self, forest: SessionForest, request: TurnRequest, seed: int | None = None) -> PreparedTurn:
+        """Match the request and build its prompt ids (no generation, no commit).
+
+        `seed` is the session's seed for this turn, used when the request brings none.
+        """
+        request = request if request.seed is not None or seed is None else dataclasses.replace(request, seed=seed)
         _check_last_message(request.messages)
         match = _attach_point(forest, forest.match(request.context, request.messages, request.hashes))
         parent = match.parent
@@ -113,9 +118,10 @@ class TurnService:
                                   request.seed)
         return PreparedTurn(match, tuple(obs), prompt, sampling)
 
-    async def run(self, forest: SessionForest, request: TurnRequest, rid: str | None = None) -> TurnResult:
+    async def run(self, forest: SessionForest, request: TurnRequest, rid: str | None = None,
+                  seed: int | None = None) -> TurnResult:
         """Generate one turn and commit it; nothing is committed when generation fails or aborts."""
-        prepared = self.prepare(forest, request)
+        prepared = self.prepare(forest, request, seed)
         result = await self.engine.generate(prepared.prompt_ids, prepared.sampling, rid or _rid())
         if result.finish_reason == "abort":
             raise ProtocolError(499, "generation was aborted before it finished; nothing was committed")

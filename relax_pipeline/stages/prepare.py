@@ -14,7 +14,7 @@ from typing import Any
 from relax_pipeline.agent.launcher import AgentFailure, AgentProcess, AgentSpec
 from relax_pipeline.agent.session_io import build_input, write_input
 from relax_pipeline.data.dataset import Prompt
-from relax_pipeline.forest.sessions import ForestStore, Session, Status
+from relax_pipeline.forest.sessions import ForestStore, Session, Status, derive_seed
 from relax_pipeline.stages.group import Group
 
 
@@ -22,19 +22,21 @@ class Prepare:
     """Creates sessions and launches one agent process per session."""
 
     def __init__(self, store: ForestStore, agent: AgentSpec, io_root: Path, base_url: str,
-                 n_samples: int, chat_template_kwargs: dict[str, Any] | None = None) -> None:
+                 n_samples: int, chat_template_kwargs: dict[str, Any] | None = None, seed: int = 0) -> None:
         self.store = store
         self.agent = agent
         self.io_root = io_root
         self.base_url = base_url
         self.n_samples = n_samples
         self.chat_template_kwargs = chat_template_kwargs or {}
+        self.seed = seed
 
     def open_group(self, prompt: Prompt, rollout_id: int, mode: str = "train") -> Group:
         group = Group(f"g{rollout_id}-{prompt.index}-{secrets.token_hex(3)}", prompt, rollout_id, mode, self.io_root)
         payload = build_input(prompt.input, prompt.metadata or None)
         for index in range(self.n_samples):
             session = self.store.open(group.id, index, rollout_id, mode, payload)
+            session.seed = derive_seed(self.seed, rollout_id, prompt.index, index)
             group.sessions.append(session)
         return group
 

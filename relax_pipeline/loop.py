@@ -1,0 +1,138 @@
+"""The step loop of `job=rollout` and `job=train`: rollout → credit → (train → weight sync) → checkpoint.
+
+Each step asks the runtime strategy for one step of scored groups, turns their contexts into training
+samples, trains (in a worker thread, so the gateway keeps serving agents that run across steps), pushes
+the new weights to the engine as the trainer's new version, logs the step's metrics and saves a
+checkpoint every `trainer.save_interval` steps and after the last. `trainer.resume=true` restores the
+latest checkpoint (weights, optimizer, RNG, step count, data position, weight version) first. The loop
+does not build anything: `run.py` hands it the parts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from relax_pipeline.engine.base import Engine
+from relax_pipeline.runtime.base import RuntimeStrategy
+from relax_pipeline.stages.group import Group
+from relax_pipeline.stages.pipeline import Pipeline, StepResult
+from relax_pipeline.tracking.logger import Tracker
+from relax_pipeline.train.batching import TrainSample
+
+log = logging.getLogger("relax_pipeline")
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+@dataclass
+class Checkpoints:
+    """Where checkpoints go and how often; connects the trainer config to the loop."""
+
+    folder: Path
+    interval: int | None
+    resume: bool
+
+    def latest(self) -> Path | None:
+        steps = [(int(m.group(1)), p) for p in self.folder.glob("step_*") if (m := _STEP_DIR.match(p.name))]
+        return max(steps)[1] if steps else None
+
+    def due(self, step: int, last: int) -> bool:
+        return step == last or (self.interval is not None and (step + 1) % self.interval == 0)
+
+
+class StepLoop:
+    """Runs `num_steps` rollout steps, training between them when a trainer is given."""
+
+    def __init__(self, pipeline: Pipeline, strategy: RuntimeStrategy, engine: Engine, tracker: Tracker,
+                 num_steps: int, trainer: Any | None = None, checkpoints: Checkpoints | None = None) -> None:
+        self.pipeline = pipeline
+        self.strategy = strategy
+        self.engine = engine
+        self.tracker = tracker
+        self.num_steps = num_steps
+        self.trainer = trainer
+        self.checkpoints = checkpoints
+        self.history: list[dict[str, float]] = []
+
+    async def run(self) -> dict[str, float]:
+        metrics: dict[str, float] = {}
+        for step in range(await self._resume(), self.num_steps):
+            started = time.time()
+            result = await self._rollout(step)
+            metrics = dict(result.metrics)
+            if self.trainer is not None:
+                metrics.update(await self._train(result))
+            metrics["perf/step_time"] = time.time() - started
+            self.tracker.log(metrics, step)
+            self.history.append(metrics)
+            log.info("step %d metrics %s", step, " ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items())))
+            self._save(step)
+        self._report()
+        return metrics
+
+    async def _rollout(self, step: int) -> StepResult:
+        total = self.pipeline.batch_size * self.pipeline.prepare.n_samples
+        with tqdm(total=total, desc=f"rollout {step}", unit=" scored", file=sys.stderr, leave=False) as bar:
+            self.pipeline.on_scored = bar.update
+            return await self.strategy.rollout(self.pipeline, step)
+
+    async def _train(self, result: StepResult) -> dict[str, float]:
+        samples = train_samples(result.groups)
+        if not samples:
+            log.warning("step %d: no sample has credit (all groups dropped or unrewarded); not training",
+                        result.rollout_id)
+            return {}
+        await self.strategy.before_weight_update()
+        metrics = await asyncio.to_thread(self.trainer.train, samples)
+        await self.engine.update_weights(self.trainer.engine_weights(), self.trainer.version)
+        metrics["train/samples"] = float(len(samples))
+        metrics["train/weight_version"] = float(self.trainer.version)
+        return metrics
+
+    def _save(self, step: int) -> None:
+        if self.trainer is None or self.checkpoints is None or not self.checkpoints.due(step, self.num_steps - 1):
+            return
+        path = self.checkpoints.folder / f"step_{step + 1}"
+        self.trainer.save(path, {"step": step + 1, "data": self.pipeline.source.state()})
+        log.info("checkpoint saved: %s (weights v%d)", path, self.trainer.version)
+
+    async def _resume(self) -> int:
+        if self.trainer is None or self.checkpoints is None or not self.checkpoints.resume:
+            return 0
+        latest = self.checkpoints.latest()
+        if latest is None:
+            log.warning("trainer.resume=true but %s holds no checkpoint; starting from step 0",
+                        self.checkpoints.folder)
+            return 0
+        extra = await asyncio.to_thread(self.trainer.load, latest)
+        self.pipeline.source.restore(extra["data"])
+        await self.engine.update_weights(self.trainer.engine_weights(), self.trainer.version)
+        log.info("resumed from %s at step %d (weights v%d)", latest, extra["step"], self.trainer.version)
+        return int(extra["step"])
+
+    def _report(self) -> None:
+        rewards = [m["rollout/raw_reward"] for m in self.history if "rollout/raw_reward" in m]
+        if rewards:
+            log.info("rollout/raw_reward first step %.4f, last step %.4f (over %d steps)", rewards[0], rewards[-1],
+                     len(rewards))
+
+
+def train_samples(groups: list[Group]) -> list[TrainSample]:
+    """Training samples of every scored context that has credit, in group order."""
+    out = []
+    for group in groups:
+        for context in group.contexts if not group.dropped else []:
+            if context.advantage is None:
+                continue
+            s = context.sample
+            out.append(TrainSample(s.tokens, s.prompt_length, s.loss_mask, s.rollout_logprobs, context.advantage,
+                                   s.weight_versions))
+    return out

@@ -1,0 +1,231 @@
+"""One optimizer step on one global batch, shared by the torch and DeepSpeed backends.
+
+`optimizer_step` runs the whole GRPO-family step: pack micro-batches, recompute old logprobs (when
+the rollout's are not used) and reference logprobs (when a reference exists) without gradient, expand
+the base advantages over tokens (reinforce++ KL shaping with the old policy's k1 to the reference),
+optionally whiten them over the global batch, then forward, `policy_loss` and backward per micro-batch,
+and one optimizer step. The backend only supplies `backward(loss, last)` and `step() -> grad norm`.
+
+Logprobs are computed exactly the way the engine computes them: log_softmax(logits / temperature) over
+the full vocabulary in float32, gathered at the next token, with temperature 0 (greedy) read as 1.
+Batches are right-padded [B, L] with an attention mask (positions 0..len-1 per row, as in the engine's
+unpadded prefill); the model is asked only for the logits from the earliest response position on
+(`logits_to_keep`), so prompt positions never reach the LM head or the softmax.
+
+What this module does not do: build models or optimizers, checkpoint, or shard a batch across ranks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import torch
+
+from relax_pipeline.credit.advantage import token_advantages, whiten
+from relax_pipeline.train.batching import TrainSample, micro_batches
+from relax_pipeline.train.losses import LossBatch, LossSettings, policy_loss
+
+Model = Callable[..., object]
+"""A Hugging Face causal LM, or a DeepSpeed engine wrapping one (same call signature)."""
+Entropy = Literal["none", "metric", "train"]
+
+
+class Backend(Protocol):
+    """What differs between backends: how a micro-batch loss is backpropagated and how the step is taken."""
+
+    def backward(self, loss: torch.Tensor, last: bool) -> None:
+        """Accumulate the gradient of `loss`; `last` marks the optimizer step's final micro-batch."""
+
+    def step(self) -> float:
+        """Clip, step the optimizer, zero the gradients; return the global grad norm before clipping."""
+
+
+@dataclass(frozen=True)
+class StepSettings:
+    """Everything one optimizer step needs besides the model; connects the trainer's config to `optimizer_step`."""
+
+    loss: LossSettings
+    temperature: float = 1.0
+    estimator: str = "grpo"
+    kl_coef: float = 0.0
+    normalize_advantages: bool = False
+    use_rollout_logprobs: bool = True
+    micro_batch_size: int = 8
+    use_dynamic_batch_size: bool = False
+    max_tokens_per_gpu: int = 8192
+
+
+@dataclass(frozen=True)
+class Collated:
+    """One micro-batch as tensors: right-padded input [B, L] and response-aligned [B, T] views."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    keep: int
+    """Logits kept from the end (`logits_to_keep`): positions L - keep .. L - 1."""
+    index: torch.Tensor
+    """[B, T] position, within the kept logits, of the logits that predict response token j."""
+    targets: torch.Tensor
+    """[B, T] response token ids (0 on padding)."""
+    loss_mask: torch.Tensor
+    rollout_logprobs: torch.Tensor
+    base: torch.Tensor
+    """[B] base advantages."""
+
+
+def collate(samples: Sequence[TrainSample], pad_id: int, device: torch.device | str) -> Collated:
+    """Right-pad `samples` into tensors on `device`; T is the longest response (at least 1)."""
+    length = max(len(s.tokens) for s in samples)
+    width = max(1, max(s.response_length for s in samples))
+    start = min(s.prompt_length for s in samples) - 1
+    rows = [_row(s, length, width, start, pad_id) for s in samples]
+    columns = [torch.tensor(list(c)) for c in zip(*rows, strict=True)]
+    ids, attention, index, targets, mask, rollout = (c.to(device) for c in columns)
+    base = torch.tensor([s.advantage for s in samples], dtype=torch.float32, device=device)
+    return Collated(ids, attention, length - start, index, targets, mask.float(), rollout.float(), base)
+
+
+def _row(s: TrainSample, length: int, width: int, start: int, pad_id: int) -> tuple[list, ...]:
+    """Padded lists of one sample: ids, attention, index, targets, loss mask, rollout logprobs."""
+    pad, gap, size = length - len(s.tokens), width - s.response_length, s.response_length
+    ids = list(s.tokens) + [pad_id] * pad
+    attention = [1] * len(s.tokens) + [0] * pad
+    index = [s.prompt_length - 1 - start + j for j in range(size)] + [0] * gap
+    targets = list(s.tokens[s.prompt_length :]) + [0] * gap
+    return ids, attention, index, targets, list(s.loss_mask) + [0] * gap, list(s.rollout_logprobs) + [0.0] * gap
+
+
+def response_logprobs(
+    model: Model, batch: Collated, temperature: float, entropy: Entropy = "none"
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """[B, T] logprobs of the response tokens, engine-style, and their entropy unless `entropy` is "none".
+
+    "metric" returns a detached entropy (no autograd graph is kept for it); "train" keeps its gradient.
+    """
+    out = model(
+        input_ids=batch.input_ids, attention_mask=batch.attention_mask, logits_to_keep=batch.keep, use_cache=False
+    )
+    logits = out.logits  # type: ignore[attr-defined]
+    rows = logits.gather(1, batch.index.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
+    logp = torch.log_softmax(rows.float() / (temperature if temperature > 0 else 1.0), dim=-1)
+    chosen = logp.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)
+    if entropy == "none":
+        return chosen, None
+    source = logp if entropy == "train" else logp.detach()
+    return chosen, -(source.exp() * source).sum(-1)
+
+
+@dataclass
+class _Prepared:
+    """Per micro-batch tensors computed before any update of this step."""
+
+    batch: Collated
+    old: torch.Tensor
+    ref: torch.Tensor | None
+    advantages: torch.Tensor
+
+
+def optimizer_step(
+    model: Model,
+    ref_model: Model | None,
+    backend: Backend,
+    samples: Sequence[TrainSample],
+    settings: StepSettings,
+    pad_id: int,
+    device: torch.device | str,
+) -> dict[str, float]:
+    """One optimizer step over `samples` (a global batch); returns its metrics (without the `train/` prefix)."""
+    groups = micro_batches(
+        samples, settings.micro_batch_size, settings.use_dynamic_batch_size, settings.max_tokens_per_gpu
+    )
+    prepared = _prepare(model, ref_model, [collate(g, pad_id, device) for g in groups], settings)
+    tokens = max(1.0, float(sum(p.batch.loss_mask.sum() for p in prepared)))
+    metrics: dict[str, float] = {}
+    for i, item in enumerate(prepared):
+        loss, values = _micro_loss(model, item, settings, tokens, float(len(samples)))
+        backend.backward(loss, last=i == len(prepared) - 1)
+        _accumulate(metrics, {"loss": float(loss.detach()), **values})
+    if ref_model is not None and not settings.loss.use_kl_loss:
+        metrics["kl"] = _shaping_kl(prepared, tokens)
+    metrics["grad_norm"] = backend.step()
+    return metrics
+
+
+def _micro_loss(
+    model: Model, item: _Prepared, settings: StepSettings, tokens: float, seqs: float
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Forward with gradient and the policy loss of one micro-batch."""
+    mode: Entropy = "train" if settings.loss.entropy_coef > 0 else "metric"
+    logprobs, entropy = response_logprobs(model, item.batch, settings.temperature, entropy=mode)
+    loss_batch = LossBatch(
+        logprobs=logprobs,
+        old_logprobs=item.old,
+        rollout_logprobs=item.batch.rollout_logprobs,
+        advantages=item.advantages,
+        loss_mask=item.batch.loss_mask,
+        entropy=entropy,
+        ref_logprobs=item.ref,
+        token_normalizer=tokens,
+        seq_normalizer=seqs,
+    )
+    return policy_loss(loss_batch, settings.loss)
+
+
+def _prepare(model: Model, ref_model: Model | None, batches: list[Collated], settings: StepSettings) -> list[_Prepared]:
+    """Old and reference logprobs without gradient, then token advantages (whitened over the global batch)."""
+    with torch.no_grad():
+        olds = [_old_logprobs(model, b, settings) for b in batches]
+        refs = [_logprobs(ref_model, b, settings) if ref_model is not None else None for b in batches]
+    advantages = [_token_advantages(b, o, r, settings) for b, o, r in zip(batches, olds, refs, strict=True)]
+    if settings.normalize_advantages:
+        advantages = _whiten_all(advantages, [b.loss_mask for b in batches])
+    return [_Prepared(*parts) for parts in zip(batches, olds, refs, advantages, strict=True)]
+
+
+def _old_logprobs(model: Model, batch: Collated, settings: StepSettings) -> torch.Tensor:
+    return batch.rollout_logprobs if settings.use_rollout_logprobs else _logprobs(model, batch, settings)
+
+
+def _logprobs(model: Model, batch: Collated, settings: StepSettings) -> torch.Tensor:
+    return response_logprobs(model, batch, settings.temperature)[0]
+
+
+def _token_advantages(
+    batch: Collated, old: torch.Tensor, ref: torch.Tensor | None, settings: StepSettings
+) -> torch.Tensor:
+    """Base scalars over tokens; the KL handed to reinforce++ shaping is the old policy's k1 to the reference."""
+    shaping = ref is not None and settings.kl_coef > 0
+    kl = (old - ref) if shaping else None
+    return token_advantages(
+        batch.base, batch.loss_mask, settings.estimator, kl=kl, kl_coef=settings.kl_coef if shaping else 0.0
+    )
+
+
+def _whiten_all(advantages: list[torch.Tensor], masks: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Whiten over every mask-1 token of the global batch, then cut back into micro-batches."""
+    width = max(a.shape[1] for a in advantages)
+    pad = [torch.nn.functional.pad(a, (0, width - a.shape[1])) for a in advantages]
+    mask = [torch.nn.functional.pad(m, (0, width - m.shape[1])) for m in masks]
+    white = whiten(torch.cat(pad), torch.cat(mask))
+    rows = [a.shape[0] for a in advantages]
+    return [w[:, : a.shape[1]] for w, a in zip(white.split(rows), advantages, strict=True)]
+
+
+def _shaping_kl(prepared: list[_Prepared], tokens: float) -> float:
+    """Mean k1 KL (old policy to reference) over the mask-1 tokens, reported when KL shapes the reward."""
+    total = sum(float(((p.old - p.ref) * p.batch.loss_mask).sum()) for p in prepared if p.ref is not None)
+    return total / tokens
+
+
+def _accumulate(into: dict[str, float], values: dict[str, float]) -> None:
+    for key, value in values.items():
+        into[key] = into.get(key, 0.0) + value
+
+
+def mean_metrics(steps: Sequence[dict[str, float]]) -> dict[str, float]:
+    """Average each metric over the optimizer steps that reported it (non-finite values stay visible)."""
+    keys = sorted({k for s in steps for k in s})
+    return {k: math.fsum(s[k] for s in steps if k in s) / sum(k in s for s in steps) for k in keys}

@@ -1,0 +1,289 @@
+"""Trainer backends on the tiny model: batching, one step, zero-advantage gradients, engine-exact logprobs,
+gradient accumulation, exact resume, and DeepSpeed ZeRO 0-3 matching the torch backend's update.
+
+Samples are random token ids (the tiny model's outputs are noise anyway); rollout logprobs are either a
+constant (an off-policy batch, so clipping is exercised) or the engine-style logprobs themselves.
+The DeepSpeed tests build DeepSpeed's CPU comm op once (~1 min, cached in $RELAX_CACHE_DIR/torch_extensions
+or $TORCH_EXTENSIONS_DIR); after that each takes a few seconds.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from relax_pipeline.engine.sampling import full_logprobs
+from relax_pipeline.train.batching import TrainSample, global_batches, micro_batches, padded_tokens
+from relax_pipeline.train.step import collate, response_logprobs
+from relax_pipeline.train.torch_backend import TorchTrainer
+
+METRICS = (
+    "train/loss",
+    "train/pg_loss",
+    "train/ppo_kl",
+    "train/clipfrac",
+    "train/entropy",
+    "train/grad_norm",
+    "perf/train_time",
+    "perf/tokens_per_s",
+)
+
+
+def make_samples(
+    count: int, seed: int = 0, logprob: float = -7.0, max_prompt: int = 20, max_response: int = 15
+) -> list[TrainSample]:
+    """Random prompts and responses with an observation span (mask 0, logprob 0.0) inside some responses."""
+    rng = random.Random(seed)
+    samples = []
+    for _ in range(count):
+        prompt, response = rng.randint(2, max_prompt), rng.randint(1, max_response)
+        tokens = tuple(rng.randrange(10, 1000) for _ in range(prompt + response))
+        mask = [1] * response
+        if response > 4:
+            mask[1:3] = [0, 0]
+        logprobs = tuple(logprob if m else 0.0 for m in mask)
+        samples.append(TrainSample(tokens, prompt, tuple(mask), logprobs, rng.uniform(-1.0, 1.0)))
+    return samples
+
+
+def trainer(tiny_path: Path, **kwargs: object) -> TorchTrainer:
+    return TorchTrainer(model_path=str(tiny_path), **kwargs)  # type: ignore[arg-type]
+
+
+def weights(t: TorchTrainer) -> dict[str, torch.Tensor]:
+    return t.engine_weights()
+
+
+def assert_weights(
+    a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], exact: bool = False, atol: float = 1e-6
+) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        same = torch.equal(a[key], b[key]) if exact else torch.allclose(a[key], b[key], atol=atol, rtol=0)
+        assert same, f"{key}: max diff {float((a[key] - b[key]).abs().max())}"
+
+
+# ---- batching ------------------------------------------------------------------------------------------
+
+
+def test_global_batches_keep_order_and_the_short_remainder() -> None:
+    samples = make_samples(7)
+    assert global_batches(samples, None) == [samples]
+    assert global_batches(samples, 3) == [samples[0:3], samples[3:6], samples[6:7]]
+    assert global_batches([], None) == []
+
+
+def test_fixed_micro_batches_are_chunks_in_order() -> None:
+    samples = make_samples(5)
+    assert micro_batches(samples, 2, False, 0) == [samples[0:2], samples[2:4], samples[4:5]]
+
+
+def test_dynamic_micro_batches_pack_by_padded_tokens_and_never_drop(caplog: pytest.LogCaptureFixture) -> None:
+    samples = make_samples(40, seed=3)
+    long = TrainSample(tuple(range(10, 110)), 50, (1,) * 50, (-1.0,) * 50, 0.5)
+    packed = micro_batches([*samples, long], 0, True, 80)
+    flat = [s for batch in packed for s in batch]
+    assert sorted(map(id, flat)) == sorted(map(id, [*samples, long]))
+    assert [long] in packed and "more than trainer.max_tokens_per_gpu=80" in caplog.text
+    assert all(padded_tokens(b) <= 80 for b in packed if b != [long])
+    assert len(packed) < len(samples) / 2, "first-fit-decreasing should fill micro-batches"
+    assert packed == micro_batches([*samples, long], 0, True, 80), "packing must be deterministic"
+
+
+def test_train_sample_checks_its_lengths() -> None:
+    with pytest.raises(ValueError, match="loss_mask has 1 entries; response_length is 2"):
+        TrainSample((1, 2, 3), 1, (1,), (0.0, 0.0), 0.0)
+
+
+# ---- torch backend -------------------------------------------------------------------------------------
+
+
+def test_one_train_call_moves_the_weights_with_finite_sane_metrics(tiny_path: Path) -> None:
+    t = trainer(tiny_path, micro_batch_size=3)
+    before = weights(t)
+    metrics = t.train(make_samples(8))
+    assert set(METRICS) <= set(metrics) and all(math.isfinite(v) for v in metrics.values())
+    assert 0.0 <= metrics["train/clipfrac"] <= 1.0 and metrics["train/grad_norm"] > 0
+    assert metrics["train/entropy"] > 0 and metrics["perf/tokens_per_s"] > 0
+    assert metrics["train/loss"] == pytest.approx(metrics["train/pg_loss"])
+    assert t.version == 1
+    after = weights(t)
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+
+
+def test_zero_advantage_gives_zero_gradient(tiny_path: Path) -> None:
+    t = trainer(tiny_path, micro_batch_size=3, use_rollout_logprobs=False)
+    before = weights(t)
+    samples = [TrainSample(s.tokens, s.prompt_length, s.loss_mask, s.rollout_logprobs, 0.0) for s in make_samples(6)]
+    metrics = t.train(samples)
+    assert metrics["train/grad_norm"] == 0.0 and metrics["train/loss"] == 0.0
+    assert_weights(before, weights(t), exact=True)
+
+
+def test_trainer_logprobs_equal_the_engine_computation(tiny_path: Path) -> None:
+    t, temperature = trainer(tiny_path), 0.7
+    samples = make_samples(5, seed=1)
+    batch = collate(samples, t.pad_id, "cpu")
+    with torch.no_grad():
+        ours, entropy = response_logprobs(t.model, batch, temperature, entropy="metric")
+        for row, s in enumerate(samples):
+            logits = t.policy(torch.tensor([s.tokens])).logits[0, :-1]
+            engine = full_logprobs(logits, [temperature] * logits.shape[0])
+            expected = engine.gather(1, torch.tensor(s.tokens[1:]).unsqueeze(1)).squeeze(1)[s.prompt_length - 1 :]
+            torch.testing.assert_close(ours[row, : s.response_length], expected, atol=1e-5, rtol=0)
+    assert entropy is not None and entropy.shape == ours.shape
+
+
+def test_on_policy_ratio_is_one_when_old_logprobs_are_recomputed(tiny_path: Path) -> None:
+    t = trainer(tiny_path, micro_batch_size=2, use_rollout_logprobs=False)
+    metrics = t.train(make_samples(6))
+    assert metrics["train/ppo_kl"] == 0.0 and metrics["train/clipfrac"] == 0.0
+
+
+def record_gradients(t: TorchTrainer) -> dict[str, torch.Tensor]:
+    """Gradients as the optimizer sees them (after clipping), captured at each optimizer step."""
+    captured: dict[str, torch.Tensor] = {}
+    step = t.optimizer.step
+
+    def recording_step(*args: object, **kwargs: object) -> object:
+        captured.update({n: p.grad.clone() for n, p in t.policy.named_parameters() if p.grad is not None})
+        return step(*args, **kwargs)
+
+    t.optimizer.step = recording_step  # type: ignore[method-assign]
+    return captured
+
+
+@pytest.mark.parametrize("reduction", ["token_mean", "seq_mean_token_sum", "seq_mean_token_mean"])
+def test_accumulation_over_micro_batches_gives_the_same_update(tiny_path: Path, reduction: str) -> None:
+    samples = make_samples(8, seed=2)
+    results = []
+    for packing in (
+        {"micro_batch_size": 1},
+        {"micro_batch_size": 4},
+        {"use_dynamic_batch_size": True, "max_tokens_per_gpu": 64},
+    ):
+        t = trainer(tiny_path, loss_reduction=reduction, entropy_coef=0.01, **packing)
+        grads = record_gradients(t)
+        results.append((t.train(samples), grads, weights(t)))
+    for metrics, grads, state in results[1:]:
+        assert grads.keys() == results[0][1].keys()
+        for name, grad in grads.items():
+            torch.testing.assert_close(grad, results[0][1][name], atol=1e-7, rtol=1e-4)
+        assert_weights(results[0][2], state, atol=1e-5)  # Adam's first step is lr * g / |g|: sensitive near 0
+        assert metrics["train/loss"] == pytest.approx(results[0][0]["train/loss"], abs=1e-6)
+
+
+def test_global_batches_take_one_optimizer_step_each(tiny_path: Path) -> None:
+    samples = make_samples(6, seed=4)
+    one, two = trainer(tiny_path), trainer(tiny_path, global_batch_size=3)
+    one.train(samples)
+    two.train(samples)
+    assert one.optimizer.state_dict()["state"][0]["step"] == 1
+    assert two.optimizer.state_dict()["state"][0]["step"] == 2 and two.version == 1
+
+
+def test_save_load_train_equals_uninterrupted(tiny_path: Path, tmp_path: Path) -> None:
+    first, second = make_samples(6, seed=5), make_samples(6, seed=6)
+    straight = trainer(tiny_path, micro_batch_size=4)
+    straight.train(first)
+    straight.save(tmp_path / "ckpt", {"step": 1, "data": [3, 4]})
+    straight.save(tmp_path / "ckpt", {"step": 1, "data": [3, 4]})  # replacing a checkpoint is atomic too
+    after_save = (torch.rand(3), random.random())
+    straight.train(second)
+    resumed = trainer(tiny_path, micro_batch_size=4)
+    assert resumed.load(tmp_path / "ckpt") == {"step": 1, "data": [3, 4]} and resumed.version == 1
+    assert torch.equal(torch.rand(3), after_save[0]) and random.random() == after_save[1]
+    resumed.train(second)
+    assert_weights(weights(straight), weights(resumed), exact=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+
+
+def test_kl_shaping_whitening_and_kl_loss_run(tiny_path: Path) -> None:
+    shaped = trainer(tiny_path, estimator="reinforce_plus_plus", kl_coef=0.05, normalize_advantages=True)
+    assert shaped.reference is not None and "train/kl" in shaped.train(make_samples(4))
+    with_loss = trainer(tiny_path, use_kl_loss=True, kl_loss_coef=0.1, tis_cap=2.0, opsm_delta=0.5)
+    metrics = with_loss.train(make_samples(4))
+    assert metrics["train/kl"] == pytest.approx(0.0, abs=1e-6), "the policy starts equal to the reference"
+    assert all(math.isfinite(v) for v in metrics.values())
+
+
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        ({"zero_stage": 2}, "trainer.zero_stage=2 needs trainer=deepspeed"),
+        ({"kl_coef": 0.1}, "credit.kl_coef=0.1"),
+        ({"estimator": "ppo"}, "credit.estimator='ppo'"),
+        ({"loss_reduction": "sum"}, "trainer.loss_reduction='sum'"),
+        ({"global_batch_size": 0}, "trainer.global_batch_size=0"),
+    ],
+)
+def test_config_mistakes_fail_at_construction_naming_the_key(kwargs: dict, fragment: str) -> None:
+    with pytest.raises(ValueError, match=fragment.replace("(", r"\(")):
+        TorchTrainer(model_path="unused", **kwargs)
+
+
+# ---- DeepSpeed backend ---------------------------------------------------------------------------------
+
+RICH = {
+    "micro_batch_size": 2,
+    "use_rollout_logprobs": False,
+    "entropy_coef": 0.01,
+    "use_kl_loss": True,
+    "kl_loss_coef": 0.1,
+    "lr": 5e-3,
+}
+"""Accumulation over 3 micro-batches, recomputed old logprobs, an entropy bonus and a reference-KL loss."""
+DEEPSPEED_WARNINGS = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::DeprecationWarning")
+"""DeepSpeed's own deprecation noise (torch.jit.script_method, all_gather_into_tensor); not ours to fix."""
+
+
+@pytest.fixture(scope="module")
+def torch_update(tiny_path: Path) -> dict[str, torch.Tensor]:
+    t = trainer(tiny_path, **RICH)
+    t.train(make_samples(6, seed=7, logprob=-3.0))
+    return weights(t)
+
+
+@DEEPSPEED_WARNINGS
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_deepspeed_zero_stage_trains_like_the_torch_backend(tiny_path: Path, torch_update: dict, stage: int) -> None:
+    pytest.importorskip("deepspeed")
+    from relax_pipeline.train.deepspeed_backend import DeepSpeedTrainer
+
+    ds = DeepSpeedTrainer(model_path=str(tiny_path), zero_stage=stage, **RICH)
+    try:
+        before = ds.engine_weights()
+        metrics = ds.train(make_samples(6, seed=7, logprob=-3.0))
+        after = ds.engine_weights()
+    finally:
+        ds.close()
+    assert math.isfinite(metrics["train/loss"]) and metrics["train/grad_norm"] > 0 and ds.version == 1
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    assert_weights(torch_update, after, atol=1e-5)
+
+
+@DEEPSPEED_WARNINGS
+def test_deepspeed_zero3_resume_equals_uninterrupted(tiny_path: Path, tmp_path: Path) -> None:
+    pytest.importorskip("deepspeed")
+    from relax_pipeline.train.deepspeed_backend import DeepSpeedTrainer
+
+    first, second = make_samples(4, seed=8), make_samples(4, seed=9)
+    straight = DeepSpeedTrainer(model_path=str(tiny_path), zero_stage=3, micro_batch_size=2)
+    try:
+        straight.train(first)
+        straight.save(tmp_path / "ckpt", {"step": 1})
+        straight.train(second)
+        expected = straight.engine_weights()
+    finally:
+        straight.close()
+    resumed = DeepSpeedTrainer(model_path=str(tiny_path), zero_stage=3, micro_batch_size=2)
+    try:
+        assert resumed.load(tmp_path / "ckpt") == {"step": 1} and resumed.version == 1
+        resumed.train(second)
+        assert_weights(expected, resumed.engine_weights(), exact=True)
+    finally:
+        resumed.close()

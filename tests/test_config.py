@@ -123,7 +123,6 @@ def test_cli_exit_status_and_last_log_line(tmp_path: Path, tiny_path: Path) -> N
     assert "run failed: dataset.path='/nonexistent.jsonl' does not exist" in last
 
 
-@pytest.mark.slow
 def test_multirun_sweep_runs_each_job_in_its_own_folder(tmp_path: Path, tiny_path: Path) -> None:
     result = cli("-m", "job=rollout", "experiment=smoke_cpu", "seed=0,1", f"model.cache_dir={tiny_path.parent}",
                  "debug.save_rollout_data=r_{rollout_id}.jsonl", f"hydra.sweep.dir={tmp_path}", cwd=tmp_path)

@@ -79,7 +79,6 @@ def test_wandb_logs_offline_into_the_output_folder(tmp_path: Path, tiny_path: Pa
     assert len(runs) == 1 and list(runs[0].glob("*.wandb"))
 
 
-@pytest.mark.slow
 def test_learning_rate_sweep_runs_each_job_in_its_own_folder(tmp_path: Path, tiny_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "relax_pipeline", "-m", "trainer.lr=1e-3,3e-3", "rollout.num_steps=2", *SMALL[:3],

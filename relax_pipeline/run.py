@@ -103,7 +103,8 @@ class _Parts:
         defaults = SamplingDefaults(r.max_response_len, r.max_context_len, r.temperature, r.top_p, r.top_k)
         self.store = ForestStore()
         turns = TurnService(template, self.engine, self.protocol.parser(), defaults)
-        app = create_app(self.store, turns, self.protocol.service_prefix, self.model.name)
+        app = create_app(self.store, turns, self.protocol.service_prefix, self.model.name,
+                         self.protocol.frontends(), self.protocol.sse_heartbeat_s)
         self.server = GatewayServer(app, prefix=self.protocol.service_prefix)
         await self.server.start()
         log.info("gateway serving at %s (weights v%d)", self.server.base_url, self.engine.weight_version)

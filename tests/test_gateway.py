@@ -67,21 +67,28 @@ class Gateway:
         return openai.AsyncOpenAI(base_url=self.base_url, api_key=session.id, max_retries=0)
 
     async def post(self, session: Session | None, body: Any, path: str = "v1/chat/completions",
-                   headers: dict[str, str] | None = None) -> httpx.Response:
+                   headers: dict[str, str] | None = None, timeout: float | None = None) -> httpx.Response:
         """POST a raw body (bytes are sent as they are, anything else as JSON)."""
         auth = {"Authorization": f"Bearer {session.id}"} if session is not None else {}
         content = body if isinstance(body, bytes) else json.dumps(body).encode()
-        return await self.http.post(self.base_url + path, content=content,
+        return await self.http.post(self.base_url + path, content=content, timeout=timeout or 30.0,
                                     headers={"content-type": "application/json", **auth, **(headers or {})})
+
+    async def post_stream(self, session: Session, body: Any, path: str = "v1/chat/completions") -> str:
+        """POST and read the whole SSE body as text."""
+        response = await self.post(session, body, path)
+        assert response.headers["content-type"].startswith("text/event-stream")
+        return response.text
 
 
 @asynccontextmanager
 async def running_gateway(template: ChatTemplate, engine: ScriptedEngine,
-                          defaults: SamplingDefaults | None = None) -> AsyncIterator[Gateway]:
+                          defaults: SamplingDefaults | None = None, heartbeat_s: float = 15.0
+                          ) -> AsyncIterator[Gateway]:
     """The real app under the real server, in the test's event loop."""
     store = ForestStore()
     turns = TurnService(template, engine, OutputParser(), defaults or SamplingDefaults())
-    server = GatewayServer(create_app(store, turns, prefix=PREFIX), prefix=PREFIX)
+    server = GatewayServer(create_app(store, turns, prefix=PREFIX, heartbeat_s=heartbeat_s), prefix=PREFIX)
     await server.start()
     try:
         async with httpx.AsyncClient() as http:

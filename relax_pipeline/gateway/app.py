@@ -1,66 +1,78 @@
 """The gateway's FastAPI app: model-API routes per session, auth, `/health` and `/v1/models`.
 
-Every route is served under the service prefix in both forms, `{prefix}/v1/<resource>` and
-`{prefix}/<resource>` (the OpenAI SDKs append the bare resource to a base URL that keeps its path).
-`Authorization: Bearer <session id>` selects the session: missing or unknown → 401, a session that is
-not running (finished, failed, dropped) → 404. A request can only read and write its own session's
-forest. Bodies are parsed with `orjson.loads` on the raw bytes (no pydantic on the hot path); errors are
-shaped per protocol. This module does not start a server (`server.py`) and holds no turn logic
-(`turn.py`).
+Every front-end resource is served under the service prefix in both forms, `{prefix}/v1/<resource>`
+and `{prefix}/<resource>` (the OpenAI SDKs append the bare resource to a base URL that keeps its path).
+`Authorization: Bearer <session id>` (or `x-api-key`) selects the session: missing or unknown → 401, a
+session that is not running (not started, finished, failed, dropped) → 404. A request can only read and
+write its own session's forest. Bodies are parsed with `orjson.loads` on the raw bytes (no pydantic on
+the hot path); errors are shaped per protocol. JSON and Buffered SSE share one path up to rendering; a
+client that disconnects mid-generation aborts its generation, and nothing is committed. This module does
+not start a server (`server.py`) and holds no turn logic (`turn.py`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
+import time
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import orjson
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from relax_pipeline.forest.canonical import CanonicalError
 from relax_pipeline.forest.sessions import ForestStore, Session, Status
-from relax_pipeline.gateway.turn import TurnService
-from relax_pipeline.protocol import chat
+from relax_pipeline.gateway.turn import TurnRequest, TurnResult, TurnService
+from relax_pipeline.protocol.base import Frontend, TurnMeta
+from relax_pipeline.protocol.chat import ChatFrontend
 from relax_pipeline.protocol.errors import ProtocolError, openai_body
 
 log = logging.getLogger(__name__)
+DISCONNECT_POLL_S = 0.5
 
 
-def create_app(
-    store: ForestStore, turns: TurnService, prefix: str = "/agentic_api", model_name: str = "relax"
-) -> FastAPI:
+def create_app(store: ForestStore, turns: TurnService, prefix: str = "/agentic_api", model_name: str = "relax",
+               frontends: Sequence[Frontend] | None = None, heartbeat_s: float = 15.0) -> FastAPI:
     """Build the app; `prefix` is the service path that agents' base URLs keep."""
     app = FastAPI(title="relax_pipeline gateway", docs_url=None, redoc_url=None, openapi_url=None)
     prefix = "/" + prefix.strip("/") if prefix.strip("/") else ""
-    gateway = _Gateway(store, turns, model_name)
+    gateway = _Gateway(store, turns, model_name, heartbeat_s)
+    served = list(frontends or [ChatFrontend()])
     app.add_api_route("/health", gateway.health, methods=["GET"])
     for base in (f"{prefix}/v1", prefix):
-        app.add_api_route(f"{base}/chat/completions", gateway.chat, methods=["POST"])
+        for frontend in served:
+            for path in frontend.paths:
+                app.add_api_route(f"{base}/{path}", gateway.endpoint(frontend), methods=["POST"])
         app.add_api_route(f"{base}/models", gateway.models, methods=["GET"])
-    app.add_exception_handler(StarletteHTTPException, _http_error)
+    resources = ", ".join(p for f in served for p in f.paths)
+    app.add_exception_handler(StarletteHTTPException, _http_error_handler(resources))
     return app
 
 
-async def _http_error(request: Request, error: Exception) -> Response:
-    """Unknown routes and wrong methods answer in the OpenAI error shape too."""
-    status = getattr(error, "status_code", 500)
-    detail = getattr(error, "detail", "error")
-    message = f"{request.method} {request.url.path}: {detail}"
-    if status == 404:
-        message += "; this gateway serves chat/completions and models (Responses and Messages land later)"
-    return JSONResponse(openai_body(ProtocolError(status, message)), status_code=status)
+def _http_error_handler(resources: str):  # noqa: ANN202 - a Starlette exception handler
+    async def handle(request: Request, error: Exception) -> Response:
+        """Unknown routes and wrong methods answer in the OpenAI error shape too."""
+        status = getattr(error, "status_code", 500)
+        message = f"{request.method} {request.url.path}: {getattr(error, 'detail', 'error')}"
+        if status == 404:
+            message += f"; this gateway serves {resources} and models"
+        return JSONResponse(openai_body(ProtocolError(status, message)), status_code=status)
+
+    return handle
 
 
 class _Gateway:
     """Route handlers bound to the shared store and turn service."""
 
-    def __init__(self, store: ForestStore, turns: TurnService, model_name: str) -> None:
+    def __init__(self, store: ForestStore, turns: TurnService, model_name: str, heartbeat_s: float) -> None:
         self.store = store
         self.turns = turns
         self.model_name = model_name
+        self.heartbeat_s = heartbeat_s
         self.tokenizer = turns.template.tokenizer
 
     async def health(self) -> dict[str, Any]:
@@ -70,41 +82,93 @@ class _Gateway:
         try:
             self._session(request)
         except ProtocolError as error:
-            return _error(error)
+            return _error(openai_body(error), error.status)
         model = {"id": self.model_name, "object": "model", "created": 0, "owned_by": "relax_pipeline"}
         return JSONResponse({"object": "list", "data": [model]})
 
-    async def chat(self, request: Request) -> Response:
+    def endpoint(self, frontend: Frontend):  # noqa: ANN201 - a FastAPI endpoint
+        async def handle(request: Request) -> Response:
+            return await self.turn(frontend, request)
+
+        handle.__name__ = f"{frontend.name}_turn"
+        return handle
+
+    async def turn(self, frontend: Frontend, request: Request) -> Response:
+        """Authenticate, parse, then answer as JSON or Buffered SSE; every error in protocol shape."""
         try:
             session = self._session(request)
             body = _json(await request.body())
-            return await self._chat_turn(session, body)
+            turn = frontend.parse(body, session.memo)
+            stream = frontend.wants_stream(body)
         except CanonicalError as error:
-            return _error(ProtocolError.from_canonical(error))
+            return _error(frontend.error_body(ProtocolError.from_canonical(error)), 400)
         except ProtocolError as error:
-            return _error(error)
-        except Exception as error:  # noqa: BLE001 - every failure answers in protocol shape
-            log.exception("chat turn failed")
-            return _error(ProtocolError(500, f"internal error: {type(error).__name__}: {error}"))
-
-    async def _chat_turn(self, session: Session, body: Any) -> Response:
-        turn = chat.parse_request(body, session.memo)
-        stream = body.get("stream")
-        if stream is not None and not isinstance(stream, bool):
-            raise ProtocolError(400, f"stream must be a boolean, got {stream!r}", "stream")
+            return _error(frontend.error_body(error), error.status)
+        meta = self._meta(body, frontend)
         if stream:
-            raise ProtocolError(400, "stream=true is not supported yet; send stream=false", "stream")
+            events = self._sse(frontend, session, turn, meta, request)
+            return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        try:
+            result = await self._generate(session, turn, request)
+        except ProtocolError as error:
+            return _error(frontend.error_body(error), error.status)
+        return JSONResponse(frontend.render(result, meta))
+
+    def _meta(self, body: Any, frontend: Frontend) -> TurnMeta:
+        model = body.get("model") if isinstance(body.get("model"), str) else self.model_name
+        token_text = self._token_text if body.get("logprobs") is True else None
+        return TurnMeta(f"{frontend.name}-{secrets.token_hex(12)}", int(time.time()), model, token_text)
+
+    async def _generate(self, session: Session, turn: TurnRequest, request: Request) -> TurnResult:
+        """Run the turn; abort it (499, nothing committed) when the client goes away first."""
+        task = asyncio.ensure_future(self._run(session, turn))
+        while not task.done():
+            await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+            if not task.done() and await request.is_disconnected():
+                task.cancel()
+                raise ProtocolError(499, "client disconnected; the generation was aborted and nothing committed")
+        return task.result()
+
+    async def _run(self, session: Session, turn: TurnRequest) -> TurnResult:
         session.in_flight += 1
         try:
-            result = await self.turns.run(session.forest, turn, seed=session.turn_seed())
+            return await self.turns.run(session.forest, turn, seed=session.turn_seed())
+        except (ProtocolError, asyncio.CancelledError):
+            raise
+        except CanonicalError as error:
+            raise ProtocolError.from_canonical(error) from None
+        except Exception as error:  # noqa: BLE001 - every failure answers in protocol shape
+            log.exception("turn failed")
+            raise ProtocolError(500, f"internal error: {type(error).__name__}: {error}") from None
         finally:
             session.in_flight -= 1
-        token_text = self._token_text if body.get("logprobs") else None
-        model = body.get("model") if isinstance(body.get("model"), str) else self.model_name
-        return JSONResponse(chat.render_response(result, model, "chatcmpl-" + secrets.token_hex(12), token_text))
+
+    async def _sse(self, frontend: Frontend, session: Session, turn: TurnRequest, meta: TurnMeta,
+                   request: Request) -> AsyncIterator[bytes]:
+        """Open frames at once, heartbeats while generating, then the whole terminal sequence.
+
+        When the client disconnects, Starlette cancels this generator; the turn task is cancelled with it,
+        which aborts the engine's generation, and nothing is committed.
+        """
+        task = asyncio.ensure_future(self._run(session, turn))
+        try:
+            for frame in frontend.stream_open(meta):
+                yield frame.encode()
+            while not task.done():
+                await asyncio.wait({task}, timeout=self.heartbeat_s)
+                if not task.done():
+                    yield frontend.heartbeat().encode()
+            frames = frontend.stream_result(task.result(), meta)
+        except ProtocolError as error:
+            frames = frontend.stream_error(error, meta)
+        finally:
+            if not task.done():
+                task.cancel()
+        for frame in frames:
+            yield frame.encode()
 
     def _token_text(self, token_id: int) -> str:
-        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+        return self.turns.template.decode([token_id])
 
     def _session(self, request: Request) -> Session:
         """Authenticate: Bearer token (or x-api-key) must name a session that is running."""
@@ -135,5 +199,5 @@ def _json(raw: bytes) -> Any:
         raise ProtocolError(400, f"the request body is not valid JSON: {error}") from None
 
 
-def _error(error: ProtocolError) -> JSONResponse:
-    return JSONResponse(openai_body(error), status_code=error.status)
+def _error(body: dict[str, Any], status: int) -> JSONResponse:
+    return JSONResponse(body, status_code=status)

@@ -6,13 +6,13 @@ Fields used: `messages`, `tools`, `chat_template_kwargs`, `max_completion_tokens
 SDKs send many. `tool_choice`, `parallel_tool_calls` and `response_format` are not enforced.
 Roles are system/user/assistant/tool; `developer` is refused with a hint to send `system`.
 
-`parse_messages` is also how explicit exports (canonical Chat form) are read. Streaming is answered by
-the gateway with 400 until Buffered SSE lands with the protocols issue.
+`parse_messages` is also how explicit exports (canonical Chat form) are read. `stream=true` gets Buffered
+SSE: comment frames while generating, then one `chat.completion.chunk` carrying the whole message, its
+`finish_reason` and the full `usage` (whatever `stream_options` says), then `data: [DONE]`.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -29,6 +29,8 @@ from relax_pipeline.forest.canonical import (
 )
 from relax_pipeline.forest.memo import RequestMemo
 from relax_pipeline.gateway.turn import TurnRequest, TurnResult
+from relax_pipeline.protocol.base import SSEFrame, TurnMeta, stream_flag
+from relax_pipeline.protocol.errors import ProtocolError, openai_body
 
 
 def parse_request(body: Any, memo: RequestMemo | None = None) -> TurnRequest:
@@ -114,19 +116,56 @@ def _seed(raw: Any) -> int | None:
     return raw
 
 
-def render_response(
-    result: TurnResult, model: str, response_id: str, token_text: Callable[[int], str] | None = None
-) -> dict[str, Any]:
-    """The `chat.completion` object for a committed turn."""
+class ChatFrontend:
+    """OpenAI Chat Completions as a `Frontend`."""
+
+    name = "chat"
+    paths = ("chat/completions",)
+
+    def parse(self, body: Any, memo: RequestMemo) -> TurnRequest:
+        return parse_request(body, memo)
+
+    def wants_stream(self, body: Mapping[str, Any]) -> bool:
+        return stream_flag(body)
+
+    def render(self, result: TurnResult, meta: TurnMeta) -> dict[str, Any]:
+        return _completion(result, meta, "chat.completion", {"message": _message(result)})
+
+    def error_body(self, error: ProtocolError) -> dict[str, Any]:
+        return openai_body(error)
+
+    def stream_open(self, meta: TurnMeta) -> list[SSEFrame]:
+        return [SSEFrame("connected", comment=True)]
+
+    def heartbeat(self) -> SSEFrame:
+        return SSEFrame("ping", comment=True)
+
+    def stream_result(self, result: TurnResult, meta: TurnMeta) -> list[SSEFrame]:
+        delta = _message(result)
+        if "tool_calls" in delta:
+            delta["tool_calls"] = [dict(call, index=i) for i, call in enumerate(delta["tool_calls"])]
+        chunk = _completion(result, meta, "chat.completion.chunk", {"delta": delta})
+        return [SSEFrame(chunk), SSEFrame("[DONE]")]
+
+    def stream_error(self, error: ProtocolError, meta: TurnMeta) -> list[SSEFrame]:
+        return [SSEFrame(openai_body(error)), SSEFrame("[DONE]")]
+
+
+def _message(result: TurnResult) -> dict[str, Any]:
     message = result.message.to_openai()
     if not result.message.tool_calls:
         message.pop("tool_calls", None)
-    choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": result.finish_reason,
-                              "logprobs": _logprobs(result, token_text) if token_text else None}
+    return message
+
+
+def _completion(result: TurnResult, meta: TurnMeta, kind: str, body: dict[str, Any]) -> dict[str, Any]:
+    """A `chat.completion` (or chunk) carrying one choice, its finish reason and the full usage."""
+    choice = {"index": 0, **body, "finish_reason": result.finish_reason,
+              "logprobs": _logprobs(result, meta.token_text) if meta.token_text else None}
     completion = len(result.output.output_ids)
     usage = {"prompt_tokens": result.prompt_tokens, "completion_tokens": completion,
              "total_tokens": result.prompt_tokens + completion}
-    return {"id": response_id, "object": "chat.completion", "created": int(time.time()), "model": model,
+    return {"id": meta.response_id, "object": kind, "created": meta.created, "model": meta.model,
             "choices": [choice], "usage": usage}
 
 

@@ -6,11 +6,15 @@ Messages join with the protocols issue, and naming one now fails at start with t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from relax_pipeline.engine.parsers import OutputParser, check_parser_names
+from relax_pipeline.protocol.base import Frontend
+from relax_pipeline.protocol.chat import ChatFrontend
 
-SUPPORTED_APIS: tuple[str, ...] = ("chat",)
+_FRONTENDS: dict[str, Callable[[], Frontend]] = {"chat": ChatFrontend}
+SUPPORTED_APIS: tuple[str, ...] = tuple(_FRONTENDS)
 
 
 @dataclass(frozen=True)
@@ -31,3 +35,7 @@ class ProtocolSuite:
 
     def parser(self) -> OutputParser:
         return OutputParser(self.reasoning_parser, self.tool_call_parser)
+
+    def frontends(self) -> list[Frontend]:
+        """The front-end objects of `apis`, in order."""
+        return [_FRONTENDS[api]() for api in self.apis]

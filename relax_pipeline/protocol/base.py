@@ -1,0 +1,88 @@
+"""The front-end contract: one model API as parse → canonical turn → render, for JSON and Buffered SSE.
+
+Every API the gateway serves (Chat Completions, Responses, Messages) is a `Frontend`. The gateway owns
+everything between parsing and rendering (auth, the turn, abort on disconnect, heartbeats), so JSON and
+SSE share one code path up to rendering. Buffered SSE means: `stream_open` frames at once, a
+`heartbeat` frame every `protocol.sse_heartbeat_s` while the engine generates, then the complete terminal
+sequence from `stream_result` (or `stream_error`). Nothing is streamed token by token.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from relax_pipeline.forest.memo import RequestMemo
+from relax_pipeline.gateway.turn import TurnRequest, TurnResult
+from relax_pipeline.protocol.errors import ProtocolError
+
+TokenText = Callable[[int], str]
+
+
+@dataclass(frozen=True)
+class TurnMeta:
+    """Identity of one response, shared by its JSON body and all its SSE frames."""
+
+    response_id: str
+    created: int
+    model: str
+    token_text: TokenText | None = None
+    """Set when the client asked for logprobs (decodes one token id)."""
+
+
+@dataclass(frozen=True)
+class SSEFrame:
+    """One server-sent event: an optional `event:` name and a `data:` payload (JSON or a literal)."""
+
+    data: Any
+    event: str | None = None
+    comment: bool = False
+
+    def encode(self) -> bytes:
+        if self.comment:
+            return f": {self.data}\n\n".encode()
+        data = self.data if isinstance(self.data, str) else json.dumps(self.data, ensure_ascii=False)
+        head = f"event: {self.event}\n" if self.event else ""
+        return f"{head}data: {data}\n\n".encode()
+
+
+class Frontend(Protocol):
+    """One model API."""
+
+    name: str
+    paths: tuple[str, ...]
+    """Resources it serves below `{prefix}/v1/` and `{prefix}/` (for example `chat/completions`)."""
+
+    def parse(self, body: Any, memo: RequestMemo) -> TurnRequest:
+        """Validate and canonicalize; raise CanonicalError/ProtocolError with the field path."""
+
+    def wants_stream(self, body: Mapping[str, Any]) -> bool:
+        """Whether the client asked for SSE (validates the `stream` field's type)."""
+
+    def render(self, result: TurnResult, meta: TurnMeta) -> dict[str, Any]:
+        """The JSON response body."""
+
+    def error_body(self, error: ProtocolError) -> dict[str, Any]:
+        """The protocol's error shape."""
+
+    def stream_open(self, meta: TurnMeta) -> list[SSEFrame]:
+        """Frames sent as soon as the stream opens."""
+
+    def heartbeat(self) -> SSEFrame:
+        """A frame that keeps the connection alive while generating."""
+
+    def stream_result(self, result: TurnResult, meta: TurnMeta) -> list[SSEFrame]:
+        """The whole terminal sequence for a finished turn."""
+
+    def stream_error(self, error: ProtocolError, meta: TurnMeta) -> list[SSEFrame]:
+        """The terminal sequence for a turn that failed after the stream opened."""
+
+
+def stream_flag(body: Mapping[str, Any]) -> bool:
+    """The `stream` field as a boolean; anything but true/false/absent is a 400 naming `stream`."""
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise ProtocolError(400, f"stream must be a boolean, got {stream!r}", "stream")
+    return bool(stream)

@@ -1,0 +1,71 @@
+"""Buffered SSE and disconnects on the Chat front-end: the real openai SDK streaming against the real
+gateway, heartbeats from a slow engine, a golden transcript, and a client that leaves mid-generation.
+
+Golden transcript: `tests/golden/sse_chat.txt`, regenerated with
+`RELAX_REGEN_GOLDEN=1 python -m pytest tests/test_gateway_sse.py -k golden`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from test_gateway import ANSWER, THINK_AND_CALL, TOOLS, generated_ids, running_gateway
+
+from relax_pipeline.engine.template import ChatTemplate
+from relax_pipeline.fakes import ScriptedEngine
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(30)]
+GOLDEN = Path(__file__).parent / "golden" / "sse_chat.txt"
+USER = {"role": "user", "content": "hello"}
+
+
+async def test_sdk_stream_gets_the_whole_message_in_one_chunk(template: ChatTemplate, tokenizer: Any) -> None:
+    engine = ScriptedEngine(tokenizer, [THINK_AND_CALL])
+    async with running_gateway(template, engine) as gw:
+        session = gw.open_session()
+        stream = await gw.sdk(session).chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "x=1, add one"}], tools=TOOLS, stream=True)
+        chunks = [chunk async for chunk in stream]
+    assert len(chunks) == 1
+    choice = chunks[0].choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.delta.tool_calls[0].function.name == "calc"
+    assert chunks[0].usage.completion_tokens == len(generated_ids(tokenizer, THINK_AND_CALL))
+    assert chunks[0].usage.prompt_tokens == len(engine.prompts[0])
+    assert session.forest.turn_count == 1
+
+
+async def test_heartbeats_while_a_slow_engine_generates(template: ChatTemplate, tokenizer: Any) -> None:
+    engine = ScriptedEngine(tokenizer, [ANSWER], delay_s=0.35)
+    async with running_gateway(template, engine, heartbeat_s=0.1) as gw:
+        session = gw.open_session()
+        body = gw.post_stream(session, {"messages": [USER], "stream": True})
+        text = await body
+    assert text.startswith(": connected\n\n")
+    assert text.count(": ping\n\n") >= 2
+    assert text.rstrip().endswith("data: [DONE]")
+
+
+async def test_golden_transcript(template: ChatTemplate, tokenizer: Any) -> None:
+    engine = ScriptedEngine(tokenizer, [ANSWER])
+    async with running_gateway(template, engine) as gw:
+        text = await gw.post_stream(gw.open_session(), {"model": "m", "messages": [USER], "stream": True})
+    text = re.sub(r'"id": "chat-[0-9a-f]+"', '"id": "ID"', re.sub(r'"created": \d+', '"created": 0', text))
+    if os.environ.get("RELAX_REGEN_GOLDEN"):
+        GOLDEN.write_text(text)
+    assert text == GOLDEN.read_text()
+
+
+async def test_client_that_leaves_aborts_and_commits_nothing(template: ChatTemplate, tokenizer: Any) -> None:
+    engine = ScriptedEngine(tokenizer, [ANSWER], delay_s=5.0)
+    async with running_gateway(template, engine) as gw:
+        session = gw.open_session()
+        with pytest.raises(httpx.ReadTimeout):
+            await gw.post(session, {"messages": [USER]}, timeout=0.3)
+        await asyncio.sleep(1.0)
+        assert session.forest.nodes == [] and session.in_flight == 0

@@ -1,10 +1,11 @@
 """Reasoning and tool-call parsers: generated text → content, reasoning_content and tool calls.
 
 Parsers run on the whole decoded output of one turn (never streaming) and never evaluate model output
-as code: tool-call bodies go through `json.loads` only. A malformed tool call stays in `content`; a
-parse never fails a turn. Parser names follow SGLang's: `qwen3` / `deepseek-r1` reasoning and
-`qwen25` / `hermes` JSON tool calls are built in. Other names (`qwen3_coder`, SGLang delegation) are
-added by the protocols issue; an unknown name is refused at start by `check_parser_names`.
+as code: tool-call bodies go through `json.loads` and regular expressions only. A malformed tool call
+stays in `content`; a parse never fails a turn. Parser names follow SGLang's: `qwen3` / `deepseek-r1`
+reasoning, `qwen25` / `hermes` JSON and `qwen3_coder` XML tool calls are built in. Any other name is
+refused at start by `check_parser_names`; delegating other names to SGLang's own whole-output parsers is
+not wired yet (SGLang installs only on GPU machines, where it has to be tested).
 """
 
 from __future__ import annotations
@@ -12,13 +13,18 @@ from __future__ import annotations
 import json
 import re
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from relax_pipeline.forest.canonical import ToolCall, canonical_arguments
 
 REASONING_PARSERS: tuple[str, ...] = ("qwen3", "deepseek-r1")
-TOOL_CALL_PARSERS: tuple[str, ...] = ("qwen25", "hermes")
+TOOL_CALL_PARSERS: tuple[str, ...] = ("qwen25", "hermes", "qwen3_coder")
+FORCED_REASONING = ("deepseek-r1",)
+"""Parsers whose template opens `<think>` in the generation prompt: text before `</think>` is reasoning."""
 _TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+_XML_FUNCTION = re.compile(r"^<function=([^>\s]+)>\s*(.*?)\s*</function>$", re.DOTALL)
+_XML_PARAMETER = re.compile(r"<parameter=([^>\s]+)>\n?(.*?)\n?</parameter>", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -32,14 +38,11 @@ class ParsedOutput:
 
 def check_parser_names(reasoning: str | None, tool_call: str | None) -> None:
     """Refuse unknown parser names at start, naming the config key and the built-in choices."""
-    if reasoning is not None and reasoning not in REASONING_PARSERS:
-        raise ValueError(
-            f"protocol.reasoning_parser={reasoning!r} is not built in; choose one of {list(REASONING_PARSERS)}"
-        )
-    if tool_call is not None and tool_call not in TOOL_CALL_PARSERS:
-        raise ValueError(
-            f"protocol.tool_call_parser={tool_call!r} is not built in; choose one of {list(TOOL_CALL_PARSERS)}"
-        )
+    for key, name, builtin in (("reasoning_parser", reasoning, REASONING_PARSERS),
+                               ("tool_call_parser", tool_call, TOOL_CALL_PARSERS)):
+        if name is not None and name not in builtin:
+            raise ValueError(f"protocol.{key}={name!r} is not built in; choose one of {list(builtin)} "
+                             "(delegation to SGLang's parsers is not available yet)")
 
 
 class OutputParser:
@@ -52,10 +55,11 @@ class OutputParser:
 
     def parse(self, text: str, reasoning_opened: bool = False) -> ParsedOutput:
         """Parse one turn's text; `reasoning_opened` means the prompt already opened `<think>`."""
-        reasoning, rest = self._split_reasoning(text, reasoning_opened)
+        opened = reasoning_opened or self.reasoning in FORCED_REASONING
+        reasoning, rest = self._split_reasoning(text, opened)
         calls: tuple[ToolCall, ...] = ()
         if self.tool_call is not None:
-            rest, calls = _split_tool_calls(rest)
+            rest, calls = _split_tool_calls(rest, _xml_call if self.tool_call == "qwen3_coder" else _tool_call)
         return ParsedOutput(rest, reasoning, calls)
 
     def _split_reasoning(self, text: str, opened: bool) -> tuple[str | None, str]:
@@ -70,9 +74,10 @@ class OutputParser:
         return reasoning.strip("\n") or None, content.lstrip("\n")
 
 
-def _split_tool_calls(text: str) -> tuple[str, tuple[ToolCall, ...]]:
+def _split_tool_calls(text: str, parse_one: Callable[[str], ToolCall | None]) -> tuple[str, tuple[ToolCall, ...]]:
+    """Content before the first call and the calls; any malformed call keeps the whole text as content."""
     matches = list(_TOOL_CALL.finditer(text))
-    calls = [_tool_call(m.group(1)) for m in matches]
+    calls = [parse_one(m.group(1)) for m in matches]
     if not matches or any(c is None for c in calls):
         return text, ()
     content = text[: matches[0].start()].rstrip("\n")
@@ -90,6 +95,23 @@ def _tool_call(body: str) -> ToolCall | None:
     if not isinstance(args, dict | str):
         return None
     return ToolCall(data["name"], canonical_arguments(args, "tool_call"), new_call_id())
+
+
+def _xml_call(body: str) -> ToolCall | None:
+    """`<function=name><parameter=key>value</parameter>...</function>` (Qwen3-Coder); values that parse
+    as JSON are kept typed, others as strings."""
+    match = _XML_FUNCTION.match(body)
+    if match is None:
+        return None
+    args = {key: _xml_value(value) for key, value in _XML_PARAMETER.findall(match.group(2))}
+    return ToolCall(match.group(1), canonical_arguments(args, "tool_call"), new_call_id())
+
+
+def _xml_value(text: str) -> object:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
 
 
 def new_call_id() -> str:

@@ -1,0 +1,312 @@
+"""Anthropic Messages front-end: request JSON → `TurnRequest`, `TurnResult` → message JSON or SSE events.
+
+Fields used: `system` (a string or text blocks → a leading system message), `messages` (roles user and
+assistant), `tools`, `max_tokens` (required), `stop_sequences`; `model` is echoed. Every other field
+(`thinking`, `metadata`, `temperature`, `tool_choice`, `context_management`, ...) and every beta query
+parameter is accepted and ignored. Only custom tools (no `type`, or `type: "custom"`) reach the model;
+server tools (`web_search_20250305`, `bash_20250124`, ...) are dropped.
+
+One Anthropic message may become several canonical messages: a user message's blocks are walked in
+order, each `tool_result` becomes a tool message and each run of `text` blocks a user message. A
+`tool_result` with `is_error: true` keeps its text, prefixed with "Error: ", since the canonical tool
+message has no error flag. Assistant `thinking` blocks become `reasoning_content`; `redacted_thinking`
+is dropped (its content is opaque). Images and documents are refused: this model is text-only.
+
+The expanded messages are Chat-form dicts paired with their Anthropic field path, so the session's
+`RequestMemo` reuses the replayed prefix exactly as the Chat front-end does. Responses carry `thinking`
+(with a stable hash as `signature`), `text` and `tool_use` blocks; tool-use ids are the forest's tool-call
+ids, so a replay matches. `count_tokens` answers `v1/messages/count_tokens`; the gateway routes it.
+Nothing is streamed token by token: the SSE sequence is sent whole when generation ends.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from relax_pipeline.engine.template import ChatTemplate
+from relax_pipeline.forest.canonical import CanonicalError, Context, Message, ToolCall, canonical_tools
+from relax_pipeline.forest.memo import RequestMemo
+from relax_pipeline.gateway.turn import TurnRequest, TurnResult
+from relax_pipeline.protocol.base import SSEFrame, TurnMeta, stream_flag
+from relax_pipeline.protocol.chat import parse_message
+from relax_pipeline.protocol.errors import ProtocolError, anthropic_body
+
+Item = tuple[str, dict[str, Any]]
+"""An expanded message: its Anthropic field path and its Chat-form dict."""
+ERROR_PREFIX = "Error: "
+CUSTOM_TOOL_TYPES = (None, "custom")
+MEDIA_BLOCKS = ("image", "document")
+
+
+# --- request → canonical ---------------------------------------------------------------------------
+
+
+def parse_request(body: Any, memo: RequestMemo | None = None) -> TurnRequest:
+    """Validate a Messages body; errors carry the field path in `param`."""
+    messages, hashes, context = parse_conversation(body, memo)
+    return TurnRequest(messages, context, _max_tokens(body), _stop(body.get("stop_sequences")), None, hashes)
+
+
+def parse_conversation(body: Any, memo: RequestMemo | None = None
+                       ) -> tuple[tuple[Message, ...], tuple[bytes, ...], Context]:
+    """The canonical messages, their chained hashes and the context (no `max_tokens` needed)."""
+    if not isinstance(body, Mapping):
+        raise CanonicalError("the request body must be a JSON object", None)
+    context = Context(canonical_tools(_tools(body.get("tools"))))
+    raw = body.get("messages")
+    if not isinstance(raw, list) or not raw:
+        raise CanonicalError("messages must be a non-empty list", "messages")
+    items = _system(body.get("system")) + [item for i, m in enumerate(raw) for item in _expand(m, f"messages[{i}]")]
+    messages, hashes = (memo or RequestMemo(0)).canonical(items, context, _parse_item)
+    return messages, hashes, context
+
+
+def _parse_item(item: Item, _index_path: str) -> Message:
+    return parse_message(item[1], item[0])
+
+
+def _system(raw: Any) -> list[Item]:
+    if raw is None:
+        return []
+    text = raw if isinstance(raw, str) else "".join(_text_blocks(raw, "system"))
+    return [("system", {"role": "system", "content": text})] if text else []
+
+
+def _tools(raw: Any) -> list[dict[str, Any]] | None:
+    """Custom tools in the OpenAI function form; server tools are dropped."""
+    if not isinstance(raw, list):
+        return raw
+    out = []
+    for i, tool in enumerate(raw):
+        if not isinstance(tool, Mapping):
+            raise CanonicalError("a tool must be an object", f"tools[{i}]")
+        if tool.get("type") in CUSTOM_TOOL_TYPES:
+            out.append(_function_tool(tool, f"tools[{i}]"))
+    return out
+
+
+def _function_tool(tool: Mapping[str, Any], param: str) -> dict[str, Any]:
+    if not isinstance(tool.get("name"), str) or not tool["name"]:
+        raise CanonicalError("a custom tool needs a non-empty 'name'", f"{param}.name")
+    spec = {"name": tool["name"], "description": tool.get("description"), "parameters": tool.get("input_schema")}
+    return {"type": "function", "function": spec}
+
+
+def _expand(raw: Any, param: str) -> list[Item]:
+    """One Anthropic message as one or more Chat-form messages."""
+    if not isinstance(raw, Mapping):
+        raise CanonicalError("a message must be an object with 'role' and 'content'", param)
+    role, content = raw.get("role"), raw.get("content")
+    if role not in ("user", "assistant"):
+        raise CanonicalError(f"role must be 'user' or 'assistant', got {role!r}", f"{param}.role")
+    if isinstance(content, str):
+        return [(param, {"role": role, "content": content})]
+    if not isinstance(content, list):
+        raise CanonicalError("content must be a string or a list of content blocks", f"{param}.content")
+    return [_assistant(content, param)] if role == "assistant" else list(_user(content, param))
+
+
+def _user(blocks: list[Any], param: str) -> Iterator[Item]:
+    """Tool results become tool messages; each run of text blocks becomes a user message."""
+    texts: list[str] = []
+    for j, block in enumerate(blocks):
+        path = f"{param}.content[{j}]"
+        if _kind(block, path) == "tool_result":
+            if texts:
+                yield param, {"role": "user", "content": "".join(texts)}
+                texts = []
+            yield path, _tool_result(block, path)
+        else:
+            texts.append(_text(block, path))
+    if texts or not blocks:
+        yield param, {"role": "user", "content": "".join(texts)}
+
+
+def _tool_result(block: Mapping[str, Any], param: str) -> dict[str, Any]:
+    content = block.get("content")
+    text = content if isinstance(content, str) else "".join(_text_blocks(content or [], f"{param}.content"))
+    if block.get("is_error") is True:
+        text = ERROR_PREFIX + text
+    call_id = block.get("tool_use_id")
+    if not isinstance(call_id, str) or not call_id:
+        raise CanonicalError("a tool_result needs its 'tool_use_id'", f"{param}.tool_use_id")
+    return {"role": "tool", "content": text, "tool_call_id": call_id}
+
+
+def _assistant(blocks: list[Any], param: str) -> Item:
+    texts, thoughts, calls = [], [], []
+    for j, block in enumerate(blocks):
+        path = f"{param}.content[{j}]"
+        kind = _kind(block, path)
+        if kind == "thinking" and isinstance(block.get("thinking"), str):
+            thoughts.append(block["thinking"])
+        elif kind == "tool_use":
+            calls.append(_tool_use(block, path))
+        elif kind != "redacted_thinking":
+            texts.append(_text(block, path))
+    message = {"role": "assistant", "content": "".join(texts), "tool_calls": calls or None,
+               "reasoning_content": "".join(thoughts) if thoughts else None}
+    return param, message
+
+
+def _tool_use(block: Mapping[str, Any], param: str) -> dict[str, Any]:
+    if not isinstance(block.get("name"), str) or not block["name"]:
+        raise CanonicalError("a tool_use block needs a non-empty 'name'", f"{param}.name")
+    if not isinstance(block.get("input", {}), Mapping):
+        raise CanonicalError("tool_use input must be an object", f"{param}.input")
+    return {"id": block.get("id"), "function": {"name": block.get("name"), "arguments": block.get("input", {})}}
+
+
+def _kind(block: Any, param: str) -> Any:
+    if not isinstance(block, Mapping):
+        raise CanonicalError("a content block must be an object with a 'type'", param)
+    return block.get("type")
+
+
+def _text(block: Any, param: str) -> str:
+    kind = _kind(block, param)
+    if kind in MEDIA_BLOCKS:
+        raise CanonicalError(f"this model is text-only: {kind} input is not supported", param)
+    if kind != "text" or not isinstance(block.get("text"), str):
+        raise CanonicalError(f"unsupported content block type {kind!r} here; send text blocks", param)
+    return block["text"]
+
+
+def _text_blocks(raw: Any, param: str) -> Iterator[str]:
+    if not isinstance(raw, list):
+        raise CanonicalError("must be a string or a list of text blocks", param)
+    return (_text(block, f"{param}[{j}]") for j, block in enumerate(raw))
+
+
+def _max_tokens(body: Mapping[str, Any]) -> int:
+    value = body.get("max_tokens")
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise CanonicalError(f"max_tokens is required and must be a positive integer, got {value!r}", "max_tokens")
+    return value
+
+
+def _stop(raw: Any) -> tuple[str, ...]:
+    if raw is None:
+        return ()
+    if isinstance(raw, list) and all(isinstance(s, str) for s in raw):
+        return tuple(s for s in raw if s)
+    raise CanonicalError("stop_sequences must be a list of strings", "stop_sequences")
+
+
+def count_tokens(body: Any, template: ChatTemplate) -> dict[str, int]:
+    """`v1/messages/count_tokens`: tokens of the full render with the generation prompt."""
+    messages, _, context = parse_conversation(body)
+    return {"input_tokens": len(template.prompt_ids(messages, context))}
+
+
+# --- canonical → response ---------------------------------------------------------------------------
+
+
+class MessagesFrontend:
+    """Anthropic Messages as a `Frontend`."""
+
+    name = "messages"
+    paths = ("messages",)
+
+    def parse(self, body: Any, memo: RequestMemo) -> TurnRequest:
+        return parse_request(body, memo)
+
+    def wants_stream(self, body: Mapping[str, Any]) -> bool:
+        return stream_flag(body)
+
+    def render(self, result: TurnResult, meta: TurnMeta) -> dict[str, Any]:
+        return {**_envelope(meta), "content": _blocks(result.message), **_stop_info(result),
+                "usage": _usage(result)}
+
+    def error_body(self, error: ProtocolError) -> dict[str, Any]:
+        return anthropic_body(error)
+
+    def stream_open(self, meta: TurnMeta) -> list[SSEFrame]:
+        return [self.heartbeat()]
+
+    def heartbeat(self) -> SSEFrame:
+        return _event({"type": "ping"})
+
+    def stream_result(self, result: TurnResult, meta: TurnMeta) -> list[SSEFrame]:
+        start = {**_envelope(meta), "content": [], "stop_reason": None, "stop_sequence": None,
+                 "usage": {"input_tokens": result.prompt_tokens, "output_tokens": 0}}
+        frames = [_event({"type": "message_start", "message": start})]
+        for index, block in enumerate(_blocks(result.message)):
+            frames += _block_events(index, block)
+        delta = {"type": "message_delta", "delta": _stop_info(result),
+                 "usage": {"output_tokens": len(result.output.output_ids)}}
+        return [*frames, _event(delta), _event({"type": "message_stop"})]
+
+    def stream_error(self, error: ProtocolError, meta: TurnMeta) -> list[SSEFrame]:
+        return [_event(anthropic_body(error))]
+
+
+def _event(data: dict[str, Any]) -> SSEFrame:
+    return SSEFrame(data, event=data["type"])
+
+
+def _envelope(meta: TurnMeta) -> dict[str, Any]:
+    return {"id": "msg_" + meta.response_id.rsplit("-", 1)[-1], "type": "message", "role": "assistant",
+            "model": meta.model}
+
+
+def _usage(result: TurnResult) -> dict[str, int]:
+    return {"input_tokens": result.prompt_tokens, "output_tokens": len(result.output.output_ids)}
+
+
+def _stop_info(result: TurnResult) -> dict[str, Any]:
+    """`stop_reason` and `stop_sequence`: length, then tool calls, then a matched stop string."""
+    matched = result.output.matched_stop
+    if result.finish_reason == "length":
+        return {"stop_reason": "max_tokens", "stop_sequence": None}
+    if result.message.tool_calls:
+        return {"stop_reason": "tool_use", "stop_sequence": None}
+    if isinstance(matched, str):
+        return {"stop_reason": "stop_sequence", "stop_sequence": matched}
+    return {"stop_reason": "end_turn", "stop_sequence": None}
+
+
+def _blocks(message: Message) -> list[dict[str, Any]]:
+    blocks: list[dict[str, Any]] = []
+    if message.reasoning_content:
+        blocks.append({"type": "thinking", "thinking": message.reasoning_content,
+                       "signature": signature(message.reasoning_content)})
+    if message.content:
+        blocks.append({"type": "text", "text": message.content})
+    return blocks + [_tool_use_block(call) for call in message.tool_calls]
+
+
+def _tool_use_block(call: ToolCall) -> dict[str, Any]:
+    """`input` is the arguments object; arguments that are not a JSON object are wrapped as `{"arguments"}`."""
+    try:
+        args = json.loads(call.arguments)
+    except ValueError:
+        args = None
+    if not isinstance(args, dict):
+        args = {"arguments": call.arguments}
+    return {"type": "tool_use", "id": call.id, "name": call.name, "input": args}
+
+
+def signature(reasoning: str) -> str:
+    """A stable stand-in for Anthropic's thinking signature: a hash of the reasoning text."""
+    return hashlib.blake2b(reasoning.encode(), digest_size=16).hexdigest()
+
+
+def _block_events(index: int, block: dict[str, Any]) -> list[SSEFrame]:
+    """`content_block_start` with an empty block, its whole content as delta(s), `content_block_stop`."""
+    kind = block["type"]
+    if kind == "thinking":
+        empty = {"type": "thinking", "thinking": "", "signature": ""}
+        deltas = [{"type": "thinking_delta", "thinking": block["thinking"]},
+                  {"type": "signature_delta", "signature": block["signature"]}]
+    elif kind == "text":
+        empty, deltas = {"type": "text", "text": ""}, [{"type": "text_delta", "text": block["text"]}]
+    else:
+        empty = {**block, "input": {}}
+        deltas = [{"type": "input_json_delta", "partial_json": json.dumps(block["input"], ensure_ascii=False)}]
+    frames = [_event({"type": "content_block_start", "index": index, "content_block": empty})]
+    frames += [_event({"type": "content_block_delta", "index": index, "delta": d}) for d in deltas]
+    return [*frames, _event({"type": "content_block_stop", "index": index})]

@@ -26,8 +26,9 @@ JOBS = ("train", "rollout", "check")
 @dataclass
 class ProtocolConfig:
     _target_: str = "relax_pipeline.protocol.suite.ProtocolSuite"
-    apis: list[str] = field(default_factory=lambda: ["chat"])
-    """Front-ends the gateway serves: chat (responses, messages land with the protocols issue)."""
+    apis: list[str] = field(default_factory=lambda: ["chat", "responses", "messages"])
+    """Front-ends the gateway serves: chat (OpenAI Chat Completions), responses (OpenAI Responses), messages
+    (Anthropic Messages)."""
     reasoning_parser: str | None = "qwen3"
     """SGLang reasoning-parser name used to split `<think>` text."""
     tool_call_parser: str | None = "qwen25"

@@ -3,6 +3,8 @@
 - `ScriptedEngine`: an `Engine` that answers from a script of texts, tokenized with the real tokenizer
   and ended with the template's end-of-turn token, with fixed logprobs. Protocol and forest tests use it
   so their expected outputs are known; end-to-end tests use the real embedded engine instead.
+- `StopStringEngine`: ends each scripted answer on the request's first stop string, as an engine that
+  matched it would (for stop-reason rendering).
 - `AbortingEngine` / `FailingEngine`: scripted engines whose Nth generation ends "abort", or that raise
   on every call like a dead worker, for the gateway's commit-nothing paths.
 - `RecordingHFEngine`: the real embedded engine plus a record of every prompt it was given, selected
@@ -27,7 +29,8 @@ class ScriptedEngine:
     """Answers each generate call with the next scripted text (or `script(prompt_ids)`)."""
 
     def __init__(self, tokenizer: Any, script: Sequence[str] | Script, end_of_turn: str = "<|im_end|>",
-                 logprob: float = -0.5, delay_s: float = 0.0, max_context_len: int = 4096) -> None:
+                 logprob: float = -0.5, delay_s: float = 0.0, max_context_len: int = 4096,
+                 record_prompts: bool = True) -> None:
         self.tokenizer = tokenizer
         self.script = script
         self.end_of_turn_id = tokenizer.convert_tokens_to_ids(end_of_turn)
@@ -36,18 +39,23 @@ class ScriptedEngine:
         self.weight_version = 0
         self.max_context_len = max_context_len
         self.prompts: list[list[int]] = []
+        self.record_prompts = record_prompts
         self._calls = 0
+        self._encoded: dict[str, list[int]] = {}
 
     async def start(self) -> None:
         return None
 
     async def generate(self, input_ids: Sequence[int], sampling: SamplingParams, rid: str) -> GenerateResult:
-        self.prompts.append(list(input_ids))
+        if self.record_prompts:
+            self.prompts.append(list(input_ids))
         text = self.script(input_ids) if callable(self.script) else self.script[self._calls % len(self.script)]
         self._calls += 1
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
-        ids = self.tokenizer.encode(text, add_special_tokens=False) + [self.end_of_turn_id]
+        if text not in self._encoded:
+            self._encoded[text] = self.tokenizer.encode(text, add_special_tokens=False) + [self.end_of_turn_id]
+        ids = list(self._encoded[text])
         finish = "stop"
         if len(ids) > sampling.max_new_tokens:
             ids, finish = ids[: sampling.max_new_tokens], "length"
@@ -77,6 +85,15 @@ class AbortingEngine(ScriptedEngine):
             return dataclasses.replace(result, output_ids=result.output_ids[:1], logprobs=result.logprobs[:1],
                                        finish_reason="abort", matched_stop=None)
         return result
+
+
+class StopStringEngine(ScriptedEngine):
+    """Ends each answer on the request's first stop string, as an engine that matched it would."""
+
+    async def generate(self, input_ids: Sequence[int], sampling: SamplingParams, rid: str) -> GenerateResult:
+        result = await super().generate(input_ids, sampling, rid)
+        return dataclasses.replace(result, output_ids=result.output_ids[:-1], logprobs=result.logprobs[:-1],
+                                   matched_stop=sampling.stop[0])
 
 
 class FailingEngine(ScriptedEngine):

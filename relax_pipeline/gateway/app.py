@@ -29,7 +29,8 @@ from relax_pipeline.forest.sessions import ForestStore, Session, Status
 from relax_pipeline.gateway.turn import TurnRequest, TurnResult, TurnService
 from relax_pipeline.protocol.base import Frontend, TurnMeta
 from relax_pipeline.protocol.chat import ChatFrontend
-from relax_pipeline.protocol.errors import ProtocolError, openai_body
+from relax_pipeline.protocol.errors import ProtocolError, anthropic_body, openai_body
+from relax_pipeline.protocol.messages import MessagesFrontend, count_tokens
 
 log = logging.getLogger(__name__)
 DISCONNECT_POLL_S = 0.5
@@ -47,6 +48,8 @@ def create_app(store: ForestStore, turns: TurnService, prefix: str = "/agentic_a
         for frontend in served:
             for path in frontend.paths:
                 app.add_api_route(f"{base}/{path}", gateway.endpoint(frontend), methods=["POST"])
+            if isinstance(frontend, MessagesFrontend):
+                app.add_api_route(f"{base}/messages/count_tokens", gateway.count_tokens, methods=["POST"])
         app.add_api_route(f"{base}/models", gateway.models, methods=["GET"])
     resources = ", ".join(p for f in served for p in f.paths)
     app.add_exception_handler(StarletteHTTPException, _http_error_handler(resources))
@@ -85,6 +88,16 @@ class _Gateway:
             return _error(openai_body(error), error.status)
         model = {"id": self.model_name, "object": "model", "created": 0, "owned_by": "relax_pipeline"}
         return JSONResponse({"object": "list", "data": [model]})
+
+    async def count_tokens(self, request: Request) -> Response:
+        """Anthropic `messages/count_tokens`: input tokens of the rendered prompt, nothing generated."""
+        try:
+            self._session(request)
+            return JSONResponse(count_tokens(_json(await request.body()), self.turns.template))
+        except CanonicalError as error:
+            return _error(anthropic_body(ProtocolError.from_canonical(error)), 400)
+        except ProtocolError as error:
+            return _error(anthropic_body(error), error.status)
 
     def endpoint(self, frontend: Frontend):  # noqa: ANN201 - a FastAPI endpoint
         async def handle(request: Request) -> Response:

@@ -1,7 +1,8 @@
 """ProtocolSuite: which model-API front-ends the gateway serves and how output text is parsed.
 
-Built from the `protocol` config group. This issue serves OpenAI Chat Completions; Responses and
-Messages join with the protocols issue, and naming one now fails at start with that sentence.
+Built from the `protocol` config group: `apis` lists the front-ends the gateway serves (OpenAI Chat
+Completions `chat`, OpenAI Responses `responses`, Anthropic Messages `messages`); naming one that does
+not exist fails at start with the list of those that do.
 """
 
 from __future__ import annotations
@@ -12,8 +13,12 @@ from dataclasses import dataclass, field
 from relax_pipeline.engine.parsers import OutputParser, check_parser_names
 from relax_pipeline.protocol.base import Frontend
 from relax_pipeline.protocol.chat import ChatFrontend
+from relax_pipeline.protocol.messages import MessagesFrontend
+from relax_pipeline.protocol.responses import ResponsesFrontend
 
-_FRONTENDS: dict[str, Callable[[], Frontend]] = {"chat": ChatFrontend}
+_FRONTENDS: dict[str, Callable[[], Frontend]] = {
+    "chat": ChatFrontend, "responses": ResponsesFrontend, "messages": MessagesFrontend,
+}
 SUPPORTED_APIS: tuple[str, ...] = tuple(_FRONTENDS)
 
 
@@ -21,7 +26,7 @@ SUPPORTED_APIS: tuple[str, ...] = tuple(_FRONTENDS)
 class ProtocolSuite:
     """Front-end choice and parser names; connects the protocol config to the gateway."""
 
-    apis: list[str] = field(default_factory=lambda: ["chat"])
+    apis: list[str] = field(default_factory=lambda: ["chat", "responses", "messages"])
     reasoning_parser: str | None = "qwen3"
     tool_call_parser: str | None = "qwen25"
     service_prefix: str = "/agentic_api"

@@ -1,0 +1,292 @@
+"""The Anthropic Messages front-end over real HTTP: the real `anthropic` SDK against the real gateway.
+
+Only the engine is fake (`ScriptedEngine`; `StopStringEngine` below adds a matched stop string). Covered:
+a thinking + tool_use + tool_result conversation replayed into one linear branch, Buffered SSE through
+`messages.stream`, raw SSE frames and heartbeats, `x-api-key` auth, a Messages turn continued through
+Chat Completions, the four stop reasons, `count_tokens`, and bad bodies answered in the Anthropic shape.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anthropic
+import httpx
+import openai
+import pytest
+from test_gateway import ANSWER, THINK_AND_CALL, generated_ids, kinds
+
+from relax_pipeline.engine.parsers import OutputParser
+from relax_pipeline.engine.template import ChatTemplate
+from relax_pipeline.fakes import FailingEngine, ScriptedEngine, StopStringEngine
+from relax_pipeline.forest.canonical import Message, ToolCall
+from relax_pipeline.forest.memo import RequestMemo
+from relax_pipeline.forest.sessions import ForestStore, Session, Status
+from relax_pipeline.gateway.app import create_app
+from relax_pipeline.gateway.server import GatewayServer
+from relax_pipeline.gateway.turn import SamplingDefaults, TurnService
+from relax_pipeline.protocol.chat import ChatFrontend
+from relax_pipeline.protocol.messages import MessagesFrontend, count_tokens, parse_request, signature
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(30)]
+
+PREFIX = "/agentic_api"
+SYSTEM = "You are a calculator."
+TOOLS = [{"name": "calc", "description": "Add one to x.",
+          "input_schema": {"type": "object", "properties": {"x": {"type": "integer"}}}},
+         {"type": "web_search_20250305", "name": "web_search", "max_uses": 1}]
+USER = {"role": "user", "content": "x=1, add one"}
+REASONING = "The user wants x plus one."
+
+
+@dataclasses.dataclass
+class Gateway:
+    """A running gateway serving Chat Completions and Messages, with its store."""
+
+    server: GatewayServer
+    store: ForestStore
+    http: httpx.AsyncClient
+
+    def open_session(self) -> Session:
+        session = self.store.open("group-0", len(self.store), 0, "train", {"messages": []})
+        self.store.set_status(session, Status.RUNNING)
+        return session
+
+    def client(self, session: Session) -> anthropic.AsyncAnthropic:
+        return anthropic.AsyncAnthropic(base_url=self.server.base_url.rstrip("/"), api_key=session.id,
+                                        max_retries=0, _strict_response_validation=True)
+
+    async def post(self, session: Session | None, body: Any, path: str = "v1/messages") -> httpx.Response:
+        headers = {"x-api-key": session.id} if session else {}
+        return await self.http.post(self.server.base_url + path, json=body, headers=headers, timeout=30.0)
+
+
+@asynccontextmanager
+async def messages_gateway(template: ChatTemplate, engine: ScriptedEngine, heartbeat_s: float = 15.0
+                           ) -> AsyncIterator[Gateway]:
+    store = ForestStore()
+    turns = TurnService(template, engine, OutputParser(), SamplingDefaults())
+    app = create_app(store, turns, prefix=PREFIX, frontends=[ChatFrontend(), MessagesFrontend()],
+                     heartbeat_s=heartbeat_s)
+    server = GatewayServer(app, prefix=PREFIX)
+    await server.start()
+    try:
+        async with httpx.AsyncClient() as http:
+            yield Gateway(server, store, http)
+    finally:
+        await server.stop()
+
+
+def assert_linear(session: Session, responses: int) -> None:
+    nodes = session.forest.nodes
+    assert kinds(session) == ["root"] + ["observation", "response"] * responses
+    assert [n.parent for n in nodes] == [None, *range(len(nodes) - 1)] and session.forest.forks == []
+
+
+def assert_anthropic_error(response: httpx.Response, status: int, kind: str, path: str | None) -> str:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"type", "error"} and body["type"] == "error"
+    assert set(body["error"]) == {"type", "message"} and body["error"]["type"] == kind
+    assert path is None or body["error"]["message"].startswith(f"{path}: ")
+    return body["error"]["message"]
+
+
+# --- parsing ------------------------------------------------------------------------------------
+
+
+async def test_blocks_expand_to_canonical_messages() -> None:
+    calls = [{"type": "tool_use", "id": f"t{i}", "name": "calc", "input": {"x": i}} for i in (1, 2)]
+    assistant = [{"type": "redacted_thinking", "data": "opaque"}, {"type": "thinking", "thinking": "hm",
+                                                                   "signature": "s"},
+                 {"type": "text", "text": "Calling."}, *calls]
+    results = [{"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "text", "text": "2"}]},
+               {"type": "tool_result", "tool_use_id": "t2", "content": "boom", "is_error": True},
+               {"type": "text", "text": "and then?", "cache_control": {"type": "ephemeral"}}]
+    body = {"max_tokens": 9, "system": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+            "stop_sequences": ["X"], "tools": [{**TOOLS[0], "type": "custom"}, TOOLS[1]],
+            "messages": [USER, {"role": "assistant", "content": assistant}, {"role": "user", "content": results}]}
+    request = parse_request(body, RequestMemo())
+    assert request.messages == (
+        Message("system", "ab"), Message("user", USER["content"]),
+        Message("assistant", "Calling.", "hm", (ToolCall("calc", '{"x":1}', "t1"), ToolCall("calc", '{"x":2}', "t2"))),
+        Message("tool", "2", tool_call_id="t1"), Message("tool", "Error: boom", tool_call_id="t2"),
+        Message("user", "and then?"))
+    assert [t["function"]["name"] for t in request.context.tools] == ["calc"]
+    assert request.max_tokens == 9 and request.stop == ("X",)
+    assert parse_request(body).hashes == request.hashes
+
+
+# --- happy path ---------------------------------------------------------------------------------
+
+
+async def test_tool_conversation_replays_into_one_branch(template: ChatTemplate, tokenizer: Any) -> None:
+    engine = ScriptedEngine(tokenizer, [THINK_AND_CALL, ANSWER])
+    async with messages_gateway(template, engine) as gw:
+        session = gw.open_session()
+        client = gw.client(session)
+        extras = {"thinking": {"type": "enabled", "budget_tokens": 1024}, "metadata": {"user_id": "u"},
+                  "extra_body": {"temperature": 0.3, "context_management": {"edits": []}, "top_k": 5}}
+        first = await client.messages.create(model="claude-x", max_tokens=200, system=SYSTEM, messages=[USER],
+                                             tools=TOOLS, **extras)
+        assert [b.type for b in first.content] == ["thinking", "tool_use"]
+        thinking, call = first.content
+        assert thinking.thinking == REASONING and thinking.signature == signature(REASONING)
+        assert call.name == "calc" and call.input == {"x": 1}
+        assert call.id == session.forest.nodes[2].messages[0].tool_calls[0].id
+        assert first.stop_reason == "tool_use" and first.model == "claude-x" and first.id.startswith("msg_")
+        assert first.usage.input_tokens == len(engine.prompts[0])
+        assert first.usage.output_tokens == len(generated_ids(tokenizer, THINK_AND_CALL))
+        result = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id, "content": "2"}]}
+        history = [USER, {"role": "assistant", "content": [b.to_dict() for b in first.content]}, result]
+        second = await client.messages.create(model="claude-x", max_tokens=200, system=SYSTEM, messages=history,
+                                              tools=TOOLS, **extras)
+    assert [b.type for b in second.content] == ["text"] and second.content[0].text == ANSWER
+    assert second.stop_reason == "end_turn" and second.stop_sequence is None
+    assert_linear(session, 2)
+    assert engine.prompts[1][: len(engine.prompts[0])] == engine.prompts[0]
+
+
+async def test_stream_gives_the_final_message(template: ChatTemplate, tokenizer: Any) -> None:
+    engine = ScriptedEngine(tokenizer, [THINK_AND_CALL])
+    async with messages_gateway(template, engine) as gw:
+        session = gw.open_session()
+        async with gw.client(session).messages.stream(model="m", max_tokens=200, messages=[USER],
+                                                      tools=TOOLS) as stream:
+            final = await stream.get_final_message()
+    assert [b.type for b in final.content] == ["thinking", "tool_use"]
+    assert final.content[0].thinking == REASONING and final.content[0].signature == signature(REASONING)
+    assert final.content[1].input == {"x": 1} and final.stop_reason == "tool_use"
+    assert final.usage.output_tokens == len(generated_ids(tokenizer, THINK_AND_CALL))
+    assert final.usage.input_tokens == len(engine.prompts[0])
+    assert_linear(session, 1)
+
+
+async def test_sse_frames_are_named_events_with_pings(template: ChatTemplate, tokenizer: Any) -> None:
+    engine = ScriptedEngine(tokenizer, [ANSWER], delay_s=0.35)
+    async with messages_gateway(template, engine, heartbeat_s=0.1) as gw:
+        response = await gw.post(gw.open_session(), {"model": "m", "max_tokens": 50, "messages": [USER],
+                                                     "stream": True})
+    frames = [f.split("\n") for f in response.text.strip().split("\n\n")]
+    names = [lines[0].removeprefix("event: ") for lines in frames]
+    assert all(lines[0].startswith("event: ") and lines[1].startswith("data: ") for lines in frames)
+    assert [json.loads(lines[1].removeprefix("data: "))["type"] for lines in frames] == names
+    assert names[0] == "ping" and names.count("ping") >= 3
+    assert [n for n in names if n != "ping"] == ["message_start", "content_block_start", "content_block_delta",
+                                                 "content_block_stop", "message_delta", "message_stop"]
+
+
+async def test_stream_error_is_an_error_event(template: ChatTemplate, tokenizer: Any) -> None:
+    async with messages_gateway(template, FailingEngine(tokenizer, [ANSWER])) as gw:
+        response = await gw.post(gw.open_session(), {"max_tokens": 50, "messages": [USER], "stream": True})
+    last = response.text.strip().split("\n\n")[-1].split("\n")
+    assert last[0] == "event: error"
+    body = json.loads(last[1].removeprefix("data: "))
+    assert body["type"] == "error" and body["error"]["type"] == "api_error"
+
+
+async def test_messages_turn_continued_through_chat(template: ChatTemplate, tokenizer: Any) -> None:
+    engine = ScriptedEngine(tokenizer, [THINK_AND_CALL, ANSWER])
+    async with messages_gateway(template, engine) as gw:
+        session = gw.open_session()
+        first = await gw.client(session).messages.create(model="m", max_tokens=200, system=SYSTEM,
+                                                         messages=[USER], tools=TOOLS)
+        call = first.content[1]
+        chat = openai.AsyncOpenAI(base_url=gw.server.base_url, api_key=session.id, max_retries=0)
+        assistant = {"role": "assistant", "content": None, "reasoning_content": first.content[0].thinking,
+                     "tool_calls": [{"id": call.id, "type": "function",
+                                     "function": {"name": call.name, "arguments": json.dumps(call.input)}}]}
+        tools = [{"type": "function", "function": {"name": "calc", "description": "Add one to x.",
+                                                   "parameters": TOOLS[0]["input_schema"]}}]
+        second = await chat.chat.completions.create(model="m", tools=tools, messages=[
+            {"role": "system", "content": SYSTEM}, USER, assistant,
+            {"role": "tool", "tool_call_id": call.id, "content": "2"}])
+    assert second.choices[0].message.content == ANSWER
+    assert_linear(session, 2)
+
+
+@pytest.mark.parametrize(("script", "stop", "max_tokens", "reason"), [
+    (ANSWER, None, 3, "max_tokens"), (THINK_AND_CALL, None, 200, "tool_use"), (ANSWER, None, 200, "end_turn")])
+async def test_stop_reasons(template: ChatTemplate, tokenizer: Any, script: str, stop: list[str] | None,
+                            max_tokens: int, reason: str) -> None:
+    async with messages_gateway(template, ScriptedEngine(tokenizer, [script])) as gw:
+        message = await gw.client(gw.open_session()).messages.create(model="m", max_tokens=max_tokens,
+                                                                     messages=[USER], tools=TOOLS)
+    assert message.stop_reason == reason and message.stop_sequence is None
+    assert message.usage.output_tokens <= max_tokens
+
+
+async def test_stop_sequence(template: ChatTemplate, tokenizer: Any) -> None:
+    async with messages_gateway(template, StopStringEngine(tokenizer, ["one two STOP three"])) as gw:
+        message = await gw.client(gw.open_session()).messages.create(model="m", max_tokens=50, messages=[USER],
+                                                                     stop_sequences=["STOP"])
+    assert message.stop_reason == "stop_sequence" and message.stop_sequence == "STOP"
+    assert message.content[0].text == "one two "
+
+
+async def test_count_tokens_is_the_first_prompt(template: ChatTemplate, tokenizer: Any) -> None:
+    body = {"model": "m", "max_tokens": 50, "system": [{"type": "text", "text": SYSTEM}], "messages": [USER],
+            "tools": TOOLS}
+    engine = ScriptedEngine(tokenizer, [ANSWER])
+    async with messages_gateway(template, engine) as gw:
+        response = await gw.post(gw.open_session(), body, "v1/messages?beta=true")
+    assert response.status_code == 200, response.text
+    del body["max_tokens"]
+    assert count_tokens(body, template) == {"input_tokens": len(engine.prompts[0])}
+
+
+async def test_count_tokens_route_through_the_sdk(template: ChatTemplate, tokenizer: Any) -> None:
+    engine = ScriptedEngine(tokenizer, [ANSWER])
+    async with messages_gateway(template, engine) as gw:
+        client = gw.client(gw.open_session())
+        counted = await client.messages.count_tokens(model="m", messages=[USER], system=SYSTEM, tools=TOOLS)
+        await client.messages.create(model="m", max_tokens=20, messages=[USER], system=SYSTEM, tools=TOOLS)
+    assert counted.input_tokens == len(engine.prompts[0])
+
+
+# --- auth and bad requests ----------------------------------------------------------------------
+
+
+async def test_x_api_key_auth(template: ChatTemplate, tokenizer: Any) -> None:
+    async with messages_gateway(template, ScriptedEngine(tokenizer, [ANSWER])) as gw:
+        missing = await gw.post(None, {"max_tokens": 5, "messages": [USER]})
+        client = anthropic.AsyncAnthropic(base_url=gw.server.base_url.rstrip("/"), api_key="nobody",
+                                          max_retries=0)
+        with pytest.raises(anthropic.AuthenticationError):
+            await client.messages.create(model="m", max_tokens=5, messages=[USER])
+    assert_anthropic_error(missing, 401, "authentication_error", None)
+
+
+@pytest.mark.parametrize(("body", "path"), [
+    ({"messages": [USER]}, "max_tokens"),
+    ({"max_tokens": 0, "messages": [USER]}, "max_tokens"),
+    ({"max_tokens": 5, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "what is this?"},
+        {"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}}]}]},
+     "messages[0].content[1]"),
+    ({"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image", "source": {
+        "type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}]}]}, "messages[0].content[0]"),
+    ({"max_tokens": 5, "messages": [{"role": "system", "content": "hi"}]}, "messages[0].role"),
+    ({"max_tokens": 5, "messages": [USER, {"role": "assistant", "content": "a"}, {"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "image"}]}]}]},
+     "messages[2].content[0].content[0]"),
+    ({"max_tokens": 5, "messages": [USER], "tools": [{"description": "no name"}]}, "tools[0].name"),
+    ({"max_tokens": 5, "messages": [USER], "stop_sequences": "STOP"}, "stop_sequences"),
+])
+async def test_bad_requests_name_the_field(template: ChatTemplate, tokenizer: Any, body: dict[str, Any],
+                                           path: str) -> None:
+    async with messages_gateway(template, ScriptedEngine(tokenizer, [ANSWER])) as gw:
+        response = await gw.post(gw.open_session(), body)
+    message = assert_anthropic_error(response, 400, "invalid_request_error", path)
+    assert "text-only" in message or '"image"' not in json.dumps(body)
+
+
+async def test_sdk_raises_bad_request_with_the_path(template: ChatTemplate, tokenizer: Any) -> None:
+    async with messages_gateway(template, ScriptedEngine(tokenizer, [ANSWER])) as gw:
+        with pytest.raises(anthropic.BadRequestError, match=r"messages\[0\]\.role"):
+            await gw.client(gw.open_session()).messages.create(
+                model="m", max_tokens=5, messages=[{"role": "tool", "content": "x"}])  # type: ignore[list-item]

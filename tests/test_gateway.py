@@ -83,12 +83,13 @@ class Gateway:
 
 @asynccontextmanager
 async def running_gateway(template: ChatTemplate, engine: ScriptedEngine,
-                          defaults: SamplingDefaults | None = None, heartbeat_s: float = 15.0
-                          ) -> AsyncIterator[Gateway]:
-    """The real app under the real server, in the test's event loop."""
+                          defaults: SamplingDefaults | None = None, heartbeat_s: float = 15.0,
+                          frontends: list | None = None) -> AsyncIterator[Gateway]:
+    """The real app under the real server, in the test's event loop (Chat only unless `frontends`)."""
     store = ForestStore()
     turns = TurnService(template, engine, OutputParser(), defaults or SamplingDefaults())
-    server = GatewayServer(create_app(store, turns, prefix=PREFIX, heartbeat_s=heartbeat_s), prefix=PREFIX)
+    app = create_app(store, turns, prefix=PREFIX, heartbeat_s=heartbeat_s, frontends=frontends)
+    server = GatewayServer(app, prefix=PREFIX)
     await server.start()
     try:
         async with httpx.AsyncClient() as http:

@@ -1,7 +1,7 @@
 """Buffered SSE and disconnects on the Chat front-end: the real openai SDK streaming against the real
 gateway, heartbeats from a slow engine, a golden transcript, and a client that leaves mid-generation.
 
-Golden transcript: `tests/golden/sse_chat.txt`, regenerated with
+Golden transcripts, one per protocol: `tests/golden/sse_{chat,responses,messages}.txt`, regenerated with
 `RELAX_REGEN_GOLDEN=1 python -m pytest tests/test_gateway_sse.py -k golden`.
 """
 
@@ -19,9 +19,18 @@ from test_gateway import ANSWER, THINK_AND_CALL, TOOLS, generated_ids, running_g
 
 from relax_pipeline.engine.template import ChatTemplate
 from relax_pipeline.fakes import ScriptedEngine
+from relax_pipeline.protocol.chat import ChatFrontend
+from relax_pipeline.protocol.messages import MessagesFrontend
+from relax_pipeline.protocol.responses import ResponsesFrontend
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(30)]
-GOLDEN = Path(__file__).parent / "golden" / "sse_chat.txt"
+GOLDEN = Path(__file__).parent / "golden"
+REQUESTS = {
+    "chat": ("v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "hello"}]}),
+    "responses": ("v1/responses", {"model": "m", "input": "hello", "tools": [
+        {"type": "function", "name": "calc", "parameters": {"type": "object"}}]}),
+    "messages": ("v1/messages", {"model": "m", "max_tokens": 64, "messages": [{"role": "user", "content": "hello"}]}),
+}
 USER = {"role": "user", "content": "hello"}
 
 
@@ -51,14 +60,24 @@ async def test_heartbeats_while_a_slow_engine_generates(template: ChatTemplate, 
     assert text.rstrip().endswith("data: [DONE]")
 
 
-async def test_golden_transcript(template: ChatTemplate, tokenizer: Any) -> None:
-    engine = ScriptedEngine(tokenizer, [ANSWER])
-    async with running_gateway(template, engine) as gw:
-        text = await gw.post_stream(gw.open_session(), {"model": "m", "messages": [USER], "stream": True})
-    text = re.sub(r'"id": "chat-[0-9a-f]+"', '"id": "ID"', re.sub(r'"created": \d+', '"created": 0', text))
+@pytest.mark.parametrize("protocol", list(REQUESTS))
+async def test_golden_transcript(template: ChatTemplate, tokenizer: Any, protocol: str) -> None:
+    engine = ScriptedEngine(tokenizer, [THINK_AND_CALL])
+    frontends = [ChatFrontend(), ResponsesFrontend(), MessagesFrontend()]
+    path, body = REQUESTS[protocol]
+    async with running_gateway(template, engine, frontends=frontends) as gw:
+        text = await gw.post_stream(gw.open_session(), dict(body, stream=True), path)
+    golden = GOLDEN / f"sse_{protocol}.txt"
     if os.environ.get("RELAX_REGEN_GOLDEN"):
-        GOLDEN.write_text(text)
-    assert text == GOLDEN.read_text()
+        golden.write_text(_stable(text))
+    assert _stable(text) == golden.read_text()
+
+
+def _stable(text: str) -> str:
+    """The transcript with its random ids and clock values replaced."""
+    text = re.sub(r"(chat|responses|messages)-[0-9a-f]{24}", r"\1-ID", text)
+    text = re.sub(r"(call_|toolu_|msg_|rs_|fc_)[0-9a-f]{8,}", r"\1ID", text)
+    return re.sub(r'"(created|created_at)": \d+', r'"\1": 0', text)
 
 
 async def test_client_that_leaves_aborts_and_commits_nothing(template: ChatTemplate, tokenizer: Any) -> None:

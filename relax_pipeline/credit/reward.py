@@ -1,46 +1,89 @@
-"""Credit from exported rewards: a primary scalar per context and group-normalized advantages.
+"""`credit=reward`: credit from exported rewards; the base class of every `credit=` option.
 
 A context's reward is what the agent exported: a number, or an object whose `credit.reward_key` field
-is the primary value (its other numeric fields are kept for metrics). `null` or absent rewards stay
-`None`. The base scalar credit of a group comes from `credit.estimator` (`credit/advantage.py`: GRPO's
-group-centred reward, optionally std-normalized, RLOO, REINFORCE++); a group with any missing reward gets
-no advantage. Custom reward models, group RMs and the per-context advantage hook join with the credit
-issue.
+is the primary value (its other numeric fields are kept in `Context.reward_object` for metrics). `null`
+or absent rewards stay `None`. The base scalar credit of a group comes from `credit.estimator`
+(`credit/advantage.py`: GRPO's group-centred reward, optionally std-normalized, RLOO, REINFORCE++) over
+all its contexts in order; a group with any missing reward gets no advantage (so it is not trained).
+
+Subclasses change one step: where missing rewards come from (credit/reward_model.py) or how the base
+credit is computed (credit/custom_advantage.py). Token expansion and whitening are the trainer's.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from relax_pipeline.credit.advantage import ESTIMATORS, base_advantages
+from relax_pipeline.credit.base import RewardError, load_function
+from relax_pipeline.stages.group import Context, Group
 
-
-class RewardError(ValueError):
-    """An exported reward that has no usable primary value; the message names the key."""
+__all__ = ["RewardCredit", "RewardError"]
 
 
 class RewardCredit:
     """`credit=reward`: read rewards from the agents' outputs; base credit per group by the estimator."""
 
+    option = "reward"
+    """The `credit=` option this class implements (named in errors)."""
+    uses = ()
+    """Which of `rm_path` / `advantage_path` this option needs; the others must stay null."""
+
     def __init__(self, reward_key: str | None = None, rm_path: str | None = None, advantage_path: str | None = None,
                  estimator: str = "grpo", normalize_std: bool = True, kl_coef: float = 0.0,
                  normalize_advantages: bool = False, log_passrate: bool = False) -> None:
-        if rm_path is not None or advantage_path is not None:
-            raise ValueError("credit.rm_path and credit.advantage_path need credit=custom_rm / custom_advantage, "
-                             "which land with the credit issue")
+        self._check_paths({"rm_path": rm_path, "advantage_path": advantage_path})
         if estimator not in ESTIMATORS:
             raise ValueError(f"credit.estimator={estimator!r}; choose one of {list(ESTIMATORS)}")
         self.reward_key = reward_key
+        self.rm_path = rm_path
+        self.advantage_path = advantage_path
         self.estimator = estimator
         self.normalize_std = normalize_std
         self.kl_coef = kl_coef
         self.normalize_advantages = normalize_advantages
         self.log_passrate = log_passrate
+        self.user_function = self._load_user_function()
+
+    def _load_user_function(self) -> Callable[..., Any] | None:
+        """The function named by the one path key this option uses, None for `credit=reward`."""
+        for key in self.uses:
+            return load_function(getattr(self, key), f"credit.{key}")
+        return None
+
+    def _check_paths(self, paths: dict[str, str | None]) -> None:
+        for key, value in paths.items():
+            if key in self.uses and not value:
+                raise ValueError(f"credit={self.option} needs credit.{key} set to 'module.function'")
+            if key not in self.uses and value:
+                raise ValueError(f"credit.{key}={value!r} is not used by credit={self.option}; unset it or choose "
+                                 "credit=custom_rm / group_rm (rm_path) or credit=custom_advantage (advantage_path)")
+
+    async def score(self, group: Group) -> None:
+        """Primary rewards, then the group's base credit by `credit.estimator`."""
+        await self.fill_rewards(group)
+        self.fill_advantages(group)
+
+    async def fill_rewards(self, group: Group) -> None:
+        for context in group.contexts:
+            context.reward = self.primary_of(context, context.reward_object)
+
+    def fill_advantages(self, group: Group) -> None:
+        contexts = group.contexts
+        for context, advantage in zip(contexts, self.advantages([c.reward for c in contexts]), strict=True):
+            context.advantage = advantage
+
+    def primary_of(self, context: Context, reward: Any) -> float | None:
+        """`primary`, with errors that fail the context's session."""
+        try:
+            return self.primary(reward)
+        except RewardError as error:
+            raise RewardError(str(error), context.session.id) from None
 
     def primary(self, reward: Any) -> float | None:
-        """The primary scalar of an exported reward (number, object with reward_key, or null)."""
+        """The primary scalar of a reward (number, object with reward_key, or null)."""
         if reward is None:
             return None
         if isinstance(reward, bool):
@@ -53,7 +96,7 @@ class RewardCredit:
 
     def _from_object(self, reward: dict[str, Any]) -> float | None:
         if self.reward_key is None:
-            raise RewardError("the exported reward is an object; set credit.reward_key to its primary field "
+            raise RewardError("the reward is an object; set credit.reward_key to its primary field "
                               f"(one of {sorted(reward)})")
         if self.reward_key not in reward:
             raise RewardError(f"reward object has no {self.reward_key!r} (credit.reward_key); it has {sorted(reward)}")

@@ -2,7 +2,8 @@
 
 A healthy group yields one row per exported context, with status `completed` (or `truncated` when its
 last turn hit the length limit); a dropped group yields one row per session saying why (`failed` for
-the session that failed, `dropped` for its siblings), so nothing is lost silently. Rows follow the
+the session that failed, `dropped` for its siblings), and a group its credit filtered (`credit.base.filter_group`)
+one row per session with status `filtered` and the reason as `error`, so nothing is lost silently. Rows follow the
 dump schema exactly; writing them is `tracking/dump.py`'s job.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from relax_pipeline.credit.base import export_metadata, is_filtered
 from relax_pipeline.forest.sessions import ForestStore, Session, Status
 from relax_pipeline.stages.group import Context, Group
 
@@ -31,8 +33,7 @@ class Transfer:
 
     def _row(self, group: Group, context: Context) -> dict[str, Any]:
         sample, session, exported = context.sample, context.session, context.exported
-        record = exported.record
-        metadata = record.metadata if record is not None else group.outputs[session.id].metadata
+        metadata = export_metadata(group, context)
         row = _base(group, session, "truncated" if sample.truncated else "completed", None)
         row.update(
             name=exported.name, reward=context.reward, advantage=context.advantage, metadata=metadata,
@@ -47,7 +48,8 @@ class Transfer:
 
     def _failed_row(self, group: Group, session: Session) -> dict[str, Any]:
         if not session.status.terminal:
-            self.store.set_status(session, Status.DROPPED, group.dropped)
+            status = Status.FILTERED if is_filtered(group) else Status.DROPPED
+            self.store.set_status(session, status, group.dropped)
         row = _base(group, session, session.status.value, session.error or group.dropped)
         row.update(
             name=None, reward=None, advantage=None, metadata=group.prompt.metadata, messages=[], tools=[],

@@ -1,9 +1,11 @@
 """Rollout metrics with the names of DESIGN §3.4.
 
 `rollout/raw_reward` is the mean primary reward of the step's scored contexts; numeric fields of
-reward objects become `rollout/<field>/{mean,median,max,min}` and numeric top-level export metadata
-`<field>/{mean,median,max,min}`. Also turn counts, response lengths, the truncated ratio and the
-dropped-group count. Pure functions over dump rows; no I/O.
+reward objects (exported or produced by a reward model) become `rollout/<field>/{mean,median,max,min}`
+and numeric top-level export metadata `<field>/{mean,median,max,min}`. Also turn counts, response
+lengths, the truncated ratio, the dropped-group count (failures) and `rollout/filtered_groups` (groups a
+credit filtered), and with `credit.log_passrate` the `passrate`: the share of scored sessions with a
+context whose primary reward is 1. Pure functions over dump rows and groups; no I/O.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable, Sequence
 from typing import Any
+
+from relax_pipeline.credit.base import is_filtered
 
 SCORED = ("completed", "truncated")
 
@@ -22,11 +26,14 @@ def summary(prefix: str, values: Sequence[float]) -> dict[str, float]:
             f"{prefix}/max": max(values), f"{prefix}/min": min(values)}
 
 
-def rollout_metrics(rows: Sequence[dict[str, Any]], groups: Sequence[Any]) -> dict[str, float]:
+def rollout_metrics(rows: Sequence[dict[str, Any]], groups: Sequence[Any], log_passrate: bool = False
+                    ) -> dict[str, float]:
     """Metrics of one step from its dump rows and groups (whose contexts keep raw reward objects)."""
     scored = [r for r in rows if r["status"] in SCORED]
     rewards = [r["reward"] for r in scored if isinstance(r["reward"], int | float)]
-    metrics: dict[str, float] = {"rollout/dropped_groups": float(sum(1 for g in groups if g.dropped))}
+    filtered = sum(1 for g in groups if is_filtered(g))
+    metrics: dict[str, float] = {"rollout/dropped_groups": float(sum(1 for g in groups if g.dropped) - filtered),
+                                 "rollout/filtered_groups": float(filtered)}
     if rewards:
         metrics["rollout/raw_reward"] = statistics.fmean(rewards)
     if scored:
@@ -36,7 +43,16 @@ def rollout_metrics(rows: Sequence[dict[str, Any]], groups: Sequence[Any]) -> di
         metrics["rollout/truncated_ratio"] = sum(r["status"] == "truncated" for r in scored) / len(scored)
     objects = [c.reward_object for g in groups if not g.dropped for c in g.contexts]
     metrics.update(_numeric_fields(objects, [r["metadata"] for r in scored]))
+    if log_passrate:
+        metrics.update(passrate(groups))
     return metrics
+
+
+def passrate(groups: Iterable[Any]) -> dict[str, float]:
+    """`passrate`: per session of a scored group, 1 when a context of it has primary reward 1; the mean."""
+    passed = [any(c.reward == 1 for c in g.contexts if c.session is s)
+              for g in groups if not g.dropped for s in g.sessions]
+    return {"passrate": statistics.fmean(passed)} if passed else {}
 
 
 def _numeric_fields(objects: Iterable[Any], metadata: Iterable[Any]) -> dict[str, float]:

@@ -1,0 +1,97 @@
+"""The credit interface shared by every `credit=` option, and the helpers its implementations share.
+
+Contract: the Reward stage builds one `Context` per exported context (session order, then export order)
+with `reward_object` holding the reward the agent exported (None when absent), then awaits
+`credit.score(group)`, which fills `reward` (the primary scalar) and `advantage` (the base credit) of
+every context. A credit may filter a whole group (`filter_group`): the group is then handled like a
+dropped one (its prompt goes back to the data source) but its sessions end `filtered`, not `dropped`.
+
+Also here: loading a user function from a `module.function` config value (errors name the key), calling
+it whether it is sync or async, and the sample dict user reward functions receive. What this module does
+not do: read rewards or compute advantages (credit/reward.py, credit/advantage.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import importlib
+import inspect
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from relax_pipeline.stages.group import Context, Group
+
+FILTERED_PREFIX = "filtered:"
+"""`group.dropped` of a group filtered by its credit starts with this; Transfer writes status `filtered`."""
+
+
+class RewardError(ValueError):
+    """A reward with no usable primary value; fails its session. The message names the key."""
+
+    def __init__(self, message: str, session_id: str | None = None) -> None:
+        super().__init__(message)
+        self.session_id = session_id
+
+
+class Credit(Protocol):
+    """What the Reward stage needs from a `credit=` option."""
+
+    log_passrate: bool
+
+    async def score(self, group: Group) -> None:
+        """Fill `reward` and `advantage` of `group.contexts`; may call `filter_group`."""
+        ...
+
+
+def filter_group(group: Group, reason: str) -> None:
+    """Drop `group` from training as filtered (not failed): its prompt goes back to the data source."""
+    group.dropped = f"{FILTERED_PREFIX} {reason}"
+
+
+def is_filtered(group: Group) -> bool:
+    return group.dropped is not None and group.dropped.startswith(FILTERED_PREFIX)
+
+
+def load_function(path: str | None, key: str) -> Callable[..., Any]:
+    """Import `module.function` named by config key `key`; errors name the key and the fix."""
+    module_name, _, attr = (path or "").rpartition(".")
+    if not module_name or not attr:
+        raise ValueError(f"{key}={path!r} must be 'module.function' (an importable module and a function in it)")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise ValueError(f"{key}={path!r}: cannot import module {module_name!r} ({error}); make it importable "
+                         "from the working directory or PYTHONPATH") from error
+    function = getattr(module, attr, None)
+    if not callable(function):
+        raise ValueError(f"{key}={path!r}: module {module_name!r} has no function {attr!r}")
+    return function
+
+
+async def call_user(function: Callable[..., Any], argument: Any) -> Any:
+    """Call a user function: async ones are awaited, sync ones run in a worker thread."""
+    if inspect.iscoroutinefunction(function):
+        return await function(argument)
+    result = await asyncio.to_thread(function, argument)
+    return await result if inspect.isawaitable(result) else result
+
+
+def export_metadata(group: Group, context: Context) -> dict[str, Any]:
+    """The final metadata of one exported context: its record's, or the session's for an implicit export."""
+    record = context.exported.record
+    if record is not None:
+        return record.metadata
+    output = group.outputs.get(context.session.id)
+    return output.metadata if output is not None else {}
+
+
+def sample_dict(group: Group, context: Context) -> dict[str, Any]:
+    """What a reward model sees of one context (copies, so the function cannot change the dump)."""
+    return {
+        "name": context.exported.name,
+        "messages": [m.to_openai() for m in context.sample.messages],
+        "metadata": copy.deepcopy(export_metadata(group, context)),
+        "prompt": copy.deepcopy(context.session.prompt),
+        "reward": copy.deepcopy(context.reward_object),
+    }

@@ -1,0 +1,38 @@
+"""Example user functions for `credit.rm_path` and `credit.advantage_path`; the defaults of the conf files.
+
+`exact_match` (custom_rm) and `group_exact_match` (group_rm) score 1.0 when the last assistant message,
+stripped, equals the prompt's `metadata.answer` as text, else 0.0 (the digits task). `outcome_times_usefulness`
+(custom_advantage) gives the `main` context (or the implicit one) its metadata `outcome` and every other
+context `outcome × usefulness` of its own metadata (usefulness 1.0 when absent); a session without an
+outcome filters the group. They show the signatures; they are not meant to be good reward models.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+MAIN_NAMES = ("main", None)
+
+
+def exact_match(sample: dict[str, Any]) -> float:
+    """1.0 when the last assistant message equals `prompt.metadata.answer`, else 0.0."""
+    answer = sample["prompt"].get("metadata", {}).get("answer")
+    replies = [m.get("content") or "" for m in sample["messages"] if m["role"] == "assistant"]
+    return float(answer is not None and bool(replies) and replies[-1].strip() == str(answer))
+
+
+def group_exact_match(samples: list[dict[str, Any]]) -> list[float]:
+    """`exact_match` of every sample of one group, in order."""
+    return [exact_match(sample) for sample in samples]
+
+
+def outcome_times_usefulness(metadata_by_slot: list[dict[str | None, dict]]) -> list[dict[str | None, float]] | None:
+    """main: its `outcome`; every other context: that outcome × its own `usefulness`."""
+    out = []
+    for slot in metadata_by_slot:
+        outcome = next((slot[n].get("outcome") for n in MAIN_NAMES if n in slot), None)
+        if outcome is None:
+            return None
+        out.append({n: outcome if n in MAIN_NAMES else outcome * meta.get("usefulness", 1.0)
+                    for n, meta in slot.items()})
+    return out

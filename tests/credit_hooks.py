@@ -1,0 +1,75 @@
+"""User functions for tests/test_credit.py, named by `credit.rm_path` / `credit.advantage_path` as `credit_hooks.f`.
+
+Every call is appended to `CALLS` (reset by the tests) so a test can see what each function was given.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+CALLS: list[Any] = []
+
+
+def rm_sync(sample: dict[str, Any]) -> float:
+    CALLS.append(sample)
+    return 0.5
+
+
+async def rm_async(sample: dict[str, Any]) -> float:
+    CALLS.append(sample)
+    return 0.25
+
+
+def rm_object(sample: dict[str, Any]) -> dict[str, float]:
+    CALLS.append(sample)
+    return {"score": 1.0, "format": 0.5 if sample["name"] == "main" else 1.5}
+
+
+def rm_bad_value(sample: dict[str, Any]) -> str:
+    return "great"
+
+
+def group_rm(samples: list[dict[str, Any]]) -> list[float]:
+    CALLS.append(samples)
+    return [float(i) for i in range(len(samples))]
+
+
+def group_rm_short(samples: list[dict[str, Any]]) -> list[float]:
+    return [1.0]
+
+
+def advantage_none(metadata_by_slot: list[dict[str | None, dict]]) -> None:
+    CALLS.append(metadata_by_slot)
+    return None
+
+
+def advantage_raises(metadata_by_slot: list[dict[str | None, dict]]) -> None:
+    raise AssertionError("the advantage function must not be called for eval groups")
+
+
+def _ok() -> list[dict[str | None, Any]]:
+    return [{"main": 1.0, "searcher": 0.5}, {"main": -1.0, "searcher": -0.25}]
+
+
+def advantage_short(metadata_by_slot: list[dict[str | None, dict]]) -> list[dict[str | None, Any]]:
+    return _ok()[:1]
+
+
+def advantage_missing(metadata_by_slot: list[dict[str | None, dict]]) -> list[dict[str | None, Any]]:
+    return [_ok()[0], {"main": 1.0}]
+
+
+def advantage_nan(metadata_by_slot: list[dict[str | None, dict]]) -> list[dict[str | None, Any]]:
+    return [_ok()[0], {"main": 1.0, "searcher": float("nan")}]
+
+
+def advantage_text(metadata_by_slot: list[dict[str | None, dict]]) -> list[dict[str | None, Any]]:
+    return [_ok()[0], {"main": 1.0, "searcher": "0.5"}]
+
+
+def advantage_bool(metadata_by_slot: list[dict[str | None, dict]]) -> list[dict[str | None, Any]]:
+    return [_ok()[0], {"main": 1.0, "searcher": True}]
+
+
+def advantage_extra(metadata_by_slot: list[dict[str | None, dict]]) -> list[dict[str | None, Any]]:
+    return [_ok()[0], {"main": 1.0, "searcher": 0.0, "critic": 0.0}]

@@ -26,9 +26,9 @@ __all__ = ["RewardCredit", "RewardError"]
 class RewardCredit:
     """`credit=reward`: read rewards from the agents' outputs; base credit per group by the estimator."""
 
-    option = "reward"
+    option: str = "reward"
     """The `credit=` option this class implements (named in errors)."""
-    uses = ()
+    uses: tuple[str, ...] = ()
     """Which of `rm_path` / `advantage_path` this option needs; the others must stay null."""
 
     def __init__(self, reward_key: str | None = None, rm_path: str | None = None, advantage_path: str | None = None,

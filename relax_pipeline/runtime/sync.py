@@ -38,7 +38,7 @@ class SyncRuntime:
                 group = await pipeline.start_group(rollout_id)
                 result.groups.append(group)
                 exports = await pipeline.await_group(group)
-            result.rows.extend(pipeline.score_group(group, exports))
+            result.rows.extend(await pipeline.score_group(group, exports))
 
         await asyncio.gather(*(one() for _ in range(pipeline.batch_size)))
         result.groups.sort(key=_order)

@@ -61,9 +61,10 @@ class Pipeline:
         """Wait for the group's agents (inside the resident capacity) and match their exports."""
         return await self.runtime.run(group)
 
-    def score_group(self, group: Group, exports: dict[str, list[Exported]]) -> list[dict[str, Any]]:
-        """Reward and Transfer (outside the resident capacity); a dropped group returns its prompt."""
-        self.reward.run(group, exports)
+    async def score_group(self, group: Group, exports: dict[str, list[Exported]]) -> list[dict[str, Any]]:
+        """Reward and Transfer (outside the resident capacity); a dropped or filtered group returns its
+        prompt to the data source."""
+        await self.reward.run(group, exports)
         rows = self.transfer.run(group)
         if group.dropped:
             self.source.give_back(group.prompt)
@@ -72,14 +73,15 @@ class Pipeline:
 
     def close_step(self, result: StepResult, started: float) -> StepResult:
         path = self.dump.write(result.rollout_id, result.rows)
-        result.metrics = rollout_metrics(result.rows, result.groups)
+        result.metrics = rollout_metrics(result.rows, result.groups, self.reward.credit.log_passrate)
         result.metrics["perf/rollout_time"] = time.time() - started
-        dropped = sum(1 for g in result.groups if g.dropped)
+        dropped = int(result.metrics["rollout/dropped_groups"])
+        filtered = int(result.metrics.get("rollout/filtered_groups", 0))
         failed = sum(1 for r in result.rows if r["status"] == "failed")
         log.info(
-            "AGENTIC ROLLOUT event=accounting_end rollout=%d groups=%d rows=%d dropped=%d failed=%d samples=%d "
-            "reward_mean=%s time_s=%.2f dump=%s",
-            result.rollout_id, len(result.groups), len(result.rows), dropped, failed,
+            "AGENTIC ROLLOUT event=accounting_end rollout=%d groups=%d rows=%d dropped=%d filtered=%d failed=%d "
+            "samples=%d reward_mean=%s time_s=%.2f dump=%s",
+            result.rollout_id, len(result.groups), len(result.rows), dropped, filtered, failed,
             sum(1 for r in result.rows if r["status"] in ("completed", "truncated")),
             _fmt(result.metrics.get("rollout/raw_reward")), result.metrics["perf/rollout_time"], path,
         )

@@ -129,7 +129,7 @@ def train_samples(groups: list[Group]) -> list[TrainSample]:
     """Training samples of every scored context that has credit, in group order."""
     out = []
     for group in groups:
-        for context in group.contexts if not group.dropped else []:
+        for context in group.contexts if not group.excluded else []:
             if context.advantage is None:
                 continue
             s = context.sample

@@ -206,7 +206,7 @@ def test_custom_advantage_results_are_validated_naming_slot_and_name(hook: str, 
 def test_none_filters_the_group(monkeypatch: pytest.MonkeyPatch) -> None:
     made = Made(TWO_AGENTS)
     rows = made.stage(CustomAdvantageCredit(advantage_path="credit_hooks.advantage_none"), monkeypatch)
-    assert made.group.dropped is not None and made.group.dropped.startswith("filtered:")
+    assert made.group.dropped is None and made.group.filtered is not None and made.group.excluded
     assert [(r["status"], r["index"], r["tokens"]) for r in rows] == [("filtered", 0, []), ("filtered", 1, [])]
     assert all("credit.advantage_path" in r["error"] for r in rows)
     assert [s.status for s in made.group.sessions] == [Status.FILTERED, Status.FILTERED]

@@ -22,9 +22,6 @@ from typing import Any, Protocol
 
 from relax_pipeline.stages.group import Context, Group
 
-FILTERED_PREFIX = "filtered:"
-"""`group.dropped` of a group filtered by its credit starts with this; Transfer writes status `filtered`."""
-
 
 class RewardError(ValueError):
     """A reward with no usable primary value; fails its session. The message names the key."""
@@ -46,11 +43,7 @@ class Credit(Protocol):
 
 def filter_group(group: Group, reason: str) -> None:
     """Drop `group` from training as filtered (not failed): its prompt goes back to the data source."""
-    group.dropped = f"{FILTERED_PREFIX} {reason}"
-
-
-def is_filtered(group: Group) -> bool:
-    return group.dropped is not None and group.dropped.startswith(FILTERED_PREFIX)
+    group.filtered = reason
 
 
 def load_function(path: str | None, key: str) -> Callable[..., Any]:

@@ -46,6 +46,13 @@ class Group:
     contexts: list[Context] = field(default_factory=list)
     dropped: str | None = None
     """Why the group was dropped (the first failure), None while it is healthy."""
+    filtered: str | None = None
+    """Why the credit filtered the group (for example the advantage hook returned None)."""
+
+    @property
+    def excluded(self) -> str | None:
+        """Why the group yields no training samples (dropped or filtered), None when it does."""
+        return self.dropped or self.filtered
 
     def session_dir(self, session: Session) -> Path:
         return self.io_dir / f"{self.id}-{session.index}"

@@ -66,7 +66,7 @@ class Pipeline:
         prompt to the data source."""
         await self.reward.run(group, exports)
         rows = self.transfer.run(group)
-        if group.dropped:
+        if group.excluded:
             self.source.give_back(group.prompt)
         self.on_scored(len(group.sessions))
         return rows

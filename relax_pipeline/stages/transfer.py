@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from relax_pipeline.credit.base import export_metadata, is_filtered
+from relax_pipeline.credit.base import export_metadata
 from relax_pipeline.forest.sessions import ForestStore, Session, Status
 from relax_pipeline.stages.group import Context, Group
 
@@ -23,7 +23,7 @@ class Transfer:
         self.store = store
 
     def run(self, group: Group) -> list[dict[str, Any]]:
-        if group.dropped:
+        if group.excluded:
             return [self._failed_row(group, s) for s in group.sessions]
         rows = [self._row(group, c) for c in group.contexts]
         for session in group.sessions:
@@ -48,9 +48,9 @@ class Transfer:
 
     def _failed_row(self, group: Group, session: Session) -> dict[str, Any]:
         if not session.status.terminal:
-            status = Status.FILTERED if is_filtered(group) else Status.DROPPED
-            self.store.set_status(session, status, group.dropped)
-        row = _base(group, session, session.status.value, session.error or group.dropped)
+            status = Status.FILTERED if group.filtered else Status.DROPPED
+            self.store.set_status(session, status, group.excluded)
+        row = _base(group, session, session.status.value, session.error or group.excluded)
         row.update(
             name=None, reward=None, advantage=None, metadata=group.prompt.metadata, messages=[], tools=[],
             chat_template_kwargs={}, state_hash=None, tokens=[], loss_mask=[], rollout_logprobs=[],

@@ -14,8 +14,6 @@ import statistics
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from relax_pipeline.credit.base import is_filtered
-
 SCORED = ("completed", "truncated")
 
 
@@ -31,8 +29,8 @@ def rollout_metrics(rows: Sequence[dict[str, Any]], groups: Sequence[Any], log_p
     """Metrics of one step from its dump rows and groups (whose contexts keep raw reward objects)."""
     scored = [r for r in rows if r["status"] in SCORED]
     rewards = [r["reward"] for r in scored if isinstance(r["reward"], int | float)]
-    filtered = sum(1 for g in groups if is_filtered(g))
-    metrics: dict[str, float] = {"rollout/dropped_groups": float(sum(1 for g in groups if g.dropped) - filtered),
+    filtered = sum(1 for g in groups if g.filtered)
+    metrics: dict[str, float] = {"rollout/dropped_groups": float(sum(1 for g in groups if g.dropped)),
                                  "rollout/filtered_groups": float(filtered)}
     if rewards:
         metrics["rollout/raw_reward"] = statistics.fmean(rewards)
@@ -41,7 +39,7 @@ def rollout_metrics(rows: Sequence[dict[str, Any]], groups: Sequence[Any], log_p
         metrics["rollout/num_turns/max"] = float(max(r["turn_count"] for r in scored))
         metrics["rollout/response_len/mean"] = statistics.fmean(r["response_length"] for r in scored)
         metrics["rollout/truncated_ratio"] = sum(r["status"] == "truncated" for r in scored) / len(scored)
-    objects = [c.reward_object for g in groups if not g.dropped for c in g.contexts]
+    objects = [c.reward_object for g in groups if not g.excluded for c in g.contexts]
     metrics.update(_numeric_fields(objects, [r["metadata"] for r in scored]))
     if log_passrate:
         metrics.update(passrate(groups))
@@ -51,7 +49,7 @@ def rollout_metrics(rows: Sequence[dict[str, Any]], groups: Sequence[Any], log_p
 def passrate(groups: Iterable[Any]) -> dict[str, float]:
     """`passrate`: per session of a scored group, 1 when a context of it has primary reward 1; the mean."""
     passed = [any(c.reward == 1 for c in g.contexts if c.session is s)
-              for g in groups if not g.dropped for s in g.sessions]
+              for g in groups if not g.excluded for s in g.sessions]
     return {"passrate": statistics.fmean(passed)} if passed else {}
 
 

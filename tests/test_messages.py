@@ -18,17 +18,14 @@ import anthropic
 import httpx
 import openai
 import pytest
-from test_gateway import ANSWER, THINK_AND_CALL, generated_ids, kinds
+from test_gateway import ANSWER, THINK_AND_CALL, generated_ids, kinds, running_gateway
 
-from relax_pipeline.engine.parsers import OutputParser
 from relax_pipeline.engine.template import ChatTemplate
 from relax_pipeline.fakes import FailingEngine, ScriptedEngine, StopStringEngine
 from relax_pipeline.forest.canonical import Message, ToolCall
 from relax_pipeline.forest.memo import RequestMemo
 from relax_pipeline.forest.sessions import ForestStore, Session, Status
-from relax_pipeline.gateway.app import create_app
 from relax_pipeline.gateway.server import GatewayServer
-from relax_pipeline.gateway.turn import SamplingDefaults, TurnService
 from relax_pipeline.protocol.chat import ChatFrontend
 from relax_pipeline.protocol.messages import MessagesFrontend, count_tokens, parse_request, signature
 
@@ -68,17 +65,10 @@ class Gateway:
 @asynccontextmanager
 async def messages_gateway(template: ChatTemplate, engine: ScriptedEngine, heartbeat_s: float = 15.0
                            ) -> AsyncIterator[Gateway]:
-    store = ForestStore()
-    turns = TurnService(template, engine, OutputParser(), SamplingDefaults())
-    app = create_app(store, turns, prefix=PREFIX, frontends=[ChatFrontend(), MessagesFrontend()],
-                     heartbeat_s=heartbeat_s)
-    server = GatewayServer(app, prefix=PREFIX)
-    await server.start()
-    try:
-        async with httpx.AsyncClient() as http:
-            yield Gateway(server, store, http)
-    finally:
-        await server.stop()
+    """The real app serving Chat Completions and Messages, under the real server."""
+    frontends = [ChatFrontend(), MessagesFrontend()]
+    async with running_gateway(template, engine, heartbeat_s=heartbeat_s, frontends=frontends) as gw:
+        yield Gateway(gw.server, gw.store, gw.http)
 
 
 def assert_linear(session: Session, responses: int) -> None:

@@ -14,18 +14,22 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-import httpx
 import openai
 import pytest
-from test_gateway import ANSWER, PREFIX, THINK_AND_CALL, TOOLS, Gateway, assert_openai_error, generated_ids, kinds
+from test_gateway import (
+    ANSWER,
+    THINK_AND_CALL,
+    TOOLS,
+    Gateway,
+    assert_openai_error,
+    generated_ids,
+    kinds,
+    running_gateway,
+)
 
-from relax_pipeline.engine.parsers import OutputParser
 from relax_pipeline.engine.template import ChatTemplate
 from relax_pipeline.fakes import FailingEngine, ScriptedEngine
-from relax_pipeline.forest.sessions import ForestStore, Session
-from relax_pipeline.gateway.app import create_app
-from relax_pipeline.gateway.server import GatewayServer
-from relax_pipeline.gateway.turn import SamplingDefaults, TurnService
+from relax_pipeline.forest.sessions import Session
 from relax_pipeline.protocol.chat import ChatFrontend
 from relax_pipeline.protocol.responses import ResponsesFrontend
 
@@ -44,17 +48,9 @@ IGNORED = {"include": ["reasoning.encrypted_content"], "prompt_cache_key": "k", 
 async def responses_gateway(template: ChatTemplate, engine: ScriptedEngine, heartbeat_s: float = 15.0
                             ) -> AsyncIterator[Gateway]:
     """The real app serving Chat Completions and Responses, under the real server."""
-    store = ForestStore()
-    turns = TurnService(template, engine, OutputParser(), SamplingDefaults())
-    app = create_app(store, turns, prefix=PREFIX, frontends=[ChatFrontend(), ResponsesFrontend()],
-                     heartbeat_s=heartbeat_s)
-    server = GatewayServer(app, prefix=PREFIX)
-    await server.start()
-    try:
-        async with httpx.AsyncClient() as http:
-            yield Gateway(server, store, engine, http)
-    finally:
-        await server.stop()
+    frontends = [ChatFrontend(), ResponsesFrontend()]
+    async with running_gateway(template, engine, heartbeat_s=heartbeat_s, frontends=frontends) as gw:
+        yield gw
 
 
 def strict_sdk(gw: Gateway, session: Session) -> openai.AsyncOpenAI:

@@ -69,6 +69,8 @@ class CreditConfig:
     """Whiten token advantages across the batch."""
     log_passrate: bool = False
     """Log `passrate` (primary reward == 1)."""
+    filter_path: str | None = None
+    """module.function(samples) -> bool: keep a scored train group; False filters it and its prompt returns."""
 
 
 @dataclass
@@ -278,6 +280,10 @@ def validate(cfg: DictConfig) -> None:
             raise ValueError(f"rollout.{key} must be positive, got {cfg.rollout[key]}")
     if cfg.rollout.max_response_len >= cfg.rollout.max_context_len:
         raise ValueError("rollout.max_response_len must be smaller than rollout.max_context_len")
+    over = cfg.rollout.over_sampling_batch_size
+    if over is not None and over < cfg.rollout.batch_size:
+        raise ValueError(f"rollout.over_sampling_batch_size={over} must be at least rollout.batch_size "
+                         f"({cfg.rollout.batch_size}) or null")
     if cfg.runtime.concurrency is not None and cfg.runtime.concurrency <= 0:
         raise ValueError(f"runtime.concurrency must be positive, got {cfg.runtime.concurrency}")
 

@@ -121,7 +121,8 @@ class _Parts:
     def loop(self) -> StepLoop:
         cfg = self.cfg
         r = cfg.rollout
-        self.strategy.bind(resident_capacity(cfg.runtime.concurrency, r.over_sampling_batch_size, r.batch_size))
+        capacity = resident_capacity(cfg.runtime.concurrency, r.over_sampling_batch_size, r.batch_size)
+        self.strategy.bind(capacity, r.over_sampling_batch_size)
         self.tracker.start(OmegaConf.to_container(cfg, resolve=True))
         folder = Path(cfg.trainer.checkpoint_dir or self.output_dir / "checkpoints").expanduser()
         checkpoints = Checkpoints(folder, cfg.trainer.save_interval, cfg.trainer.resume)

@@ -73,3 +73,16 @@ def advantage_bool(metadata_by_slot: list[dict[str | None, dict]]) -> list[dict[
 
 def advantage_extra(metadata_by_slot: list[dict[str | None, dict]]) -> list[dict[str | None, Any]]:
     return [_ok()[0], {"main": 1.0, "searcher": 0.0, "critic": 0.0}]
+
+
+SEEN: set[str] = set()
+
+
+def reject_first_sight_of_flaky(samples: list[dict]) -> bool:
+    """`credit.filter_path` for the over-sampling test: a prompt marked `flaky` is rejected the first time."""
+    prompt = samples[0]["prompt"]
+    key = prompt["messages"][0]["content"]
+    if prompt.get("metadata", {}).get("flaky") and key not in SEEN:
+        SEEN.add(key)
+        return False
+    return True

@@ -36,6 +36,9 @@ class Credit(Protocol):
 
     log_passrate: bool
 
+    async def keep(self, group: Group) -> bool:
+        """Whether a scored group stays in the step (`credit.filter_path`)."""
+
     async def score(self, group: Group) -> None:
         """Fill `reward` and `advantage` of `group.contexts`; may call `filter_group`."""
         ...

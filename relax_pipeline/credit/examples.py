@@ -4,7 +4,8 @@
 stripped, equals the prompt's `metadata.answer` as text, else 0.0 (the digits task). `outcome_times_usefulness`
 (custom_advantage) gives the `main` context (or the implicit one) its metadata `outcome` and every other
 context `outcome × usefulness` of its own metadata (usefulness 1.0 when absent); a session without an
-outcome filters the group. They show the signatures; they are not meant to be good reward models.
+outcome filters the group. `drop_uniform_rewards` (credit.filter_path) keeps a group only when its rewards
+differ. They show the signatures; they are not meant to be good reward models.
 """
 
 from __future__ import annotations
@@ -36,3 +37,8 @@ def outcome_times_usefulness(metadata_by_slot: list[dict[str | None, dict]]) -> 
         out.append({n: outcome if n in MAIN_NAMES else outcome * meta.get("usefulness", 1.0)
                     for n, meta in slot.items()})
     return out
+
+
+def drop_uniform_rewards(samples: list[dict[str, Any]]) -> bool:
+    """`credit.filter_path` example (dynamic sampling): keep a group only when its rewards differ."""
+    return len({s.get("reward") for s in samples}) > 1

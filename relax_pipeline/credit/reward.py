@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from relax_pipeline.credit.advantage import ESTIMATORS, base_advantages
-from relax_pipeline.credit.base import RewardError, load_function
+from relax_pipeline.credit.base import RewardError, call_user, load_function, sample_dict
 from relax_pipeline.stages.group import Context, Group
 
 __all__ = ["RewardCredit", "RewardError"]
@@ -33,7 +33,8 @@ class RewardCredit:
 
     def __init__(self, reward_key: str | None = None, rm_path: str | None = None, advantage_path: str | None = None,
                  estimator: str = "grpo", normalize_std: bool = True, kl_coef: float = 0.0,
-                 normalize_advantages: bool = False, log_passrate: bool = False) -> None:
+                 normalize_advantages: bool = False, log_passrate: bool = False, filter_path: str | None = None
+                 ) -> None:
         self._check_paths({"rm_path": rm_path, "advantage_path": advantage_path})
         if estimator not in ESTIMATORS:
             raise ValueError(f"credit.estimator={estimator!r}; choose one of {list(ESTIMATORS)}")
@@ -46,6 +47,7 @@ class RewardCredit:
         self.normalize_advantages = normalize_advantages
         self.log_passrate = log_passrate
         self.user_function = self._load_user_function()
+        self.group_filter = load_function(filter_path, "credit.filter_path") if filter_path else None
 
     def _load_user_function(self) -> Callable[..., Any] | None:
         """The function named by the one path key this option uses, None for `credit=reward`."""
@@ -65,6 +67,12 @@ class RewardCredit:
         """Primary rewards, then the group's base credit by `credit.estimator`."""
         await self.fill_rewards(group)
         self.fill_advantages(group)
+
+    async def keep(self, group: Group) -> bool:
+        """`credit.filter_path` on a scored train group (eval groups are never filtered)."""
+        if self.group_filter is None or group.mode != "train" or group.excluded:
+            return True
+        return bool(await call_user(self.group_filter, [sample_dict(group, c) for c in group.contexts]))
 
     async def fill_rewards(self, group: Group) -> None:
         for context in group.contexts:

@@ -3,8 +3,8 @@
 `JsonlDataset` reads one prompt per line: `dataset.input_key` holds a string (one user message) or a
 message list, `dataset.metadata_key` an optional object passed to the agent. Rows are validated at load
 time; an error names the file, the line and the key. `DataSource` hands out prompts in a seeded order
-per epoch and takes back prompts whose group was dropped or filtered, serving them first, so an epoch
-still covers every prompt. Images (`multimodal_keys`) land with the protocols issue.
+per epoch and takes back prompts whose group was dropped or filtered, serving them first from the next
+step on, so an epoch still covers every prompt. Images (`multimodal_keys`) land with the protocols issue.
 """
 
 from __future__ import annotations
@@ -75,6 +75,7 @@ class DataSource:
         self.epoch = 0
         self._order: deque[int] = deque()
         self._returned: deque[Prompt] = deque()
+        self._held: list[Prompt] = []
 
     def next(self) -> Prompt:
         if self._returned:
@@ -84,7 +85,14 @@ class DataSource:
         return self.dataset.prompts[self._order.popleft()]
 
     def give_back(self, prompt: Prompt) -> None:
-        self._returned.append(prompt)
+        """Return a prompt whose group was dropped or filtered; it is served first from the next step on
+        (not within this step, so a prompt that keeps failing cannot take every replacement)."""
+        self._held.append(prompt)
+
+    def new_step(self) -> None:
+        """Make the prompts given back during the last step available again."""
+        self._returned.extend(self._held)
+        self._held.clear()
 
     def _new_epoch(self) -> None:
         order = list(range(len(self.dataset)))
@@ -95,7 +103,8 @@ class DataSource:
 
     def state(self) -> dict[str, Any]:
         """The data position, for checkpoints: epoch, the rest of this epoch's order, returned prompts."""
-        return {"epoch": self.epoch, "order": list(self._order), "returned": [p.index for p in self._returned]}
+        returned = [p.index for p in (*self._returned, *self._held)]
+        return {"epoch": self.epoch, "order": list(self._order), "returned": returned}
 
     def restore(self, state: dict[str, Any]) -> None:
         """Continue exactly where `state()` was taken."""

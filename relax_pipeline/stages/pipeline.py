@@ -9,6 +9,7 @@ source. Training is not here: `run.py` calls the trainer between steps.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -17,6 +18,7 @@ from typing import Any
 
 from relax_pipeline.data.dataset import DataSource
 from relax_pipeline.forest.export import Exported
+from relax_pipeline.forest.sessions import Status
 from relax_pipeline.stages.group import Group
 from relax_pipeline.stages.prepare import Prepare
 from relax_pipeline.stages.reward import Reward
@@ -70,6 +72,15 @@ class Pipeline:
             self.source.give_back(group.prompt)
         self.on_scored(len(group.sessions))
         return rows
+
+    async def cancel_group(self, group: Group, reason: str) -> None:
+        """Drop a group that is no longer needed: its sessions end `dropped` with `reason`, its agents are
+        terminated, and scoring it later writes its dropped rows and returns its prompt."""
+        if group.dropped is None:
+            group.dropped = reason
+        for session in group.sessions:
+            self.prepare.store.set_status(session, Status.DROPPED, reason)
+        await asyncio.gather(*(process.terminate() for process in group.processes.values()))
 
     def close_step(self, result: StepResult, started: float) -> StepResult:
         path = self.dump.write(result.rollout_id, result.rows)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 
-from relax_pipeline.credit.base import Credit, RewardError
+from relax_pipeline.credit.base import Credit, RewardError, filter_group
 from relax_pipeline.forest.export import Exported
 from relax_pipeline.forest.sample import build_sample
 from relax_pipeline.forest.sessions import ForestStore, Session, Status
@@ -36,6 +36,9 @@ class Reward:
         except RewardError as error:
             group.contexts = []
             self._fail(group, error.session_id, str(error))
+            return
+        if not await self.credit.keep(group):
+            filter_group(group, "credit.filter_path rejected the group")
 
     @staticmethod
     def _context(group: Group, session: Session, exported: Exported) -> Context:

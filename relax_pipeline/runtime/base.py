@@ -17,6 +17,9 @@ from relax_pipeline.stages.pipeline import Pipeline, StepResult
 class RuntimeStrategy(Protocol):
     """One scheduling mode."""
 
+    def bind(self, capacity: int, over_sampling: int | None = None) -> None:
+        """Take the resident capacity and the over-sampling batch size the run resolved."""
+
     async def rollout(self, pipeline: Pipeline, rollout_id: int) -> StepResult:
         """Produce one step's groups (scored and transferred)."""
 

@@ -6,6 +6,7 @@ and passrate. Samples are built directly; the user functions live in tests/credi
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from pathlib import Path
 from typing import Any
@@ -73,10 +74,12 @@ class Made:
         asyncio.run(credit.score(self.group))
         return [(c.reward, c.advantage) for c in self.group.contexts]
 
-    def stage(self, credit: Any, monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
-        """Reward then Transfer, as Pipeline.score_group runs them; the dump rows."""
+    def stage(self, credit: Any, monkeypatch: pytest.MonkeyPatch, missing: list[str] | None = None
+              ) -> list[dict[str, Any]]:
+        """Reward then Transfer, as Pipeline.score_group runs them; the dump rows. `missing`: what the run lacks
+        for several contexts per session (None: what the credit alone implies)."""
         monkeypatch.setattr(reward_stage, "build_sample", lambda forest, node: SAMPLE)
-        asyncio.run(Reward(self.store, credit).run(self.group, self.exports))
+        asyncio.run(Reward(self.store, credit, missing).run(self.group, self.exports))
         return Transfer(self.store).run(self.group)
 
 
@@ -144,7 +147,7 @@ def test_group_rm_result_of_the_wrong_length_names_the_key() -> None:
 
 def test_reward_objects_from_the_rm_give_the_primary_value_and_field_metrics(monkeypatch: pytest.MonkeyPatch
                                                                               ) -> None:
-    made = Made([[("main", None, {}), ("searcher", None, {})]])
+    made = Made([[("main", None, {})], [("searcher", None, {})]])
     rows = made.stage(CustomRMCredit(rm_path="credit_hooks.rm_object", reward_key="score"), monkeypatch)
     assert [r["reward"] for r in rows] == [1.0, 1.0]
     metrics = rollout_metrics(rows, [made.group])
@@ -203,12 +206,14 @@ def test_custom_advantage_results_are_validated_naming_slot_and_name(hook: str, 
         made.score(CustomAdvantageCredit(advantage_path=f"credit_hooks.{hook}"))
 
 
-def test_none_filters_the_group(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_none_filters_the_group(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     made = Made(TWO_AGENTS)
-    rows = made.stage(CustomAdvantageCredit(advantage_path="credit_hooks.advantage_none"), monkeypatch)
+    with caplog.at_level(logging.INFO):
+        rows = made.stage(CustomAdvantageCredit(advantage_path="credit_hooks.advantage_none"), monkeypatch)
     assert made.group.dropped is None and made.group.filtered is not None and made.group.excluded
     assert [(r["status"], r["index"], r["tokens"]) for r in rows] == [("filtered", 0, []), ("filtered", 1, [])]
-    assert all("credit.advantage_path" in r["error"] for r in rows)
+    assert all(r["error"] is None for r in rows), "DESIGN §3.4: error is for failed/dropped rows only"
+    assert "group g0 filtered: credit.advantage_path returned None" in caplog.text
     assert [s.status for s in made.group.sessions] == [Status.FILTERED, Status.FILTERED]
     metrics = rollout_metrics(rows, [made.group])
     assert (metrics["rollout/filtered_groups"], metrics["rollout/dropped_groups"]) == (1.0, 0.0)
@@ -223,6 +228,33 @@ def test_eval_groups_never_call_the_advantage_function() -> None:
 def test_implicit_exports_are_keyed_none() -> None:
     made = Made([[(None, None, {"outcome": 0.5})]])
     assert made.score(CustomAdvantageCredit(advantage_path=EXAMPLE)) == [(None, 0.5)]
+
+
+# ---- several contexts per session at run time ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "credit, missing, keys",
+    [
+        (RewardCredit(), None, "need credit=custom_advantage (declare"),
+        (CustomAdvantageCredit(advantage_path=EXAMPLE), ["trainer.use_dynamic_batch_size=true"],
+         "need trainer.use_dynamic_batch_size=true (declare"),
+    ],
+)
+def test_several_contexts_without_what_they_need_fail_the_session_naming_the_keys(
+        credit: Any, missing: list[str] | None, keys: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    made = Made(TWO_AGENTS)
+    rows = made.stage(credit, monkeypatch, missing)
+    assert [(r["status"], r["index"]) for r in rows] == [("failed", 0), ("dropped", 1)]
+    assert "exported 2 contexts ['main', 'searcher']" in rows[0]["error"] and keys in rows[0]["error"]
+    assert made.group.dropped and not credit_hooks.CALLS
+
+
+def test_several_contexts_are_fine_in_eval_and_under_custom_advantage(monkeypatch: pytest.MonkeyPatch) -> None:
+    rows = Made(TWO_AGENTS, mode="eval").stage(RewardCredit(), monkeypatch)
+    assert [r["status"] for r in rows] == ["completed"] * 4
+    rows = Made(TWO_AGENTS).stage(CustomAdvantageCredit(advantage_path=EXAMPLE), monkeypatch, [])
+    assert [r["advantage"] for r in rows] == [1.0, 0.5, -1.0, -0.25]
 
 
 # ---- metrics ----------------------------------------------------------------------------------------------

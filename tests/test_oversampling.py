@@ -37,7 +37,8 @@ def test_filtered_groups_are_replaced_and_every_prompt_is_covered(tmp_path: Path
         completed = {r["group_id"] for r in step if r["status"] in ("completed", "truncated")}
         assert len(completed) == 2, "each step delivers rollout.batch_size groups"
         trained.update(int(g.split("-")[1]) for g in completed)
-        assert all(r["error"] for r in step if r["status"] in ("filtered", "dropped"))
+        assert all(r["error"] for r in step if r["status"] == "dropped")
+        assert all(r["error"] is None for r in step if r["status"] == "filtered")
     assert set(trained) == {0, 1, 2, 3}, f"every prompt is trained on: {trained}"
     first = Counter(r["status"] for r in steps[0])
     assert first["filtered"] >= 2 and first["completed"] + first["truncated"] == 4

@@ -103,6 +103,8 @@ class AgentSpec:
     """Seconds between SIGTERM and SIGKILL of the process group."""
     log_tail_bytes: int = 8192
     """How much of the end of agent.log a failure carries."""
+    multi_context: bool = False
+    """Sessions export several training contexts (checked at start: config.validate; at run time: stages/reward)."""
 
     def __post_init__(self) -> None:
         reserved = sorted(k for k in self.env if str(k).startswith(RESERVED_PREFIX))

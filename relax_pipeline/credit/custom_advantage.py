@@ -15,15 +15,12 @@ Eval groups never call the function: they get the estimator's credit, as with `c
 from __future__ import annotations
 
 import copy
-import logging
 import math
 from typing import Any
 
 from relax_pipeline.credit.base import call_user, export_metadata, filter_group
 from relax_pipeline.credit.reward import RewardCredit
 from relax_pipeline.stages.group import Group
-
-log = logging.getLogger(__name__)
 
 Slot = dict[str | None, Any]
 
@@ -37,6 +34,7 @@ class CustomAdvantageCredit(RewardCredit):
 
     option = "custom_advantage"
     uses = ("advantage_path",)
+    several_contexts = True
 
     async def score(self, group: Group) -> None:
         await self.fill_rewards(group)
@@ -47,7 +45,6 @@ class CustomAdvantageCredit(RewardCredit):
         result = await call_user(self.user_function, copy.deepcopy(slots))
         if result is None:
             filter_group(group, "credit.advantage_path returned None for this group")
-            log.info("group %s filtered by credit.advantage_path", group.id)
             return
         values = check_advantages(result, slots, self.advantage_path)
         index = {s.id: i for i, s in enumerate(group.sessions)}

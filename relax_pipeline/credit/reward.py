@@ -30,6 +30,8 @@ class RewardCredit:
     """The `credit=` option this class implements (named in errors)."""
     uses: tuple[str, ...] = ()
     """Which of `rm_path` / `advantage_path` this option needs; the others must stay null."""
+    several_contexts: bool = False
+    """Whether this option gives credit to sessions that export several contexts (only custom_advantage)."""
 
     def __init__(self, reward_key: str | None = None, rm_path: str | None = None, advantage_path: str | None = None,
                  estimator: str = "grpo", normalize_std: bool = True, kl_coef: float = 0.0,

@@ -4,12 +4,16 @@ Runs outside the resident capacity. It turns each session's exports into `Contex
 token-exact sample and the reward the agent exported (`reward_object`), then awaits the configured
 credit (`credit.base.Credit.score`), which fills the primary reward and the advantage and may filter the
 group. A reward that cannot be read fails the session, and so drops the group, like any other session
-failure. What it does not do: read or write dump rows (Transfer) or give prompts back (Pipeline).
+failure; so does a train session that exports several contexts when the run lacks what that needs
+(`credit=custom_advantage` and dynamic batching, `config.multi_context_missing`): the failure names the keys.
+Filtered groups are logged here with the reason. What it does not do: read or write dump rows (Transfer)
+or give prompts back (Pipeline).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 from relax_pipeline.credit.base import Credit, RewardError, filter_group
 from relax_pipeline.forest.export import Exported
@@ -23,12 +27,15 @@ log = logging.getLogger(__name__)
 class Reward:
     """Scores exported contexts and assigns their credit by the configured `credit=` option."""
 
-    def __init__(self, store: ForestStore, credit: Credit) -> None:
+    def __init__(self, store: ForestStore, credit: Credit, multi_context_missing: Sequence[str] | None = None) -> None:
         self.store = store
         self.credit = credit
+        default = () if getattr(credit, "several_contexts", False) else ("credit=custom_advantage",)
+        self.multi_context_missing = tuple(default if multi_context_missing is None else multi_context_missing)
+        """What the run lacks for train sessions that export several contexts; empty when they are fine."""
 
     async def run(self, group: Group, exports: dict[str, list[Exported]]) -> None:
-        if group.dropped:
+        if group.dropped or self._refuse_several(group, exports):
             return
         group.contexts = [self._context(group, s, e) for s in group.sessions for e in exports.get(s.id, [])]
         try:
@@ -37,8 +44,23 @@ class Reward:
             group.contexts = []
             self._fail(group, error.session_id, str(error))
             return
-        if not await self.credit.keep(group):
+        if not group.filtered and not await self.credit.keep(group):
             filter_group(group, "credit.filter_path rejected the group")
+        if group.filtered:
+            log.info("group %s filtered: %s", group.id, group.filtered)
+
+    def _refuse_several(self, group: Group, exports: dict[str, list[Exported]]) -> bool:
+        """Fail the first train session with several contexts when the run lacks what they need."""
+        if group.mode != "train" or not self.multi_context_missing:
+            return False
+        for session in group.sessions:
+            names = [e.name for e in exports.get(session.id, [])]
+            if len(names) > 1:
+                self._fail(group, session.id, f"the session exported {len(names)} contexts {names}; several "
+                           f"contexts per session need {' and '.join(self.multi_context_missing)} (declare such "
+                           "agents with agent.multi_context=true)")
+                return True
+        return False
 
     @staticmethod
     def _context(group: Group, session: Session, exported: Exported) -> Context:

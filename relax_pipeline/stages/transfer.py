@@ -3,8 +3,8 @@
 A healthy group yields one row per exported context, with status `completed` (or `truncated` when its
 last turn hit the length limit); a dropped group yields one row per session saying why (`failed` for
 the session that failed, `dropped` for its siblings), and a group its credit filtered (`credit.base.filter_group`)
-one row per session with status `filtered` and the reason as `error`, so nothing is lost silently. Rows follow the
-dump schema exactly; writing them is `tracking/dump.py`'s job.
+one row per session with status `filtered` and `error` null (the reason is in the log), so nothing is lost
+silently. Rows follow the dump schema exactly; writing them is `tracking/dump.py`'s job.
 """
 
 from __future__ import annotations
@@ -50,7 +50,8 @@ class Transfer:
         if not session.status.terminal:
             status = Status.FILTERED if group.filtered else Status.DROPPED
             self.store.set_status(session, status, group.excluded)
-        row = _base(group, session, session.status.value, session.error or group.excluded)
+        error = None if session.status is Status.FILTERED else session.error or group.excluded
+        row = _base(group, session, session.status.value, error)
         row.update(
             name=None, reward=None, advantage=None, metadata=group.prompt.metadata, messages=[], tools=[],
             chat_template_kwargs={}, state_hash=None, tokens=[], loss_mask=[], rollout_logprobs=[],

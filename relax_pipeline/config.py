@@ -9,6 +9,7 @@ express are checked by `validate`, which names the key and the allowed values.
 
 from __future__ import annotations
 
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,11 +17,12 @@ from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from hydra.errors import InstantiationException
-from hydra.utils import instantiate
+from hydra.utils import get_class, instantiate
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 JOBS = ("train", "rollout", "check")
+_EVAL_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 
 
 @dataclass
@@ -45,7 +47,7 @@ class RuntimeConfig:
     concurrency: int | None = None
     """Resident prompt groups (Prepare + Runtime); None means rollout.over_sampling_batch_size."""
     eval_concurrency: int | None = None
-    """Eval sessions in flight; None derives it from the train concurrency."""
+    """Eval groups in flight per dataset; None: ceil(resident sessions / the dataset's group size)."""
     max_aborted_count: int = 2
     """Partial rollout: aborts after which a request is protected."""
 
@@ -172,6 +174,8 @@ class AgentConfig:
     """Extra environment (the RELAX_ prefix is reserved)."""
     timeout: float | None = 120.0
     """Active-time budget in seconds; None means no limit."""
+    multi_context: bool = False
+    """Sessions export several training contexts; needs credit=custom_advantage and trainer.use_dynamic_batch_size."""
 
 
 @dataclass
@@ -212,13 +216,31 @@ class RolloutConfig:
 
 
 @dataclass
+class EvalDatasetConfig:
+    """One entry of `eval.datasets`; connects the eval config to `stages/evaluate.py`."""
+
+    name: str = MISSING
+    """Unique name; metrics are `eval/<name>/...` and dump files `..._eval_<name>_<steps done>...`."""
+    path: str = MISSING
+    """JSONL file, one prompt per line; every prompt is evaluated once per eval run, in file order."""
+    input_key: str = "input"
+    """Row key holding the prompt: a string (one user message) or a message list."""
+    metadata_key: str | None = "metadata"
+    """Row key passed to the agent as input metadata."""
+    multimodal_keys: dict[str, str] = field(default_factory=dict)
+    """Media kind → row key, as `dataset.multimodal_keys`."""
+    n_samples_per_prompt: int | None = None
+    """Sessions per prompt of this dataset; None means eval.n_samples_per_prompt."""
+
+
+@dataclass
 class EvalConfig:
-    datasets: list[Any] = field(default_factory=list)
-    """Eval datasets (land with the credit issue)."""
+    datasets: list[EvalDatasetConfig] = field(default_factory=list)
+    """Eval datasets, built like `dataset` (`eval.datasets=[{name:math,path:/data/math.jsonl}]`)."""
     n_samples_per_prompt: int = 1
-    """Sessions per eval prompt."""
+    """Sessions per eval prompt when a dataset sets none."""
     interval: int | None = None
-    """Run eval every N steps; None disables."""
+    """Run eval before the first step and every N steps (job=train and job=rollout); None disables eval."""
 
 
 @dataclass
@@ -286,6 +308,50 @@ def validate(cfg: DictConfig) -> None:
                          f"({cfg.rollout.batch_size}) or null")
     if cfg.runtime.concurrency is not None and cfg.runtime.concurrency <= 0:
         raise ValueError(f"runtime.concurrency must be positive, got {cfg.runtime.concurrency}")
+    _check_multi_context(cfg)
+    _check_eval(cfg)
+
+
+def multi_context_missing(cfg: DictConfig) -> list[str]:
+    """The settings a run lacks for sessions that export several contexts (empty when it has them all)."""
+    missing = []
+    if not getattr(get_class(cfg.credit._target_), "several_contexts", False):
+        missing.append("credit=custom_advantage")
+    if not cfg.trainer.use_dynamic_batch_size:
+        missing.append("trainer.use_dynamic_batch_size=true")
+    return missing
+
+
+def _check_multi_context(cfg: DictConfig) -> None:
+    if not cfg.agent.get("multi_context"):
+        return
+    missing = multi_context_missing(cfg)
+    if missing:
+        raise ValueError(f"agent.multi_context=true (sessions export several contexts) needs {' and '.join(missing)}; "
+                         "set them, or agent.multi_context=false if each session exports one context")
+
+
+def _check_eval(cfg: DictConfig) -> None:
+    ev = cfg.eval
+    for key, value in (("eval.interval", ev.interval), ("eval.n_samples_per_prompt", ev.n_samples_per_prompt),
+                       ("runtime.eval_concurrency", cfg.runtime.eval_concurrency)):
+        if value is not None and value <= 0:
+            raise ValueError(f"{key} must be positive or null, got {value}")
+    if ev.interval is not None and not ev.datasets:
+        raise ValueError(f"eval.interval={ev.interval} needs at least one eval dataset: set "
+                         "eval.datasets=[{name:NAME,path:FILE.jsonl}], or eval.interval=null")
+    names: set[str] = set()
+    for i, entry in enumerate(ev.datasets):
+        for key in ("name", "path"):
+            if OmegaConf.is_missing(entry, key):
+                raise ValueError(f"eval.datasets[{i}].{key} is required (name: metrics eval/<name>/...; path: JSONL)")
+        if not _EVAL_NAME.fullmatch(entry.name) or entry.name in names:
+            raise ValueError(f"eval.datasets[{i}].name={entry.name!r} must be unique and use only letters, digits, "
+                             "'_', '-' or '.' (it names the metrics eval/<name>/...)")
+        names.add(entry.name)
+        if entry.n_samples_per_prompt is not None and entry.n_samples_per_prompt <= 0:
+            raise ValueError(f"eval.datasets[{i}].n_samples_per_prompt must be positive or null, "
+                             f"got {entry.n_samples_per_prompt}")
 
 
 def quote_placeholders(overrides: list[str]) -> list[str]:

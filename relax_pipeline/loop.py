@@ -4,8 +4,9 @@ Each step asks the runtime strategy for one step of scored groups, turns their c
 samples, trains (in a worker thread, so the gateway keeps serving agents that run across steps), pushes
 the new weights to the engine as the trainer's new version, logs the step's metrics and saves a
 checkpoint every `trainer.save_interval` steps and after the last. `trainer.resume=true` restores the
-latest checkpoint (weights, optimizer, RNG, step count, data position, weight version) first. The loop
-does not build anything: `run.py` hands it the parts.
+latest checkpoint (weights, optimizer, RNG, step count, data position, weight version) first. With an
+evaluator, eval runs before the first step and every `eval.interval` steps (`_eval`). The loop does not
+build anything: `run.py` hands it the parts.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from tqdm import tqdm
 
 from relax_pipeline.engine.base import Engine
 from relax_pipeline.runtime.base import RuntimeStrategy
+from relax_pipeline.stages.evaluate import Evaluator
 from relax_pipeline.stages.group import Group
 from relax_pipeline.stages.pipeline import Pipeline, StepResult
 from relax_pipeline.tracking.logger import Tracker
@@ -52,7 +54,8 @@ class StepLoop:
     """Runs `num_steps` rollout steps, training between them when a trainer is given."""
 
     def __init__(self, pipeline: Pipeline, strategy: RuntimeStrategy, engine: Engine, tracker: Tracker,
-                 num_steps: int, trainer: Any | None = None, checkpoints: Checkpoints | None = None) -> None:
+                 num_steps: int, trainer: Any | None = None, checkpoints: Checkpoints | None = None,
+                 evaluator: Evaluator | None = None) -> None:
         self.pipeline = pipeline
         self.strategy = strategy
         self.engine = engine
@@ -61,10 +64,15 @@ class StepLoop:
         self.trainer = trainer
         self.checkpoints = checkpoints
         self.history: list[dict[str, float]] = []
+        self.evaluator = evaluator
+        self.eval_metrics: dict[str, float] = {}
 
     async def run(self) -> dict[str, float]:
+        """Every step; returns the last step's metrics plus the latest eval's."""
         metrics: dict[str, float] = {}
-        for step in range(await self._resume(), self.num_steps):
+        first = await self._resume()
+        await self._eval(first, before_first_step=True)
+        for step in range(first, self.num_steps):
             started = time.time()
             result = await self._rollout(step)
             metrics = dict(result.metrics)
@@ -75,8 +83,18 @@ class StepLoop:
             self.history.append(metrics)
             log.info("step %d metrics %s", step, " ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items())))
             self._save(step)
+            await self._eval(step + 1)
         self._report()
-        return metrics
+        return {**metrics, **self.eval_metrics}
+
+    async def _eval(self, done: int, before_first_step: bool = False) -> None:
+        """Eval hook (stages/evaluate.py): before the first step and every `eval.interval` steps."""
+        if self.evaluator is None or not self.evaluator.due(done, before_first_step):
+            return
+        self.eval_metrics = await self.evaluator.run(done)
+        self.tracker.log(self.eval_metrics, done)
+        log.info("eval after %d steps metrics %s", done,
+                 " ".join(f"{k}={v:.4g}" for k, v in sorted(self.eval_metrics.items())))
 
     async def _rollout(self, step: int) -> StepResult:
         total = self.pipeline.batch_size * self.pipeline.prepare.n_samples

@@ -18,7 +18,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from relax_pipeline.config import build, register, validate
+from relax_pipeline.config import build, multi_context_missing, register, validate
 from relax_pipeline.data.dataset import DataSource
 from relax_pipeline.engine.template import ChatTemplate
 from relax_pipeline.forest.sessions import ForestStore
@@ -27,6 +27,7 @@ from relax_pipeline.gateway.server import GatewayServer
 from relax_pipeline.gateway.turn import SamplingDefaults, TurnService
 from relax_pipeline.loop import Checkpoints, StepLoop
 from relax_pipeline.runtime.base import resident_capacity
+from relax_pipeline.stages.evaluate import Evaluator, eval_sets
 from relax_pipeline.stages.pipeline import Pipeline
 from relax_pipeline.stages.prepare import Prepare
 from relax_pipeline.stages.reward import Reward
@@ -79,6 +80,7 @@ class _Parts:
         self.agent = build(cfg.agent)
         self.dataset = build(cfg.dataset)
         self.credit = build(cfg.credit)
+        self.eval_sets = eval_sets(cfg)
         self.strategy = build(cfg.runtime)
         self.tracker = build(cfg.tracking, output_dir=str(output_dir))
         self.engine = build(cfg.engine, model_path=str(self.model_path), seed=cfg.seed,
@@ -115,7 +117,8 @@ class _Parts:
         prepare = Prepare(store, self.agent, io_root, self.server.base_url, cfg.rollout.n_samples_per_prompt,
                           OmegaConf.to_container(cfg.rollout.chat_template_kwargs), cfg.seed)
         dump = RolloutDump(cfg.debug.save_rollout_data, self.output_dir)
-        return Pipeline(DataSource(self.dataset, cfg.seed), prepare, Runtime(store), Reward(store, self.credit),
+        reward = Reward(store, self.credit, multi_context_missing(cfg))
+        return Pipeline(DataSource(self.dataset, cfg.seed), prepare, Runtime(store), reward,
                         Transfer(store), dump, cfg.rollout.batch_size)
 
     def loop(self) -> StepLoop:
@@ -126,8 +129,17 @@ class _Parts:
         self.tracker.start(OmegaConf.to_container(cfg, resolve=True))
         folder = Path(cfg.trainer.checkpoint_dir or self.output_dir / "checkpoints").expanduser()
         checkpoints = Checkpoints(folder, cfg.trainer.save_interval, cfg.trainer.resume)
-        return StepLoop(self.pipeline(), self.strategy, self.engine, self.tracker, r.num_steps, self.trainer,
-                        checkpoints)
+        pipeline = self.pipeline()
+        return StepLoop(pipeline, self.strategy, self.engine, self.tracker, r.num_steps, self.trainer,
+                        checkpoints, self.evaluator(pipeline))
+
+    def evaluator(self, pipeline: Pipeline) -> Evaluator | None:
+        """Eval of `eval.datasets` every `eval.interval` steps; None when eval is off."""
+        if self.eval_sets and self.cfg.eval.interval is None:
+            log.warning("eval.datasets is set but eval.interval is null: eval is off")
+        if not self.eval_sets or self.cfg.eval.interval is None:
+            return None
+        return Evaluator(pipeline, self.eval_sets, self.cfg.eval.interval)
 
     def check(self) -> dict[str, float]:
         """Findings of job=check: what would run, and anything that would stop it."""
@@ -138,6 +150,7 @@ class _Parts:
             "model": str(self.model_path), "dataset_rows": len(self.dataset),
             "agent_command": self.agent.command, "resident_groups": capacity,
             "resident_sessions": capacity * cfg.rollout.n_samples_per_prompt,
+            "eval_datasets": {s.name: len(s.dataset) for s in self.eval_sets},
         }
         problems = _agent_problems(self.agent)
         for key, value in findings.items():

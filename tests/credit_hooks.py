@@ -86,3 +86,12 @@ def reject_first_sight_of_flaky(samples: list[dict]) -> bool:
         SEEN.add(key)
         return False
     return True
+
+
+def advantage_recording(metadata_by_slot: list[dict[str | None, dict]]) -> list[dict[str | None, float]] | None:
+    """The seed's example (`outcome_times_usefulness`), recording every call so a test can see which groups
+    reached it (eval groups never may)."""
+    from relax_pipeline.credit.examples import outcome_times_usefulness
+
+    CALLS.append(metadata_by_slot)
+    return outcome_times_usefulness(metadata_by_slot)

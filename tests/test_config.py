@@ -92,6 +92,9 @@ def test_experiment_smoke_cpu_composes_to_a_rollout() -> None:
         ("protocol.tool_call_parser=nope", "protocol.tool_call_parser='nope' is not built in"),
         ("dataset.path=/nonexistent.jsonl", "dataset.path='/nonexistent.jsonl' does not exist"),
         ("agent.cwd=/nonexistent", "agent.cwd='/nonexistent' is not a directory"),
+        ("eval.interval=2", "eval.interval=2 needs at least one eval dataset"),
+        ("eval.datasets=[{name:a/b,path:x.jsonl}]", "eval.datasets[0].name='a/b' must be unique"),
+        ("eval.datasets=[{name:a,path:/nonexistent.jsonl}]", "eval.datasets[0] name='a': dataset.path="),
     ],
 )
 def test_bad_setups_fail_at_start_naming_the_key(tmp_path: Path, tiny_path: Path, override: str, fragment: str
@@ -100,6 +103,31 @@ def test_bad_setups_fail_at_start_naming_the_key(tmp_path: Path, tiny_path: Path
     with pytest.raises(Exception, match=fragment.replace("(", r"\(").replace("[", r"\[")):
         run(cfg)
     assert fragment.split("=")[0].split(".")[0] in (tmp_path / "run.log").read_text().splitlines()[-1]
+
+
+@pytest.mark.parametrize(
+    "overrides, keys",
+    [
+        ((), "needs credit=custom_advantage and trainer.use_dynamic_batch_size=true;"),
+        (("credit=custom_advantage",), "needs trainer.use_dynamic_batch_size=true;"),
+        (("trainer.use_dynamic_batch_size=true",), "needs credit=custom_advantage;"),
+    ],
+)
+@pytest.mark.parametrize("job", ["check", "train"])
+def test_a_multi_context_setup_without_custom_advantage_or_dynamic_batching_refuses_to_start(
+        tmp_path: Path, tiny_path: Path, overrides: tuple[str, ...], keys: str, job: str) -> None:
+    cfg = composed(f"job={job}", f"output_dir={tmp_path}", f"model.cache_dir={tiny_path.parent}",
+                   "agent.multi_context=true", *overrides)
+    with pytest.raises(ValueError, match=f"agent.multi_context=true .* {keys}"):
+        run(cfg)
+    assert f"run failed: agent.multi_context=true (sessions export several contexts) {keys}" in (
+        tmp_path / "run.log").read_text().splitlines()[-1]
+
+
+def test_a_complete_multi_context_setup_passes_the_check(tmp_path: Path, tiny_path: Path) -> None:
+    cfg = composed("job=check", f"output_dir={tmp_path}", f"model.cache_dir={tiny_path.parent}",
+                   "agent.multi_context=true", "credit=custom_advantage", "trainer.use_dynamic_batch_size=true")
+    assert run(cfg)["check/problems"] == 0
 
 
 def test_check_job_reports_findings(tmp_path: Path, tiny_path: Path) -> None:

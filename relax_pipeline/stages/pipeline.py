@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from relax_pipeline.data.dataset import DataSource
+from relax_pipeline.data.dataset import DataSource, Prompt
 from relax_pipeline.forest.export import Exported
 from relax_pipeline.forest.sessions import Status
 from relax_pipeline.stages.group import Group
@@ -54,8 +54,10 @@ class Pipeline:
         self.batch_size = batch_size
         self.on_scored: Callable[[int], None] = lambda n: None
 
-    async def start_group(self, rollout_id: int, mode: str = "train") -> Group:
-        group = self.prepare.open_group(self.source.next(), rollout_id, mode)
+    async def start_group(self, rollout_id: int, mode: str = "train", *, prompt: Prompt | None = None,
+                          n_samples: int | None = None) -> Group:
+        """Open and start a group of `prompt` (default: the data source's next) with `n_samples` sessions."""
+        group = self.prepare.open_group(prompt or self.source.next(), rollout_id, mode, n_samples=n_samples)
         await self.prepare.start(group)
         return group
 
@@ -68,7 +70,7 @@ class Pipeline:
         prompt to the data source."""
         await self.reward.run(group, exports)
         rows = self.transfer.run(group)
-        if group.excluded:
+        if group.excluded and group.mode == "train":
             self.source.give_back(group.prompt)
         self.on_scored(len(group.sessions))
         return rows

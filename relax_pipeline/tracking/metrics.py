@@ -5,7 +5,8 @@ reward objects (exported or produced by a reward model) become `rollout/<field>/
 and numeric top-level export metadata `<field>/{mean,median,max,min}`. Also turn counts, response
 lengths, the truncated ratio, the dropped-group count (failures) and `rollout/filtered_groups` (groups a
 credit filtered), and with `credit.log_passrate` the `passrate`: the share of scored sessions with a
-context whose primary reward is 1. Pure functions over dump rows and groups; no I/O.
+context whose primary reward is 1. Eval datasets get the same metrics under `eval/<name>/...` (no
+filtered count: eval never filters). Pure functions over dump rows and groups; no I/O.
 """
 
 from __future__ import annotations
@@ -44,6 +45,14 @@ def rollout_metrics(rows: Sequence[dict[str, Any]], groups: Sequence[Any], log_p
     if log_passrate:
         metrics.update(passrate(groups))
     return metrics
+
+
+def eval_metrics(name: str, rows: Sequence[dict[str, Any]], groups: Sequence[Any], log_passrate: bool = False
+                 ) -> dict[str, float]:
+    """The rollout metrics of one eval dataset as `eval/<name>/raw_reward`, `eval/<name>/num_turns/mean`, ..."""
+    metrics = rollout_metrics(rows, groups, log_passrate)
+    metrics.pop("rollout/filtered_groups", None)
+    return {f"eval/{name}/{key.removeprefix('rollout/')}": value for key, value in metrics.items()}
 
 
 def passrate(groups: Iterable[Any]) -> dict[str, float]:

@@ -1,0 +1,131 @@
+"""Eval runs: every prompt of every `eval.datasets` entry, once, through the same stages in mode `eval`.
+
+`eval_sets` builds each entry with the train dataset's class (`dataset._target_`, unshuffled, with the
+entry's own path and keys) and resolves its group size (`n_samples_per_prompt`, default
+`eval.n_samples_per_prompt`) and its concurrency in groups: `runtime.eval_concurrency`, or
+`ceil(T / G)` with `T = resident groups × rollout.n_samples_per_prompt` sessions and `G` its group size,
+so an eval holds about as many sessions as a train step. `Evaluator.run` evaluates the datasets one after
+another through `Pipeline.start_group` / `await_group` / `score_group` with mode `eval` (agents see
+`RELAX_ROLLOUT_MODE=eval`), then logs `eval/<name>/...` metrics and one
+`AGENTIC EVAL event=eval_end` line per dataset and writes its dump rows (mode `eval`) to the dump pattern
+with `{rollout_id}` → `eval_<name>_<steps done>`.
+
+What it does not do: train, filter, or call `credit.advantage_path` (credit options skip user advantage
+hooks and filters for eval groups; rewards and reward models still score them), retry failed groups
+(their sessions are recorded as failed/dropped and the run goes on), or give prompts to the train data
+source. When to run is the step loop's business (`loop.py`, `Evaluator.due`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
+
+from relax_pipeline.config import build
+from relax_pipeline.data.dataset import Prompt
+from relax_pipeline.runtime.base import resident_capacity
+from relax_pipeline.stages.group import Group
+from relax_pipeline.stages.pipeline import Pipeline
+from relax_pipeline.tracking.dump import RolloutDump
+from relax_pipeline.tracking.metrics import eval_metrics
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EvalSet:
+    """One eval dataset as the run resolved it; connects `eval.datasets` to the Evaluator."""
+
+    name: str
+    dataset: Any
+    """The built dataset (`dataset._target_`); its `prompts` are evaluated in order."""
+    n_samples: int
+    """Sessions per prompt (the group size)."""
+    concurrency: int
+    """Groups in flight."""
+
+
+def eval_sets(cfg: DictConfig) -> list[EvalSet]:
+    """Every `eval.datasets` entry, built and resolved; errors name the entry (`eval.datasets[i]`)."""
+    r = cfg.rollout
+    sessions = resident_capacity(cfg.runtime.concurrency, r.over_sampling_batch_size, r.batch_size) \
+        * r.n_samples_per_prompt
+    return [_eval_set(cfg, i, entry, sessions) for i, entry in enumerate(cfg.eval.datasets)]
+
+
+def _eval_set(cfg: DictConfig, index: int, entry: DictConfig, sessions: int) -> EvalSet:
+    n_samples = entry.n_samples_per_prompt or cfg.eval.n_samples_per_prompt
+    keys = OmegaConf.to_container(entry, resolve=True)
+    name = keys.pop("name")
+    keys.pop("n_samples_per_prompt")
+    try:
+        dataset = build(cfg.dataset, **keys, shuffle=False)
+    except (ValueError, FileNotFoundError) as error:
+        raise ValueError(f"eval.datasets[{index}] name={name!r}: {error}") from None
+    concurrency = cfg.runtime.eval_concurrency or math.ceil(sessions / n_samples)
+    return EvalSet(name, dataset, n_samples, concurrency)
+
+
+def eval_dump(dump: RolloutDump, name: str) -> RolloutDump:
+    """The dump of one eval dataset: the run's pattern with `{rollout_id}` → `eval_<name>_{rollout_id}`."""
+    pattern = dump.pattern.replace("{rollout_id}", f"eval_{name}_{{rollout_id}}") if dump.pattern else None
+    return RolloutDump(pattern, dump.output_dir)
+
+
+class Evaluator:
+    """Runs every eval set through the pipeline in mode `eval`; returns `eval/<name>/...` metrics."""
+
+    def __init__(self, pipeline: Pipeline, sets: list[EvalSet], interval: int) -> None:
+        self.pipeline = pipeline
+        self.sets = sets
+        self.interval = interval
+        self.dumps = {s.name: eval_dump(pipeline.dump, s.name) for s in sets}
+
+    def due(self, done: int, first: bool = False) -> bool:
+        """Before the first step of a run, and whenever `done` steps are a multiple of `eval.interval`."""
+        return first or done % self.interval == 0
+
+    async def run(self, done: int) -> dict[str, float]:
+        """Evaluate every dataset with the weights after `done` steps."""
+        metrics: dict[str, float] = {}
+        for eval_set in self.sets:
+            metrics.update(await self._dataset(eval_set, done))
+        return metrics
+
+    async def _dataset(self, eval_set: EvalSet, done: int) -> dict[str, float]:
+        started, slots = time.time(), asyncio.Semaphore(eval_set.concurrency)
+        total = len(eval_set.dataset.prompts) * eval_set.n_samples
+        with tqdm(total=total, desc=f"eval {eval_set.name}", unit=" scored", file=sys.stderr, leave=False) as bar:
+            self.pipeline.on_scored = bar.update
+            done_groups = await asyncio.gather(*(self._group(eval_set, p, done, slots)
+                                                 for p in eval_set.dataset.prompts))
+        groups = [group for group, _ in done_groups]
+        rows = [row for _, group_rows in done_groups for row in group_rows]
+        path = self.dumps[eval_set.name].write(done, rows)
+        metrics = eval_metrics(eval_set.name, rows, groups, self.pipeline.reward.credit.log_passrate)
+        self._log(eval_set.name, done, groups, rows, metrics, time.time() - started, path)
+        return metrics
+
+    async def _group(self, eval_set: EvalSet, prompt: Prompt, done: int, slots: asyncio.Semaphore
+                     ) -> tuple[Group, list[dict[str, Any]]]:
+        async with slots:
+            group = await self.pipeline.start_group(done, "eval", prompt=prompt, n_samples=eval_set.n_samples)
+            exports = await self.pipeline.await_group(group)
+        return group, await self.pipeline.score_group(group, exports)
+
+    @staticmethod
+    def _log(name: str, done: int, groups: list[Group], rows: list[dict[str, Any]], metrics: dict[str, float],
+             seconds: float, path: Any) -> None:
+        reward = metrics.get(f"eval/{name}/raw_reward")
+        log.info("AGENTIC EVAL event=eval_end dataset=%s after_steps=%d groups=%d rows=%d failed=%d dropped=%d "
+                 "reward_mean=%s time_s=%.2f dump=%s", name, done, len(groups), len(rows),
+                 sum(r["status"] == "failed" for r in rows), sum(1 for g in groups if g.dropped),
+                 "nan" if reward is None else f"{reward:.4f}", seconds, path)

@@ -2,7 +2,8 @@
 
 - `ScriptedEngine`: an `Engine` that answers from a script of texts, tokenized with the real tokenizer
   and ended with the template's end-of-turn token, with fixed logprobs. Protocol and forest tests use it
-  so their expected outputs are known; end-to-end tests use the real embedded engine instead.
+  so their expected outputs are known; end-to-end tests use the real embedded engine instead. Given a
+  `vision`, it stands in for a vision-language engine (records the images it gets, ignores them).
 - `StopStringEngine`: ends each scripted answer on the request's first stop string, as an engine that
   matched it would (for stop-reason rendering).
 - `AbortingEngine` / `FailingEngine`: scripted engines whose Nth generation ends "abort", or that raise
@@ -16,10 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
+import random
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from relax_pipeline.engine.base import GenerateResult, SamplingParams
+from relax_pipeline.engine.base import GenerateResult, ImageFeatures, SamplingParams
 from relax_pipeline.engine.hf import HFEngine
 
 Script = Callable[[Sequence[int]], str]
@@ -30,7 +33,7 @@ class ScriptedEngine:
 
     def __init__(self, tokenizer: Any, script: Sequence[str] | Script, end_of_turn: str = "<|im_end|>",
                  logprob: float = -0.5, delay_s: float = 0.0, max_context_len: int = 4096,
-                 record_prompts: bool = True) -> None:
+                 record_prompts: bool = True, vision: Any = None) -> None:
         self.tokenizer = tokenizer
         self.script = script
         self.end_of_turn_id = tokenizer.convert_tokens_to_ids(end_of_turn)
@@ -39,6 +42,10 @@ class ScriptedEngine:
         self.weight_version = 0
         self.max_context_len = max_context_len
         self.prompts: list[list[int]] = []
+        self.media: list[tuple[ImageFeatures, ...]] = []
+        """The images given with each recorded prompt."""
+        self.vision = vision
+        """A `Vision` to act as a vision-language engine (the turn service reads it); None: text-only."""
         self.record_prompts = record_prompts
         self._calls = 0
         self._encoded: dict[str, list[int]] = {}
@@ -46,9 +53,11 @@ class ScriptedEngine:
     async def start(self) -> None:
         return None
 
-    async def generate(self, input_ids: Sequence[int], sampling: SamplingParams, rid: str) -> GenerateResult:
+    async def generate(self, input_ids: Sequence[int], sampling: SamplingParams, rid: str,
+                       media: Sequence[ImageFeatures] | None = None) -> GenerateResult:
         if self.record_prompts:
             self.prompts.append(list(input_ids))
+            self.media.append(tuple(media or ()))
         text = self.script(input_ids) if callable(self.script) else self.script[self._calls % len(self.script)]
         self._calls += 1
         if self.delay_s:
@@ -79,8 +88,9 @@ class AbortingEngine(ScriptedEngine):
         super().__init__(tokenizer, script)
         self.abort_at = abort_at
 
-    async def generate(self, input_ids: Sequence[int], sampling: SamplingParams, rid: str) -> GenerateResult:
-        result = await super().generate(input_ids, sampling, rid)
+    async def generate(self, input_ids: Sequence[int], sampling: SamplingParams, rid: str,
+                       media: Sequence[ImageFeatures] | None = None) -> GenerateResult:
+        result = await super().generate(input_ids, sampling, rid, media)
         if len(self.prompts) - 1 == self.abort_at:
             return dataclasses.replace(result, output_ids=result.output_ids[:1], logprobs=result.logprobs[:1],
                                        finish_reason="abort", matched_stop=None)
@@ -90,8 +100,9 @@ class AbortingEngine(ScriptedEngine):
 class StopStringEngine(ScriptedEngine):
     """Ends each answer on the request's first stop string, as an engine that matched it would."""
 
-    async def generate(self, input_ids: Sequence[int], sampling: SamplingParams, rid: str) -> GenerateResult:
-        result = await super().generate(input_ids, sampling, rid)
+    async def generate(self, input_ids: Sequence[int], sampling: SamplingParams, rid: str,
+                       media: Sequence[ImageFeatures] | None = None) -> GenerateResult:
+        result = await super().generate(input_ids, sampling, rid, media)
         return dataclasses.replace(result, output_ids=result.output_ids[:-1], logprobs=result.logprobs[:-1],
                                    matched_stop=sampling.stop[0])
 
@@ -99,7 +110,8 @@ class StopStringEngine(ScriptedEngine):
 class FailingEngine(ScriptedEngine):
     """Raises on every generate call, like a crashed engine worker."""
 
-    async def generate(self, input_ids: Sequence[int], sampling: SamplingParams, rid: str) -> GenerateResult:
+    async def generate(self, input_ids: Sequence[int], sampling: SamplingParams, rid: str,
+                       media: Sequence[ImageFeatures] | None = None) -> GenerateResult:
         self.prompts.append(list(input_ids))
         raise RuntimeError("engine worker died")
 
@@ -112,9 +124,130 @@ class RecordingHFEngine(HFEngine):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.calls: list[tuple[list[int], list[int]]] = []
+        self.media: list[tuple[ImageFeatures, ...]] = []
         RecordingHFEngine.last = self
 
-    async def generate(self, input_ids: Sequence[int], sampling: SamplingParams, rid: str) -> GenerateResult:
-        result = await super().generate(input_ids, sampling, rid)
+    async def generate(self, input_ids: Sequence[int], sampling: SamplingParams, rid: str,
+                       media: Sequence[ImageFeatures] | None = None) -> GenerateResult:
+        result = await super().generate(input_ids, sampling, rid, media)
         self.calls.append((list(input_ids), list(result.output_ids)))
+        self.media.append(tuple(media or ()))
         return result
+
+
+LETTERS = "abcdefghijklmnopqrstuvwxyz"
+
+
+@dataclasses.dataclass(eq=False)
+class _Paced:
+    """One request of `PacedEngine`: how many tokens it still owes and what it produced."""
+
+    rid: str
+    remaining: int
+    limit: int
+    offset: int
+    """Tokens this rid produced before an abort (a resumed generation continues the letter cycle)."""
+    future: asyncio.Future[GenerateResult]
+    output: list[int] = dataclasses.field(default_factory=list)
+    versions: list[int] = dataclasses.field(default_factory=list)
+
+
+class PacedEngine:
+    """A simulated continuous-batching engine whose time is proportional to tokens.
+
+    Every `token_s` seconds each active request (up to `max_batch_size`) gets one token, the letters
+    " a", " b", ... " z" in a cycle counted from the generation's first token, until its length is
+    reached; then it ends with the end-of-turn id ("stop"). A request's length
+    is log-normal (`mean_tokens`, `sigma`) drawn from its sampling seed, capped by `max_new_tokens`
+    ("length"). `abort` returns the partial output; a generation resumed under the same rid owes only
+    the rest. Each token records the weight version current when it was emitted. `busy_s` counts the time
+    at least one request was active. Selected with `engine._target_=relax_pipeline.fakes.PacedEngine`
+    (extra keys with `+engine.token_s=...`) so scheduler tests and `bench/runtime_modes.py` measure the
+    scheduler, not the model.
+    """
+
+    def __init__(self, model_path: str, token_s: float = 0.002, mean_tokens: float = 24.0, sigma: float = 0.8,
+                 max_batch_size: int = 256, max_context_len: int = 4096, seed: int = 0,
+                 end_of_turn: str = "<|im_end|>", **_engine_keys: Any) -> None:
+        from transformers import AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.token_s, self.mean_tokens, self.sigma = token_s, mean_tokens, sigma
+        self.max_batch_size, self.max_context_len, self.seed = max_batch_size, max_context_len, seed
+        self.stop_id = self.tokenizer.convert_tokens_to_ids(end_of_turn)
+        self.letters = [self.tokenizer.encode(f" {c}", add_special_tokens=False)[-1] for c in LETTERS]
+        self.weight_version = 0
+        self.busy_s = 0.0
+        self.tokens = 0
+        self._active: dict[str, _Paced] = {}
+        self._owed: dict[str, tuple[int, int]] = {}
+        self._ticker: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        return None
+
+    def _length(self, sampling: SamplingParams) -> int:
+        rng = random.Random(sampling.seed if sampling.seed is not None else self.seed)
+        mu = math.log(self.mean_tokens) - self.sigma ** 2 / 2
+        return max(1, round(rng.lognormvariate(mu, self.sigma)))
+
+    async def generate(self, input_ids: Sequence[int], sampling: SamplingParams, rid: str,
+                       media: Any = None) -> GenerateResult:
+        owed, offset = self._owed.pop(rid, None) or (self._length(sampling), 0)
+        loop = asyncio.get_running_loop()
+        request = _Paced(rid, owed, sampling.max_new_tokens, offset, loop.create_future())
+        self._active[rid] = request
+        if self._ticker is None or self._ticker.done():
+            self._ticker = asyncio.ensure_future(self._tick())
+        try:
+            return await request.future
+        finally:
+            self._active.pop(rid, None)
+
+    async def _tick(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self._active:
+            started = loop.time()
+            await asyncio.sleep(self.token_s)
+            self.busy_s += loop.time() - started
+            for request in list(self._active.values())[: self.max_batch_size]:
+                self._emit(request)
+
+    def _emit(self, request: _Paced) -> None:
+        if request.future.done():
+            return
+        request.remaining -= 1
+        position = request.offset + len(request.output)
+        token = self.stop_id if request.remaining <= 0 else self.letters[position % len(self.letters)]
+        request.output.append(token)
+        request.versions.append(self.weight_version)
+        self.tokens += 1
+        if token == self.stop_id:
+            self._finish(request, "stop")
+        elif len(request.output) >= request.limit:
+            self._finish(request, "length")
+
+    def _finish(self, request: _Paced, reason: str) -> GenerateResult:
+        versions = tuple(request.versions)
+        result = GenerateResult(tuple(request.output), (-0.5,) * len(request.output), reason,  # type: ignore[arg-type]
+                                versions[-1] if versions else self.weight_version,
+                                self.stop_id if reason == "stop" else None,
+                                versions if len(set(versions)) > 1 else ())
+        self._active.pop(request.rid, None)
+        if not request.future.done():
+            request.future.set_result(result)
+        return result
+
+    async def abort(self, rid: str) -> GenerateResult | None:
+        request = self._active.get(rid)
+        if request is None:
+            return None
+        self._owed[rid] = (request.remaining, request.offset + len(request.output))
+        return self._finish(request, "abort")
+
+    async def update_weights(self, state_dict: dict[str, Any], version: int) -> None:
+        self.weight_version = version
+
+    async def close(self) -> None:
+        for request in list(self._active.values()):
+            self._finish(request, "abort")

@@ -152,5 +152,5 @@ def train_samples(groups: list[Group]) -> list[TrainSample]:
                 continue
             s = context.sample
             out.append(TrainSample(s.tokens, s.prompt_length, s.loss_mask, s.rollout_logprobs, context.advantage,
-                                   s.weight_versions))
+                                   s.weight_versions, s.multimodal_train_inputs))
     return out

@@ -1,4 +1,4 @@
-"""Shared fixtures: the tiny model built once per test run, its tokenizer and chat template."""
+"""Shared fixtures: the tiny models built once per test run, the text model's tokenizer and chat template."""
 
 from __future__ import annotations
 
@@ -9,12 +9,19 @@ import pytest
 
 from relax_pipeline.engine.template import ChatTemplate
 from relax_pipeline.models.tiny import build_tiny
+from relax_pipeline.models.tiny_vl import build_tiny_vl
 
 
 @pytest.fixture(scope="session")
 def tiny_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     cache = os.environ.get("RELAX_TEST_CACHE") or tmp_path_factory.mktemp("tiny-cache")
     return build_tiny(cache, seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_vl_path(tiny_path: Path) -> Path:
+    """The tiny vision-language model, built next to the tiny model (one `model.cache_dir` for both)."""
+    return build_tiny_vl(tiny_path.parent, seed=0)
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,9 @@
 
 Input: `build_input` turns a dataset row's input and metadata into `{"messages": [...], "metadata": {...}}`
 (either key absent when the row has none; a string becomes one user message) and `write_input` writes it
-as UTF-8 JSON to the file named by `RELAX_INPUT_JSON`.
+as UTF-8 JSON to the file named by `RELAX_INPUT_JSON`. A row's images replace its `<image>` placeholders,
+in order, as OpenAI `image_url` parts: local sources become RGB PNG data URIs, URLs pass through
+(`data/media.py`).
 
 Output: `parse_output` reads the file named by `RELAX_OUTPUT_JSON` after the agent exits:
 
@@ -18,16 +20,18 @@ A reward is any JSON value (number, object, null) and is passed on untouched; an
 explicit export into an implicit one. Every error is an `AgentOutputError` naming the file, the line
 where there is one, and the fix.
 
-Not done here: images (dataset `multimodal_keys` → `image_url` parts) arrive in a later issue through
-`_user_message`; matching exported messages to recorded turns is the forest's job.
+Not done here: matching exported messages to recorded turns is the forest's job.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from relax_pipeline.data.media import PLACEHOLDER, image_parts, image_url
 
 SINGLE_RECORD_NAME = "main"
 """Name of the explicit record written as one JSON object without a `"name"`."""
@@ -72,13 +76,15 @@ class AgentOutput:
     """Session metadata of an implicit export; empty for an explicit export."""
 
 
-def build_input(row_input: str | list[dict[str, Any]] | None, metadata: dict[str, Any] | None) -> dict:
-    """Build the input file payload from a row's input (string or messages) and metadata."""
+def build_input(row_input: str | list[dict[str, Any]] | None, metadata: dict[str, Any] | None,
+                images: Sequence[Any] = ()) -> dict:
+    """Build the input file payload from a row's input (string or messages), metadata and images."""
     payload: dict[str, Any] = {}
+    urls = [image_url(source) for source in images]
     if isinstance(row_input, str):
-        payload["messages"] = [_user_message(row_input)]
+        payload["messages"] = [_user_message(row_input, urls)]
     elif isinstance(row_input, list):
-        payload["messages"] = _checked_messages(row_input)
+        payload["messages"] = _with_images(_checked_messages(row_input), urls)
     elif row_input is not None:
         raise TypeError(f"row input must be a string or a list of messages, got {type(row_input).__name__}")
     if metadata is not None:
@@ -88,9 +94,41 @@ def build_input(row_input: str | list[dict[str, Any]] | None, metadata: dict[str
     return payload
 
 
-def _user_message(text: str) -> dict[str, Any]:
-    """One user message holding `text`; the seam where image parts will join the content."""
-    return {"role": "user", "content": text}
+def _user_message(text: str, urls: list[str]) -> dict[str, Any]:
+    """One user message holding `text`, with image parts where its `<image>` placeholders were."""
+    return {"role": "user", "content": image_parts(text, urls) if urls else text}
+
+
+def _with_images(messages: list[dict[str, Any]], urls: list[str]) -> list[dict[str, Any]]:
+    """Copies of the messages whose placeholders take the next images in order (unchanged without images)."""
+    if not urls:
+        return messages
+    queue = list(urls)
+    out = [{**m, "content": _content_with_images(m.get("content"), queue)} for m in messages]
+    if queue:
+        raise ValueError(f"{len(queue)} image(s) left over: the messages have fewer {PLACEHOLDER} placeholders")
+    return out
+
+
+def _content_with_images(content: Any, queue: list[str]) -> Any:
+    """A content string or part list with its placeholders replaced by the next queued images."""
+    if isinstance(content, list):
+        return _parts_with_images(content, queue)
+    if not isinstance(content, str) or PLACEHOLDER not in content:
+        return content
+    taken = queue[: content.count(PLACEHOLDER)]
+    del queue[: len(taken)]
+    return image_parts(content, taken)
+
+
+def _parts_with_images(parts: list[Any], queue: list[str]) -> list[Any]:
+    out: list[Any] = []
+    for part in parts:
+        if isinstance(part, dict) and part.get("type") == "text" and PLACEHOLDER in str(part.get("text")):
+            out.extend(_content_with_images(part["text"], queue))
+        else:
+            out.append(part)
+    return out
 
 
 def _checked_messages(messages: list[Any]) -> list[dict[str, Any]]:

@@ -4,7 +4,14 @@
 message list, `dataset.metadata_key` an optional object passed to the agent. Rows are validated at load
 time; an error names the file, the line and the key. `DataSource` hands out prompts in a seeded order
 per epoch and takes back prompts whose group was dropped or filtered, serving them first from the next
-step on, so an epoch still covers every prompt. Images (`multimodal_keys`) land with the protocols issue.
+step on, so an epoch still covers every prompt.
+
+Images: `dataset.multimodal_keys` maps a media kind to the row key holding that row's list of sources
+(only `{"image": "<key>"}` is supported). The prompt text (or its messages' contents) carries one `<image>`
+placeholder per image, in order; a count mismatch, a missing local file or an unreadable source is a
+load-time error naming the row. Relative paths are resolved against the dataset file's folder. Sources
+stay as given on the `Prompt` (nothing is decoded or held in memory twice); `session_io.build_input`
+turns them into data-URI `image_url` parts when the agent's input file is written.
 """
 
 from __future__ import annotations
@@ -16,6 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from relax_pipeline.data.media import URL_PREFIXES, MediaError, count_placeholders, open_source, resolve_path
+
+MEDIA_KINDS: tuple[str, ...] = ("image",)
+
 
 @dataclass(frozen=True)
 class Prompt:
@@ -24,6 +35,8 @@ class Prompt:
     index: int
     input: str | list[dict[str, Any]]
     metadata: dict[str, Any] = field(default_factory=dict)
+    images: tuple[Any, ...] = ()
+    """Image sources for the `<image>` placeholders of `input`, in order (paths already absolute)."""
 
 
 class JsonlDataset:
@@ -31,11 +44,10 @@ class JsonlDataset:
 
     def __init__(self, path: str, input_key: str = "input", metadata_key: str | None = "metadata",
                  multimodal_keys: dict[str, str] | None = None, shuffle: bool = True) -> None:
-        if multimodal_keys:
-            raise ValueError("dataset.multimodal_keys is not supported yet (images land with the protocols issue)")
         self.path = Path(path).expanduser()
         self.input_key = input_key
         self.metadata_key = metadata_key
+        self.image_key = _image_key(dict(multimodal_keys or {}))
         self.shuffle = shuffle
         self.prompts = self._load()
 
@@ -60,10 +72,47 @@ class JsonlDataset:
         metadata = row.get(self.metadata_key) if self.metadata_key else None
         if metadata is not None and not isinstance(metadata, dict):
             raise ValueError(f"{where}: {self.metadata_key!r} must be an object (dataset.metadata_key)")
-        return Prompt(index, value, metadata or {})
+        return Prompt(index, value, metadata or {}, self._images(row, value, where))
+
+    def _images(self, row: dict[str, Any], value: Any, where: str) -> tuple[Any, ...]:
+        """The row's image sources, checked against its `<image>` placeholders."""
+        if self.image_key is None:
+            return ()
+        sources = row.get(self.image_key)
+        if sources is None:
+            sources = []
+        if not isinstance(sources, list):
+            raise ValueError(f"{where}: {self.image_key!r} must be a list of images (dataset.multimodal_keys.image)")
+        placeholders = count_placeholders(value)
+        if placeholders != len(sources):
+            raise ValueError(f"{where}: the prompt has {placeholders} <image> placeholder(s) but {self.image_key!r} "
+                             f"holds {len(sources)} image(s); put one <image> where each image goes")
+        return tuple(self._source(s, f"{where}: {self.image_key}[{i}]") for i, s in enumerate(sources))
+
+    def _source(self, source: Any, where: str) -> Any:
+        """A source with relative paths made absolute; local images are opened once to check them."""
+        if isinstance(source, str) and source.startswith(URL_PREFIXES):
+            return source
+        if isinstance(source, str):
+            source = str(resolve_path(source, self.path.parent))
+        elif isinstance(source, dict) and isinstance(source.get("path"), str) and not source.get("bytes"):
+            source = {**source, "path": str(resolve_path(source["path"], self.path.parent))}
+        try:
+            open_source(source)
+        except MediaError as error:
+            raise ValueError(f"{where}: {error}") from None
+        return source
 
     def __len__(self) -> int:
         return len(self.prompts)
+
+
+def _image_key(multimodal_keys: dict[str, str]) -> str | None:
+    unknown = sorted(set(multimodal_keys) - set(MEDIA_KINDS))
+    if unknown:
+        raise ValueError(f"dataset.multimodal_keys has unsupported media kind(s) {unknown}; "
+                         f"supported: {list(MEDIA_KINDS)} (for example {{image: images}})")
+    return multimodal_keys.get("image")
 
 
 class DataSource:

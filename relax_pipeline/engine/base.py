@@ -6,6 +6,11 @@ the trainer computes it (log-softmax of logits / temperature over the full vocab
 top-p/top-k truncation), and the weight version that produced it, so off-policy corrections can be
 applied per token.
 
+Vision-language models also take `media`: the processed images of the prompt, in order, one per image
+placeholder token in `input_ids` (placeholders unexpanded). The engine expands each placeholder to the
+image's `tokens` copies (`expand_placeholders`) and feeds the pixels; context limits count the expanded
+length. Text-only engines accept `media=None` only.
+
 This module holds only records and the `Engine` protocol; `hf.py` (embedded transformers) implements
 it, and `relax_pipeline.fakes` holds the scripted engine used by protocol tests.
 """
@@ -61,6 +66,37 @@ class GenerateResult:
     """Per-token versions when a resumed generation spans weight updates; empty means all equal."""
 
 
+@dataclass(frozen=True)
+class ImageFeatures:
+    """One image processed for a vision-language model; connects the turn service's vision step to the
+    engine (prefill), the forest (observation nodes) and the trainer (`multimodal_train_inputs`)."""
+
+    pixel_values: Any
+    """Float tensor [patches, channels * temporal_patch * patch * patch], as the image processor made it."""
+    grid_thw: tuple[int, int, int]
+    """Patch grid (temporal, height, width) before spatial merging."""
+    tokens: int
+    """Placeholder tokens the image takes once expanded: t * h * w / merge_size**2."""
+    digest: bytes = b""
+    """Digest of the image's URL (its identity in the forest)."""
+
+
+def expand_placeholders(ids: Sequence[int], token_id: int, media: Sequence[ImageFeatures]) -> list[int]:
+    """`ids` with the k-th `token_id` repeated `media[k].tokens` times; the counts must agree."""
+    positions = [i for i, t in enumerate(ids) if t == token_id]
+    if len(positions) != len(media):
+        raise ValueError(f"the prompt has {len(positions)} image placeholder tokens (id {token_id}) for "
+                         f"{len(media)} images; image placeholder tokens may not appear in text")
+    out: list[int] = []
+    start = 0
+    for position, image in zip(positions, media, strict=True):
+        out.extend(ids[start:position])
+        out.extend([token_id] * image.tokens)
+        start = position + 1
+    out.extend(ids[start:])
+    return out
+
+
 @runtime_checkable
 class Engine(Protocol):
     """Async token-in/token-out generation with abort and weight updates."""
@@ -71,8 +107,10 @@ class Engine(Protocol):
     async def start(self) -> None:
         """Load weights and start any worker; called once before the first generate."""
 
-    async def generate(self, input_ids: Sequence[int], sampling: SamplingParams, rid: str) -> GenerateResult:
-        """Generate a continuation of `input_ids`; concurrent calls are batched by the engine."""
+    async def generate(self, input_ids: Sequence[int], sampling: SamplingParams, rid: str,
+                       media: Sequence[ImageFeatures] | None = None) -> GenerateResult:
+        """Generate a continuation of `input_ids` (with the prompt's images, if any); concurrent calls are
+        batched by the engine."""
 
     async def abort(self, rid: str) -> GenerateResult | None:
         """Stop generation `rid` now; its `generate` call returns the partial output with "abort"."""

@@ -21,6 +21,14 @@ applies between two decode steps: in-flight requests continue with the new weigh
 differ. `abort` ends a request at the next step boundary; `generate` and `abort` return the same partial
 result with "abort". Cancelling a `generate` task aborts its request.
 
+Vision-language models (a folder whose config has a `vision_config`, such as `model=tiny_vl`): a request's
+`media` (processed images, one per unexpanded placeholder token in `input_ids`) are expanded into the
+prompt at submission, so the cache, `max_context_len` and `cached_len` count the expanded length. Its
+prefill feeds the pixels with 3-D mrope positions from the model's own `get_rope_index`, and records the
+rope delta (how far text positions after the images lag behind the token count); each decode row's
+position is `cached_len + delta`, which is 0 for text prompts, so the text path is unchanged. `vision`
+(the model's image processor, `vision.py`) is loaded at start for the turn service to use.
+
 Not supported: sliding-window attention layers (the padded shared cache treats every layer as full),
 batched prefill, prefix caching, speculative decoding; stop strings never match across the prompt.
 """
@@ -39,9 +47,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+from transformers import AutoTokenizer, DynamicCache
 
-from relax_pipeline.engine.base import FinishReason, GenerateResult, SamplingParams
+from relax_pipeline.engine.base import (
+    FinishReason,
+    GenerateResult,
+    ImageFeatures,
+    SamplingParams,
+    expand_placeholders,
+)
 from relax_pipeline.engine.sampling import (
     StopStringMatcher,
     check_sampling,
@@ -49,6 +63,8 @@ from relax_pipeline.engine.sampling import (
     make_generator,
     sample_rows,
 )
+from relax_pipeline.engine.vision import Vision
+from relax_pipeline.models.spec import load_pretrained
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -86,6 +102,10 @@ class _Request:
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[GenerateResult]
     matcher: StopStringMatcher | None = None
+    media: tuple[ImageFeatures, ...] = ()
+    """Images of the (already expanded) prompt, in order."""
+    rope_delta: int = 0
+    """Position of the next token minus its cache index (nonzero only after images)."""
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
@@ -177,20 +197,32 @@ class _ModelCall:
         self._cache_key = "cache" if "cache" in params else "past_key_values"
         self._last_only = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
 
-    def prefill(self, prompt: Sequence[int]) -> tuple[torch.Tensor, DynamicCache]:
+    def prefill(self, request: _Request) -> tuple[torch.Tensor, DynamicCache]:
         """Run one prompt alone; return its last-position logits [1, vocab] and its cache."""
         cache = DynamicCache()
-        ids = torch.tensor([list(prompt)], dtype=torch.long, device=self.device)
+        ids = torch.tensor([list(request.prompt)], dtype=torch.long, device=self.device)
         kwargs = {self._cache_key: cache, **self._last_only}
+        if request.media:
+            kwargs.update(self._vision_inputs(ids, request))
         out = self.model(input_ids=ids, use_cache=True, **kwargs)
         return out.logits[:, -1], cache
+
+    def _vision_inputs(self, ids: torch.Tensor, request: _Request) -> dict[str, torch.Tensor]:
+        """Pixels, grids and explicit mrope positions of a prompt with images; sets the request's delta."""
+        grid = torch.tensor([list(m.grid_thw) for m in request.media], dtype=torch.long, device=self.device)
+        token_types = (ids == self.model.config.image_token_id).int()
+        positions, delta = self.model.model.get_rope_index(ids, mm_token_type_ids=token_types, image_grid_thw=grid)
+        request.rope_delta = int(delta.reshape(-1)[0])
+        pixels = torch.cat([m.pixel_values for m in request.media]).to(self.device)
+        return {"pixel_values": pixels, "image_grid_thw": grid, "mm_token_type_ids": token_types,
+                "position_ids": positions}
 
     def decode(self, batch: _Batch) -> torch.Tensor:
         """One decode step for every row of `batch`; returns logits [rows, vocab] and grows the cache."""
         assert batch.mask is not None
         rows = batch.rows
         ids = torch.tensor([[r.output_ids[-1]] for r in rows], dtype=torch.long, device=self.device)
-        positions = torch.tensor([[r.cached_len] for r in rows], dtype=torch.long, device=self.device)
+        positions = torch.tensor([[r.cached_len + r.rope_delta] for r in rows], dtype=torch.long, device=self.device)
         batch.mask = torch.cat([batch.mask, batch.mask.new_ones(len(rows), 1)], dim=1)
         kwargs = {self._cache_key: batch.cache}
         out = self.model(
@@ -294,7 +326,7 @@ class _Scheduler:
         """Run the prompt alone, sample the first token, and join the batch unless already done."""
         if request.sampling.stop:
             request.matcher = StopStringMatcher(self.tokenizer, request.sampling.stop)
-        logits, cache = self.call.prefill(request.prompt)
+        logits, cache = self.call.prefill(request)
         self.engine.stats["prefills"] += 1
         reason = self._sample([request], logits)[0]
         if reason is not None:
@@ -350,7 +382,7 @@ def _load(model_path: str, device: str, dtype: str) -> tuple[torch.nn.Module, An
     """Load model (eval mode, on `device`) and tokenizer from a local HF folder."""
     if dtype not in _DTYPES:
         raise ValueError(f"engine.dtype={dtype!r} is not supported; use one of {sorted(_DTYPES)}")
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=_DTYPES[dtype])
+    model = load_pretrained(model_path, _DTYPES[dtype])
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     return model.to(device).eval(), tokenizer
 
@@ -383,6 +415,8 @@ class HFEngine:
         self.stats: dict[str, int] = {"steps": 0, "prefills": 0, "tokens": 0, "max_batch": 0}
         self._model: torch.nn.Module | None = None
         self._tokenizer: Any = None
+        self.vision: Vision | None = None
+        """The model's image processor for the turn service; None for text-only models (set by `start`)."""
         self._scheduler: _Scheduler | None = None
         self._thread: threading.Thread | None = None
         self._counter = itertools.count()
@@ -407,14 +441,17 @@ class HFEngine:
         if self._thread is not None:
             return
         model, tokenizer = await asyncio.to_thread(_load, self.model_path, self.device, self.dtype)
+        self.vision = await asyncio.to_thread(Vision.load, self.model_path)
         self._model, self._tokenizer = model, tokenizer
         self._scheduler = _Scheduler(self, model, tokenizer)
         self._thread = threading.Thread(target=self._scheduler.run, name="hf-engine", daemon=True)
         self._thread.start()
 
-    async def generate(self, input_ids: Sequence[int], sampling: SamplingParams, rid: str) -> GenerateResult:
-        """Generate a continuation of `input_ids`; batched with every other request in flight."""
-        request = self._request(input_ids, sampling, rid)
+    async def generate(self, input_ids: Sequence[int], sampling: SamplingParams, rid: str,
+                       media: Sequence[ImageFeatures] | None = None) -> GenerateResult:
+        """Generate a continuation of `input_ids` (placeholders unexpanded, one per image of `media`);
+        batched with every other request in flight."""
+        request = self._request(input_ids, sampling, rid, tuple(media or ()))
         if request.limit <= 0:
             return request.result("length", self.weight_version)
         self._post(lambda s: s.submit(request))
@@ -454,10 +491,13 @@ class HFEngine:
         if self.device.startswith("cuda") and torch.cuda.is_available():
             torch.cuda.empty_cache()
 
-    def _request(self, input_ids: Sequence[int], sampling: SamplingParams, rid: str) -> _Request:
-        """Validate a generate call and build its request record."""
+    def _request(self, input_ids: Sequence[int], sampling: SamplingParams, rid: str,
+                 media: tuple[ImageFeatures, ...]) -> _Request:
+        """Validate a generate call and build its request record (prompt expanded when it has images)."""
         self._live_scheduler()
         prompt = tuple(int(i) for i in input_ids)
+        if media:
+            prompt = self._expanded(prompt, media)
         if not prompt:
             raise ValueError("input_ids is empty: the prompt needs at least one token")
         if len(prompt) > self.max_context_len:
@@ -478,7 +518,13 @@ class HFEngine:
             generator=make_generator(seed, self.device),
             loop=loop,
             future=loop.create_future(),
+            media=media,
         )
+
+    def _expanded(self, prompt: tuple[int, ...], media: tuple[ImageFeatures, ...]) -> tuple[int, ...]:
+        if self.vision is None:
+            raise ValueError(f"model {self.model_path} is text-only: generate got {len(media)} image(s)")
+        return tuple(expand_placeholders(prompt, self.vision.image_token_id, media))
 
     def _check_vocab(self, prompt: tuple[int, ...]) -> None:
         vocab = self.model.get_input_embeddings().num_embeddings

@@ -9,6 +9,11 @@ previous response already ended with it (the usual case) that marker is dropped,
 cut by the length limit or a stop string) it is kept, so the turn is closed the way the template
 renders it, with loss 0.
 
+Images render as `{"type": "image"}` content parts (`Message.to_template`), which a vision-language
+template writes as one unexpanded placeholder (Qwen2-VL: `<|vision_start|><|image_pad|><|vision_end|>`).
+`vision` is the model's image processor (bound by the turn service from its engine; None for text-only
+models, which refuse images in `check_media`).
+
 Templates that rewrite history (for example dropping earlier reasoning) make a sample differ from a
 full render of the final conversation; `render_differences` reports where, it does not hide it.
 This module does not parse model output (`parsers.py`) and does not know about sessions.
@@ -18,10 +23,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from relax_pipeline.engine.render import Codec, Renderer
-from relax_pipeline.forest.canonical import Context, Message
+from relax_pipeline.forest.canonical import TEXT_ONLY_MESSAGE, CanonicalError, Context, Message
+
+if TYPE_CHECKING:
+    from relax_pipeline.engine.vision import Vision
 
 ANCHOR_USER = "\u2063relax-anchor-user\u2063"
 ANCHOR_ASSISTANT = "\u2063relax-anchor-assistant\u2063"
@@ -47,6 +55,8 @@ class ChatTemplate:
         self._tools_matter: dict[bytes, bool] = {}
         self.end_of_turn = end_of_turn or self._detect_end_of_turn()
         self.end_of_turn_ids = tuple(self.encode(self.end_of_turn))
+        self.vision: Vision | None = None
+        """The model's image processor when it sees images, else None."""
 
     def render(self, messages: Sequence[Message], context: Context, generation_prompt: bool) -> str:
         """Full-render text of a conversation (used by first turns, checks and tests)."""
@@ -67,6 +77,22 @@ class ChatTemplate:
     def prompt_ids(self, messages: Sequence[Message], context: Context) -> list[int]:
         """Token ids of a first turn: the full render with the generation prompt."""
         return self.encode(self.render(messages, context, generation_prompt=True))
+
+    def check_media(self, messages: Sequence[Message]) -> None:
+        """A text-only model refuses the first image with a 400 naming its field."""
+        if self.vision is not None:
+            return
+        for i, message in enumerate(messages):
+            if message.images:
+                raise CanonicalError(TEXT_ONLY_MESSAGE, message.images[0].param or f"messages[{i}].content")
+
+    def prompt_length(self, messages: Sequence[Message], context: Context) -> int:
+        """Tokens of a first-turn prompt as the model sees it (image placeholders expanded)."""
+        self.check_media(messages)
+        length = len(self.prompt_ids(messages, context))
+        if self.vision is not None:
+            length += sum(self.vision.features(i).tokens - 1 for m in messages for i in m.images)
+        return length
 
     def delta_ids(
         self, messages: Sequence[Message], context: Context, previous_ended_turn: bool

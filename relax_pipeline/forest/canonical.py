@@ -5,16 +5,20 @@ touches the SessionForest; explicit exports written by agents go through the sam
 histories that render to the same model input canonicalize to the same `Message` values and the same
 chained hashes:
 
-- roles are `system`, `user`, `assistant`, `tool`; user/system/tool content must be non-empty text;
-  an assistant may omit text when it has tool calls or reasoning;
+- roles are `system`, `user`, `assistant`, `tool`; user/system/tool content must be non-empty (text or,
+  for user and tool messages, images); an assistant may omit text when it has tool calls or reasoning;
 - text parts of a content list are concatenated; tool-call `arguments` become sorted compact JSON, so a
   Python- and a JavaScript-serialised call hash the same;
+- image parts (`image_url` with a URL string or `{"url"}`, Responses `input_image`) become `Image`s placed
+  at a text offset; a message's hash covers each image's offset and a 16-byte digest of its URL (a data
+  URI or an http(s) URL), so replays do not rehash megabytes of base64 per turn. Images are accepted in
+  user and tool messages; whether the model can see them is the turn service's question;
 - unknown and null fields are dropped. Tool-call ids and `tool_call_id` are kept for rendering responses
   but are not part of the hash: they are labels chosen by the gateway, not model input.
 
 Validation failures raise `CanonicalError` with `param`, the field path of the offending value
 (`messages[2].content`), for the protocol layer to turn into a 400. This module does not know any wire
-protocol and does not handle images (the protocols issue adds media parts).
+protocol and does not decode images (`data/media.py` does).
 """
 
 from __future__ import annotations
@@ -23,13 +27,16 @@ import functools
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 Role = Literal["system", "user", "assistant", "tool"]
 ROLES: tuple[str, ...] = ("system", "user", "assistant", "tool")
 FORBIDDEN_TEMPLATE_KWARGS: tuple[str, ...] = ("add_generation_prompt", "tokenize", "tools")
 HASH_BYTES = 16
+IMAGE_ROLES: tuple[str, ...] = ("user", "tool")
+IMAGE_URL_PREFIXES: tuple[str, ...] = ("data:", "http://", "https://")
+TEXT_ONLY_MESSAGE = "this model is text-only: image input is not supported"
 
 
 class CanonicalError(ValueError):
@@ -56,6 +63,25 @@ class ToolCall:
 
 
 @dataclass(frozen=True)
+class Image:
+    """One image of a user or tool message; connects protocol parsers to the vision processor and the forest."""
+
+    url: str = field(compare=False, repr=False)
+    """A data URI or an http(s) URL, as the client sent it."""
+    offset: int
+    """Position in the message's text where the image sits."""
+    digest: bytes
+    """Digest of `url`: the image's identity in hashes and equality."""
+    param: str | None = field(default=None, compare=False)
+    """Field path of the part it came from, for errors about it."""
+
+    def part(self, inline: bool = True) -> dict[str, Any]:
+        """The OpenAI `image_url` part; with `inline=False` a data URI is replaced by its digest."""
+        url = self.url if inline or not self.url.startswith("data:") else f"data:elided;blake2b={self.digest.hex()}"
+        return {"type": "image_url", "image_url": {"url": url}}
+
+
+@dataclass(frozen=True)
 class Message:
     """One canonical conversation message; connects protocol parsers to the forest and the template."""
 
@@ -64,6 +90,8 @@ class Message:
     reasoning_content: str | None = None
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id: str | None = None
+    images: tuple[Image, ...] = ()
+    """Images placed in `content` at their offsets (user and tool messages only)."""
 
     def key(self) -> bytes:
         """Bytes that identify the model-visible content of this message (ids excluded).
@@ -73,11 +101,30 @@ class Message:
         parts = [self.role, self.content, "\x00" if self.reasoning_content is None else "\x01" + self.reasoning_content]
         for call in self.tool_calls:
             parts += [call.name, call.arguments]
+        for image in self.images:
+            parts += ["\x02", str(image.offset), image.digest.hex()]
         return "".join(f"{len(p)}:{p}" for p in parts).encode()
 
+    def content_parts(self, inline: bool = True) -> list[dict[str, Any]]:
+        """Text and image parts in order (OpenAI form); used when the message has images."""
+        parts: list[dict[str, Any]] = []
+        start = 0
+        for image in self.images:
+            if image.offset > start:
+                parts.append({"type": "text", "text": self.content[start : image.offset]})
+            parts.append(image.part(inline))
+            start = image.offset
+        if start < len(self.content):
+            parts.append({"type": "text", "text": self.content[start:]})
+        return parts
+
     def to_template(self) -> dict[str, Any]:
-        """The dict a Hugging Face chat template expects (arguments as a mapping when JSON)."""
-        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        """The dict a Hugging Face chat template expects (arguments as a mapping when JSON; images as
+        `{"type": "image"}` parts, the form vision-language templates render)."""
+        content: Any = self.content
+        if self.images:
+            content = [p if p["type"] == "text" else {"type": "image"} for p in self.content_parts()]
+        out: dict[str, Any] = {"role": self.role, "content": content}
         if self.reasoning_content is not None:
             out["reasoning_content"] = self.reasoning_content
         if self.tool_calls:
@@ -86,9 +133,13 @@ class Message:
             out["tool_call_id"] = self.tool_call_id
         return out
 
-    def to_openai(self) -> dict[str, Any]:
-        """The OpenAI Chat Completions form (arguments as JSON text), used by dumps and responses."""
-        out: dict[str, Any] = {"role": self.role, "content": self.content}
+    def to_openai(self, inline_media: bool = True) -> dict[str, Any]:
+        """The OpenAI Chat Completions form (arguments as JSON text), used by dumps and responses.
+
+        Images become `image_url` parts; `inline_media=False` replaces data URIs by their digest (dumps).
+        """
+        content: Any = self.content_parts(inline_media) if self.images else self.content
+        out: dict[str, Any] = {"role": self.role, "content": content}
         if self.reasoning_content is not None:
             out["reasoning_content"] = self.reasoning_content
         if self.tool_calls:
@@ -172,26 +223,56 @@ def _canonical_json_text(text: str) -> str:
 
 
 def text_of(content: Any, param: str) -> str | None:
-    """Concatenate a string or a list of text parts; None when absent."""
+    """Concatenate a string or a list of text parts; None when absent. Image parts are refused here."""
+    text, images = content_of(content, param)
+    if images:
+        raise CanonicalError("images are accepted only in user and tool message content", images[0].param)
+    return text
+
+
+def content_of(content: Any, param: str) -> tuple[str | None, tuple[Image, ...]]:
+    """The text of a string or a list of text and image parts, and its images at their text offsets."""
     if content is None or isinstance(content, str):
-        return content
+        return content, ()
     if not isinstance(content, list):
         raise CanonicalError("content must be a string or a list of content parts", param)
-    texts = []
+    texts: list[str] = []
+    images: list[Image] = []
+    offset = 0
     for j, part in enumerate(content):
-        texts.append(_part_text(part, f"{param}[{j}]"))
-    return "".join(texts)
+        piece = _part(part, f"{param}[{j}]", offset)
+        if isinstance(piece, Image):
+            images.append(piece)
+        else:
+            texts.append(piece)
+            offset += len(piece)
+    return "".join(texts), tuple(images)
 
 
-def _part_text(part: Any, param: str) -> str:
+def _part(part: Any, param: str, offset: int) -> str | Image:
     if not isinstance(part, Mapping):
         raise CanonicalError("a content part must be an object with a 'type'", param)
     kind = part.get("type")
     if kind in ("text", "input_text", "output_text") and isinstance(part.get("text"), str):
         return part["text"]
-    if kind in ("image_url", "input_image", "image"):
-        raise CanonicalError("this model is text-only: image input is not supported", param)
-    raise CanonicalError(f"unsupported content part type {kind!r}; send text parts", param)
+    if kind in ("image_url", "input_image"):
+        return image_of(part.get("image_url"), offset, param)
+    raise CanonicalError(f"unsupported content part type {kind!r}; send text or image_url parts", param)
+
+
+def image_of(raw: Any, offset: int, param: str) -> Image:
+    """An image from the `image_url` of part `param`: a URL string or an `{"url": ...}` object."""
+    url = raw.get("url") if isinstance(raw, Mapping) else raw
+    if not isinstance(url, str) or not url.startswith(IMAGE_URL_PREFIXES):
+        where = f"{param}.image_url" + (".url" if isinstance(raw, Mapping) else "")
+        raise CanonicalError("an image needs a URL: a data: URI (base64) or an http(s) URL", where)
+    return Image(url, offset, _url_digest(url), param)
+
+
+@functools.lru_cache(maxsize=256)
+def _url_digest(url: str) -> bytes:
+    """Digest of an image URL; retried requests in other sessions resend the same URLs."""
+    return digest(url.encode())
 
 
 def make_message(
@@ -201,10 +282,13 @@ def make_message(
     reasoning: str | None = None,
     tool_calls: tuple[ToolCall, ...] = (),
     tool_call_id: str | None = None,
+    images: tuple[Image, ...] = (),
 ) -> Message:
     """Build a validated canonical message; `param` is the message's field path."""
     if role not in ROLES:
         raise CanonicalError(f"role must be one of {', '.join(ROLES)}, got {role!r}", f"{param}.role")
+    if images:
+        return _with_images(role, content or "", param, images, tool_call_id)
     if role == "assistant":
         if not content and not tool_calls and not reasoning and content != "":
             raise CanonicalError("assistant message needs content, tool_calls or reasoning", f"{param}.content")
@@ -212,6 +296,13 @@ def make_message(
     if not content:
         raise CanonicalError(f"{role} message content must be non-empty text", f"{param}.content")
     return Message(role, content, tool_call_id=tool_call_id if role == "tool" else None)
+
+
+def _with_images(role: str, content: str, param: str, images: tuple[Image, ...], call_id: str | None) -> Message:
+    if role not in IMAGE_ROLES:
+        raise CanonicalError(f"images are accepted in user and tool messages, not in {role} messages",
+                             images[0].param or f"{param}.content")
+    return Message(role, content, tool_call_id=call_id if role == "tool" else None, images=images)  # type: ignore[arg-type]
 
 
 def canonical_tools(tools: Any, param: str = "tools") -> tuple[Mapping[str, Any], ...]:

@@ -5,12 +5,19 @@ generated token; its response is everything after, with loss 1 exactly on genera
 observation tokens (tool results, template glue), whose logprob is 0.0. Every response position
 carries a weight version: the producing version on generated tokens, and on observation tokens the
 version of the latest generated token before them. This module does not assign credit.
+
+With images (vision-language models) a sample holds the training view: each observation's
+processor-expanded ids (every image placeholder repeated once per image token; loss 0, logprob 0.0) and
+`multimodal_train_inputs`, the `pixel_values` and `image_grid_thw` of the lineage's images concatenated
+in order, ready for the model's forward. Text samples carry None there.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
+from relax_pipeline.engine.base import ImageFeatures
 from relax_pipeline.forest.canonical import Context, Message
 from relax_pipeline.forest.store import Node, SessionForest
 
@@ -31,6 +38,12 @@ class Sample:
     truncated: bool
     """The last generated turn stopped at the length limit."""
     abort_count: int = 0
+    multimodal_train_inputs: dict[str, Any] | None = None
+    """`pixel_values` [patches, dim] and `image_grid_thw` [images, 3] tensors, or None without images."""
+    image_grid_thw: tuple[tuple[int, int, int], ...] = ()
+    """Patch grid per image, in order (a small summary for dumps)."""
+    image_tokens: tuple[int, ...] = ()
+    """Expanded placeholder tokens per image, in order."""
 
     @property
     def response_length(self) -> int:
@@ -48,7 +61,7 @@ def build_sample(forest: SessionForest, node: Node) -> Sample:
     for step in path:
         if step.kind == "response" and prompt_length is None:
             prompt_length = len(tokens)
-        tokens.extend(step.token_ids)
+        tokens.extend(step.training_ids)
         if prompt_length is None:
             continue
         _extend_response(step, mask, logprobs, versions)
@@ -57,12 +70,23 @@ def build_sample(forest: SessionForest, node: Node) -> Sample:
         tuple(tokens), len(tokens) if prompt_length is None else prompt_length, tuple(mask), tuple(logprobs),
         tuple(versions), tuple(m for s in path for m in s.messages), path[0].context or Context(),
         node.state_hash.hex(), len(responses), bool(responses) and responses[-1].finish_reason == "length",
-        sum(s.abort_count for s in responses),
+        sum(s.abort_count for s in responses), *_multimodal([m for s in path for m in s.media]),
     )
 
 
+def _multimodal(media: list[ImageFeatures]) -> tuple[Any, ...]:
+    """`multimodal_train_inputs`, `image_grid_thw` and `image_tokens` of a lineage's images."""
+    if not media:
+        return None, (), ()
+    import torch
+
+    grids = tuple(m.grid_thw for m in media)
+    inputs = {"pixel_values": torch.cat([m.pixel_values for m in media]), "image_grid_thw": torch.tensor(grids)}
+    return inputs, grids, tuple(m.tokens for m in media)
+
+
 def _extend_response(step: Node, mask: list[int], logprobs: list[float], versions: list[int]) -> None:
-    n = len(step.token_ids)
+    n = len(step.training_ids)
     if step.kind == "response":
         mask.extend([1] * n)
         logprobs.extend(step.logprobs)

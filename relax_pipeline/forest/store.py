@@ -11,6 +11,10 @@ messages form the delta to tokenize. When the request shares a longer prefix wit
 than with committed node ends, or continues past a committed state differently from what was committed
 there, a `ForkEvent` records the message index and what differed.
 
+Two token views: `token_ids` are the inference ids (one unexpanded placeholder per image, what the
+engine is given with the images); an observation that brought images also keeps them (`media`, the
+processed features) and its processor-expanded `train_ids`, from which samples are built.
+
 The tree only grows: `commit` adds nodes and never changes one. This module does not tokenize, render
 or generate; the gateway's turn service does that and then commits.
 """
@@ -22,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from relax_pipeline.engine.base import GenerateResult, SamplingParams
+from relax_pipeline.engine.base import GenerateResult, ImageFeatures, SamplingParams
 from relax_pipeline.forest.canonical import Context, Message, chain, chain_all
 
 NodeKind = Literal["root", "observation", "response"]
@@ -51,6 +55,15 @@ class Node:
     """False when a response stopped before the template's end-of-turn token (length, stop string)."""
     abort_count: int = 0
     created_at: float = field(default_factory=time.time)
+    media: tuple[ImageFeatures, ...] = ()
+    """Images this observation brought, in order (vision-language models only)."""
+    train_ids: tuple[int, ...] = ()
+    """Processor-expanded `token_ids` when the node has images; empty means the same as `token_ids`."""
+
+    @property
+    def training_ids(self) -> tuple[int, ...]:
+        """The ids a training sample holds for this node."""
+        return self.train_ids or self.token_ids
 
 
 @dataclass(frozen=True)
@@ -168,7 +181,8 @@ class SessionForest:
             return self.nodes[self._by_state[state]]
         return self._add(Node(len(self.nodes), None, "root", (), (), state, 0, context=context))
 
-    def add_observation(self, match: Match, token_ids: Sequence[int]) -> Node:
+    def add_observation(self, match: Match, token_ids: Sequence[int], media: tuple[ImageFeatures, ...] = (),
+                        train_ids: Sequence[int] = ()) -> Node:
         """Commit the request's delta messages below its parent (reusing an identical one)."""
         parent = match.parent or self.add_root(match.context)
         if match.fork is not None:
@@ -178,7 +192,7 @@ class SessionForest:
         if existing is not None:
             return existing
         node = Node(len(self.nodes), parent.id, "observation", match.delta, tuple(token_ids), state,
-                    parent.depth + len(match.delta))
+                    parent.depth + len(match.delta), media=media, train_ids=tuple(train_ids))
         return self._add(node)
 
     def add_response(
@@ -238,6 +252,10 @@ class SessionForest:
         self._ids_cache[node_id] = tuple(ids)
         if len(self._ids_cache) > IDS_CACHE_NODES:
             del self._ids_cache[next(iter(self._ids_cache))]
+
+    def lineage_media(self, node: Node) -> tuple[ImageFeatures, ...]:
+        """Every image from the root to the end of `node`, in order."""
+        return tuple(image for step in self.lineage(node) for image in step.media)
 
     def leaves(self) -> list[Node]:
         """Response nodes without children: the exportable ends of the conversation trees."""

@@ -112,6 +112,7 @@ class _Gateway:
             session = self._session(request)
             body = _json(await request.body())
             turn = frontend.parse(body, session.memo)
+            self.turns.check_media(turn)  # a text-only model answers images with a 400 before any stream opens
             stream = frontend.wants_stream(body)
         except CanonicalError as error:
             return _error(frontend.error_body(ProtocolError.from_canonical(error)), 400)

@@ -7,6 +7,12 @@ tokens of an identical observation that is already committed. `run` then generat
 and commits the observation and response nodes together, so a failed or aborted generation commits
 nothing. Requests are token-in, token-out: generated ids are stored as they came and never re-tokenized.
 
+Images: a text-only model refuses any image (`check_media`, a 400 naming the image's field, before any
+stream opens). For a vision-language model (the engine's `vision`), the images of the new messages are
+processed once and belong to the observation node that brought them; the engine gets the lineage's
+inference ids (one placeholder per image) with every image of the lineage, the observation node also
+keeps its processor-expanded training ids, and the context limit counts the expanded length.
+
 This module does not render wire responses (the protocol modules do) and does not authenticate.
 """
 
@@ -14,9 +20,10 @@ from __future__ import annotations
 
 import dataclasses
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from relax_pipeline.engine.base import Engine, GenerateResult, SamplingParams
+from relax_pipeline.engine.base import Engine, GenerateResult, ImageFeatures, SamplingParams, expand_placeholders
 from relax_pipeline.engine.parsers import OutputParser
 from relax_pipeline.engine.template import ChatTemplate
 from relax_pipeline.forest.canonical import CanonicalError, Context, Message
@@ -68,6 +75,24 @@ class PreparedTurn:
     observation_ids: tuple[int, ...]
     prompt_ids: list[int]
     sampling: SamplingParams
+    media: tuple[ImageFeatures, ...] = ()
+    """Every image of the prompt, in order (for the engine)."""
+    new_media: tuple[ImageFeatures, ...] = ()
+    """The images of the observation this turn commits."""
+
+
+@dataclass(frozen=True)
+class _TurnMedia:
+    new: tuple[ImageFeatures, ...] = ()
+    lineage: tuple[ImageFeatures, ...] = ()
+
+    @property
+    def extra_tokens(self) -> int:
+        """How much longer the expanded prompt is than the inference ids."""
+        return sum(m.tokens - 1 for m in self.lineage)
+
+
+_NO_MEDIA = _TurnMedia()
 
 
 class TurnService:
@@ -78,6 +103,8 @@ class TurnService:
         self.engine = engine
         self.parser = parser
         self.defaults = defaults
+        if template.vision is None:
+            template.vision = getattr(engine, "vision", None)
         eos = getattr(template.tokenizer, "eos_token_id", None)
         ids = set(template.end_of_turn_ids) | ({eos} if isinstance(eos, int) else set())
         self.stop_token_ids = tuple(sorted(ids))
@@ -89,26 +116,48 @@ class TurnService:
         """
         request = request if request.seed is not None or seed is None else dataclasses.replace(request, seed=seed)
         _check_last_message(request.messages)
+        self.check_media(request)
         match = _attach_point(forest, forest.match(request.context, request.messages, request.hashes))
         parent = match.parent
         if parent is None or parent.kind == "root":
             obs = self.template.prompt_ids(match.delta, match.context)
-            return self._prepared(match, obs, obs, request)
+            return self._prepared(match, obs, obs, request, self._media(forest, match, obs))
         if match.full:
-            return self._prepared(match, (), forest.prompt_ids(parent), request)
+            return self._prepared(match, (), forest.prompt_ids(parent), request, self._media(forest, match, ()))
         existing = forest.find_child(parent, match.hashes[-1])
         obs = existing.token_ids if existing else self.template.delta_ids(match.delta, match.context, parent.ends_turn)
-        return self._prepared(match, obs, forest.prompt_ids(parent) + list(obs), request)
+        media = self._media(forest, match, obs, existing)
+        return self._prepared(match, obs, forest.prompt_ids(parent) + list(obs), request, media)
 
-    def _prepared(
-        self, match: Match, obs: list[int] | tuple[int, ...], prompt: list[int], request: TurnRequest
-    ) -> PreparedTurn:
+    def check_media(self, request: TurnRequest) -> None:
+        """Refuse images when the model is text-only (400 naming the first image's field)."""
+        self.template.check_media(request.messages)
+
+    def _media(self, forest: SessionForest, match: Match, obs: Sequence[int], existing: Node | None = None
+               ) -> _TurnMedia:
+        """The images of the new observation and of the whole prompt (nothing for text-only models)."""
+        vision = self.template.vision
+        if vision is None:
+            return _NO_MEDIA
+        before = forest.lineage_media(match.parent) if match.parent is not None else ()
+        if not obs:
+            return _TurnMedia((), before)
+        new = existing.media if existing else tuple(vision.features(i) for m in match.delta for i in m.images)
+        placeholders = sum(1 for t in obs if t == vision.image_token_id)
+        if placeholders != len(new):
+            raise CanonicalError(f"the new messages render {placeholders} image placeholder tokens for {len(new)} "
+                                 "images; image placeholder tokens may not appear in text", "messages")
+        return _TurnMedia(new, before + new)
+
+    def _prepared(self, match: Match, obs: list[int] | tuple[int, ...], prompt: list[int], request: TurnRequest,
+                  media: _TurnMedia = _NO_MEDIA) -> PreparedTurn:
         d = self.defaults
-        room = d.max_context_len - len(prompt)
+        length = len(prompt) + media.extra_tokens
+        room = d.max_context_len - length
         if room <= 0:
             raise ProtocolError(
                 400,
-                f"the prompt has {len(prompt)} tokens but the context limit is {d.max_context_len} "
+                f"the prompt has {length} tokens but the context limit is {d.max_context_len} "
                 "(rollout.max_context_len); shorten the history",
                 "messages",
                 "context_length_exceeded",
@@ -116,13 +165,14 @@ class TurnService:
         limit = min(request.max_tokens or d.max_response_len, d.max_response_len, room)
         sampling = SamplingParams(limit, d.temperature, d.top_p, d.top_k, request.stop, self.stop_token_ids,
                                   request.seed)
-        return PreparedTurn(match, tuple(obs), prompt, sampling)
+        return PreparedTurn(match, tuple(obs), prompt, sampling, media.lineage, media.new)
 
     async def run(self, forest: SessionForest, request: TurnRequest, rid: str | None = None,
                   seed: int | None = None) -> TurnResult:
         """Generate one turn and commit it; nothing is committed when generation fails or aborts."""
         prepared = self.prepare(forest, request, seed)
-        result = await self.engine.generate(prepared.prompt_ids, prepared.sampling, rid or _rid())
+        result = await self.engine.generate(prepared.prompt_ids, prepared.sampling, rid or _rid(),
+                                            media=prepared.media)
         if result.finish_reason == "abort":
             raise ProtocolError(499, "generation was aborted before it finished; nothing was committed")
         return self.commit(forest, prepared, result)
@@ -133,10 +183,18 @@ class TurnService:
         if prepared.match.full and parent is not None:
             observation: Node = parent
         else:
-            observation = forest.add_observation(prepared.match, prepared.observation_ids)
+            observation = forest.add_observation(prepared.match, prepared.observation_ids, prepared.new_media,
+                                                 self._train_ids(prepared))
         node = forest.add_response(observation, message, result, prepared.sampling, ends_turn)
         finish = "length" if result.finish_reason == "length" else "tool_calls" if message.tool_calls else "stop"
         return TurnResult(message, finish, len(prepared.prompt_ids), result, node.id)
+
+    def _train_ids(self, prepared: PreparedTurn) -> tuple[int, ...]:
+        """The observation's processor-expanded ids; empty when it has no images (same as inference ids)."""
+        if not prepared.new_media or self.template.vision is None:
+            return ()
+        return tuple(expand_placeholders(prepared.observation_ids, self.template.vision.image_token_id,
+                                         prepared.new_media))
 
     def _parse(self, result: GenerateResult, sampling: SamplingParams) -> tuple[Message, bool]:
         ids = list(result.output_ids)

@@ -1,13 +1,19 @@
 """ModelSpec: where the policy's weights, tokenizer and chat template come from.
 
-`path` names any local Hugging Face folder; without it the `tiny` model is built locally from `seed`
-(no download). This module resolves the folder only; engines and trainers load it.
+`path` names any local Hugging Face folder; without it the `tiny` (text) or `tiny_vl` (Qwen2-VL-style
+vision-language) model is built locally from `seed` (no download). This module resolves the folder;
+`load_pretrained` is the one loader engines and trainers share: a folder whose config has a
+`vision_config` loads as an image-text-to-text model, any other as a causal LM.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+BUILT_LOCALLY: tuple[str, ...] = ("tiny", "tiny_vl")
 
 
 @dataclass(frozen=True)
@@ -27,8 +33,26 @@ class ModelSpec:
             if not (folder / "config.json").exists():
                 raise FileNotFoundError(f"model.path={self.path!r} is not a Hugging Face folder (no config.json)")
             return folder
-        if self.name != "tiny":
-            raise ValueError(f"model.name={self.name!r} needs model.path; only 'tiny' is built locally")
+        if self.name not in BUILT_LOCALLY:
+            raise ValueError(f"model.name={self.name!r} needs model.path; only {BUILT_LOCALLY} are built locally")
+        if self.name == "tiny_vl":
+            from relax_pipeline.models.tiny_vl import build_tiny_vl
+
+            return build_tiny_vl(self.cache_dir, self.seed)
         from relax_pipeline.models.tiny import build_tiny
 
         return build_tiny(self.cache_dir, self.seed)
+
+
+def is_multimodal(model_path: str | Path) -> bool:
+    """Whether the folder holds a vision-language model (its config has a `vision_config`)."""
+    config = json.loads((Path(model_path) / "config.json").read_text(encoding="utf-8"))
+    return "vision_config" in config
+
+
+def load_pretrained(model_path: str | Path, dtype: Any) -> Any:
+    """The model of a local folder in `dtype`: image-text-to-text for VL folders, else a causal LM."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    auto = AutoModelForImageTextToText if is_multimodal(model_path) else AutoModelForCausalLM
+    return auto.from_pretrained(str(model_path), dtype=dtype)

@@ -23,6 +23,7 @@ import os
 import shutil
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -87,13 +88,17 @@ def tiny_dir(cache_dir: str | Path | None = None, seed: int = 0) -> Path:
 
 def build_tiny(cache_dir: str | Path | None = None, seed: int = 0) -> Path:
     """Return the cached tiny model folder for `seed`, building it first if it is missing."""
-    final = tiny_dir(cache_dir, seed)
+    return build_once(tiny_dir(cache_dir, seed), lambda folder: _build_into(folder, seed))
+
+
+def build_once(final: Path, build: Callable[[Path], None]) -> Path:
+    """`final` when it holds a finished build, else `build` into a temporary folder published by rename."""
     if is_complete(final):
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
     try:
-        _build_into(tmp, seed)
+        build(tmp)
         _publish(tmp, final)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -105,31 +110,31 @@ def is_complete(folder: Path) -> bool:
     return all((folder / name).is_file() for name in _REQUIRED_FILES)
 
 
-def train_tokenizer() -> PreTrainedTokenizerFast:
+def train_tokenizer(specials: tuple[str, ...] = TINY_SPECIAL_TOKENS, template: str = TINY_TEMPLATE
+                    ) -> PreTrainedTokenizerFast:
     """Train the byte-level BPE on the shipped corpus and wrap it with the chat template."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
-    specials = [AddedToken(t, special=True, normalized=False) for t in TINY_SPECIAL_TOKENS]
     trainer = trainers.BpeTrainer(
         vocab_size=VOCAB_SIZE,
         min_frequency=2,
         show_progress=False,
-        special_tokens=specials,
+        special_tokens=[AddedToken(t, special=True, normalized=False) for t in specials],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     tok.train([str(CORPUS_PATH)], trainer)
-    return _wrap(tok)
+    return _wrap(tok, specials, template)
 
 
-def _wrap(tok: Tokenizer) -> PreTrainedTokenizerFast:
+def _wrap(tok: Tokenizer, specials: tuple[str, ...], template: str) -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token=None,
         eos_token=EOS_TOKEN,
         pad_token=PAD_TOKEN,
-        extra_special_tokens=[t for t in TINY_SPECIAL_TOKENS if t not in (PAD_TOKEN, EOS_TOKEN)],
-        chat_template=TINY_TEMPLATE,
+        extra_special_tokens=[t for t in specials if t not in (PAD_TOKEN, EOS_TOKEN)],
+        chat_template=template,
         clean_up_tokenization_spaces=False,
         model_max_length=4096,
     )

@@ -4,7 +4,9 @@ Fields used: `messages`, `tools`, `chat_template_kwargs`, `max_completion_tokens
 `max_tokens` (the newer wins), `stop`, `seed`, `logprobs`; `model` is echoed. `temperature` and
 `top_p` are ignored (the training config rules) and every other field is accepted and ignored, since
 SDKs send many. `tool_choice`, `parallel_tool_calls` and `response_format` are not enforced.
-Roles are system/user/assistant/tool; `developer` is refused with a hint to send `system`.
+Roles are system/user/assistant/tool; `developer` is refused with a hint to send `system`. User and tool
+contents may hold `image_url` parts (a data URI or an http(s) URL); whether the model accepts them is
+the turn service's decision (a text-only model answers 400).
 
 `parse_messages` is also how explicit exports (canonical Chat form) are read. `stream=true` gets Buffered
 SSE: comment frames while generating, then one `chat.completion.chunk` carrying the whole message, its
@@ -24,8 +26,8 @@ from relax_pipeline.forest.canonical import (
     canonical_arguments,
     canonical_template_kwargs,
     canonical_tools,
+    content_of,
     make_message,
-    text_of,
 )
 from relax_pipeline.forest.memo import RequestMemo
 from relax_pipeline.gateway.turn import TurnRequest, TurnResult
@@ -61,13 +63,14 @@ def parse_message(raw: Any, param: str) -> Message:
     role = raw.get("role")
     if role == "developer":
         raise CanonicalError("role 'developer' is not supported; send it as a 'system' message", f"{param}.role")
-    content = text_of(raw.get("content"), f"{param}.content")
+    content, images = content_of(raw.get("content"), f"{param}.content")
     reasoning = raw.get("reasoning_content")
     if reasoning is not None and not isinstance(reasoning, str):
         raise CanonicalError("reasoning_content must be a string", f"{param}.reasoning_content")
     calls = _tool_calls(raw.get("tool_calls"), f"{param}.tool_calls") if role == "assistant" else ()
     call_id = raw.get("tool_call_id")
-    return make_message(role, content, param, reasoning, calls, call_id if isinstance(call_id, str) else None)
+    return make_message(role, content, param, reasoning, calls, call_id if isinstance(call_id, str) else None,
+                        images)
 
 
 def _tool_calls(raw: Any, param: str) -> tuple[ToolCall, ...]:

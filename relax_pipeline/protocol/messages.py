@@ -7,10 +7,13 @@ parameter is accepted and ignored. Only custom tools (no `type`, or `type: "cust
 server tools (`web_search_20250305`, `bash_20250124`, ...) are dropped.
 
 One Anthropic message may become several canonical messages: a user message's blocks are walked in
-order, each `tool_result` becomes a tool message and each run of `text` blocks a user message. A
+order, each `tool_result` becomes a tool message and each run of `text` and `image` blocks a user message. A
 `tool_result` with `is_error: true` keeps its text, prefixed with "Error: ", since the canonical tool
 message has no error flag. Assistant `thinking` blocks become `reasoning_content`; `redacted_thinking`
-is dropped (its content is opaque). Images and documents are refused: this model is text-only.
+is dropped (its content is opaque). `image` blocks (a `url` source, or a `base64` source, which becomes
+the data URI `data:<media_type>;base64,<data>`, so the same image sent through Chat hashes the same) are
+accepted in user content and in `tool_result` content; whether the model sees them is the turn service's
+decision. `document` blocks are refused.
 
 The expanded messages are Chat-form dicts paired with their Anthropic field path, so the session's
 `RequestMemo` reuses the replayed prefix exactly as the Chat front-end does. Responses carry `thinking`
@@ -38,7 +41,7 @@ Item = tuple[str, dict[str, Any]]
 """An expanded message: its Anthropic field path and its Chat-form dict."""
 ERROR_PREFIX = "Error: "
 CUSTOM_TOOL_TYPES = (None, "custom")
-MEDIA_BLOCKS = ("image", "document")
+MEDIA_BLOCKS = ("document",)
 
 
 # --- request → canonical ---------------------------------------------------------------------------
@@ -110,30 +113,58 @@ def _expand(raw: Any, param: str) -> list[Item]:
 
 
 def _user(blocks: list[Any], param: str) -> Iterator[Item]:
-    """Tool results become tool messages; each run of text blocks becomes a user message."""
-    texts: list[str] = []
+    """Tool results become tool messages; each run of text and image blocks becomes a user message."""
+    parts: list[dict[str, Any]] = []
     for j, block in enumerate(blocks):
         path = f"{param}.content[{j}]"
         if _kind(block, path) == "tool_result":
-            if texts:
-                yield param, {"role": "user", "content": "".join(texts)}
-                texts = []
+            if parts:
+                yield param, {"role": "user", "content": parts}
+                parts = []
             yield path, _tool_result(block, path)
         else:
-            texts.append(_text(block, path))
-    if texts or not blocks:
-        yield param, {"role": "user", "content": "".join(texts)}
+            parts.append(_part(block, path))
+    if parts or not blocks:
+        yield param, {"role": "user", "content": parts or ""}
 
 
 def _tool_result(block: Mapping[str, Any], param: str) -> dict[str, Any]:
     content = block.get("content")
-    text = content if isinstance(content, str) else "".join(_text_blocks(content or [], f"{param}.content"))
+    parts: Any = content if isinstance(content, str) else _parts(content or [], f"{param}.content")
     if block.get("is_error") is True:
-        text = ERROR_PREFIX + text
+        parts = ERROR_PREFIX + parts if isinstance(parts, str) else [_chat_text(ERROR_PREFIX), *parts]
     call_id = block.get("tool_use_id")
     if not isinstance(call_id, str) or not call_id:
         raise CanonicalError("a tool_result needs its 'tool_use_id'", f"{param}.tool_use_id")
-    return {"role": "tool", "content": text, "tool_call_id": call_id}
+    return {"role": "tool", "content": parts, "tool_call_id": call_id}
+
+
+def _parts(raw: Any, param: str) -> list[dict[str, Any]]:
+    if not isinstance(raw, list):
+        raise CanonicalError("must be a string or a list of text and image blocks", param)
+    return [_part(block, f"{param}[{j}]") for j, block in enumerate(raw)]
+
+
+def _part(block: Any, param: str) -> dict[str, Any]:
+    """A text or image block as a Chat content part."""
+    if _kind(block, param) == "image":
+        return {"type": "image_url", "image_url": {"url": _image_url(block.get("source"), f"{param}.source")}}
+    return _chat_text(_text(block, param))
+
+
+def _chat_text(text: str) -> dict[str, Any]:
+    return {"type": "text", "text": text}
+
+
+def _image_url(source: Any, param: str) -> str:
+    """The URL of an image block's `url` or `base64` source."""
+    kind = source.get("type") if isinstance(source, Mapping) else None
+    if kind == "url" and isinstance(source.get("url"), str):
+        return source["url"]
+    if kind == "base64" and isinstance(source.get("data"), str) and isinstance(source.get("media_type"), str):
+        return f"data:{source['media_type']};base64,{source['data']}"
+    raise CanonicalError("an image block needs a source {type: url, url} or {type: base64, media_type, data}",
+                         param)
 
 
 def _assistant(blocks: list[Any], param: str) -> Item:
@@ -169,7 +200,7 @@ def _kind(block: Any, param: str) -> Any:
 def _text(block: Any, param: str) -> str:
     kind = _kind(block, param)
     if kind in MEDIA_BLOCKS:
-        raise CanonicalError(f"this model is text-only: {kind} input is not supported", param)
+        raise CanonicalError(f"{kind} blocks are not supported; send text (or image blocks in user content)", param)
     if kind != "text" or not isinstance(block.get("text"), str):
         raise CanonicalError(f"unsupported content block type {kind!r} here; send text blocks", param)
     return block["text"]
@@ -199,7 +230,7 @@ def _stop(raw: Any) -> tuple[str, ...]:
 def count_tokens(body: Any, template: ChatTemplate) -> dict[str, int]:
     """`v1/messages/count_tokens`: tokens of the full render with the generation prompt."""
     messages, _, context = parse_conversation(body)
-    return {"input_tokens": len(template.prompt_ids(messages, context))}
+    return {"input_tokens": template.prompt_length(messages, context)}
 
 
 # --- canonical → response ---------------------------------------------------------------------------

@@ -6,7 +6,8 @@ Fields used: `instructions` (a leading system message), `input` (a string, or a 
 `tool_choice`, `parallel_tool_calls`, `metadata`, `temperature`, `top_p`, ...) is accepted and ignored.
 
 Input items: `message` items (or items with a `role` and no `type`) with roles user/assistant/system and
-`developer` (read as system), content a string or text parts; `reasoning`, `function_call` and
+`developer` (read as system), content a string or text parts, user content also `input_image` parts
+(`image_url` a data URI or an http(s) URL; `file_id` is not supported); `reasoning`, `function_call` and
 `function_call_output` items. One assistant turn is a run of consecutive reasoning, assistant-message and
 function-call items, in the order this module renders them (reasoning, then text, then calls); the run
 becomes ONE canonical assistant message, so a replayed turn matches the response node it came from, and
@@ -14,7 +15,7 @@ the same conversation sent through Chat Completions lands on the same lineage. A
 `call_id` is the canonical `ToolCall.id`.
 
 Not supported: `previous_response_id` (nothing is stored server-side: the client replays the full
-`input`), `item_reference` and hosted-tool items, image input (the model is text-only) and logprobs.
+`input`), `item_reference` and hosted-tool items, `input_file` and image `file_id`s, and logprobs.
 `stream=true` gets Buffered SSE: `response.created` and `response.in_progress` at once, comment frames
 while generating, then `response.output_item.added`/`.done` per output item and `response.completed` (or
 `response.incomplete` when the output hit the token limit), all with increasing `sequence_number`s.
@@ -32,6 +33,7 @@ from relax_pipeline.forest.canonical import (
     ToolCall,
     canonical_arguments,
     canonical_tools,
+    content_of,
     make_message,
     text_of,
 )
@@ -125,17 +127,18 @@ def _message(raw: Mapping[str, Any], param: str) -> Message:
     role = raw.get("role")
     if role not in MESSAGE_ROLES:
         raise CanonicalError(f"role must be one of {', '.join(MESSAGE_ROLES)}, got {role!r}", f"{param}.role")
-    return make_message(MESSAGE_ROLES[role], text_of(raw.get("content"), f"{param}.content"), param)
+    content, images = content_of(raw.get("content"), f"{param}.content")
+    return make_message(MESSAGE_ROLES[role], content, param, images=images)
 
 
 def _tool_output(raw: Mapping[str, Any], param: str) -> Message:
     call_id = raw.get("call_id")
     if not isinstance(call_id, str) or not call_id:
         raise CanonicalError("function_call_output needs the call_id of its function_call", f"{param}.call_id")
-    output = text_of(raw.get("output"), f"{param}.output")
-    if not output:
+    output, images = content_of(raw.get("output"), f"{param}.output")
+    if not output and not images:
         raise CanonicalError("function_call_output.output must be non-empty text", f"{param}.output")
-    return make_message("tool", output, param, tool_call_id=call_id)
+    return make_message("tool", output, param, tool_call_id=call_id, images=images)
 
 
 def _assistant_turn(items: list[tuple[int, Any]]) -> Message:

@@ -34,7 +34,7 @@ class Prepare:
     def open_group(self, prompt: Prompt, rollout_id: int, mode: str = "train", n_samples: int | None = None) -> Group:
         """A group of `n_samples` sessions (default `rollout.n_samples_per_prompt`; eval datasets set their own)."""
         group = Group(f"g{rollout_id}-{prompt.index}-{secrets.token_hex(3)}", prompt, rollout_id, mode, self.io_root)
-        payload = build_input(prompt.input, prompt.metadata or None)
+        payload = build_input(prompt.input, prompt.metadata or None, prompt.images)
         for index in range(n_samples or self.n_samples):
             session = self.store.open(group.id, index, rollout_id, mode, payload)
             session.seed = derive_seed(self.seed, rollout_id, prompt.index, index)

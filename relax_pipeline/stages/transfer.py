@@ -5,6 +5,10 @@ last turn hit the length limit); a dropped group yields one row per session sayi
 the session that failed, `dropped` for its siblings), and a group its credit filtered (`credit.base.filter_group`)
 one row per session with status `filtered` and `error` null (the reason is in the log), so nothing is lost
 silently. Rows follow the dump schema exactly; writing them is `tracking/dump.py`'s job.
+
+Rows of samples with images keep the schema (`tokens` are the processor-expanded training ids) and add
+`multimodal: {"image_grid_thw", "image_tokens"}`; their messages carry image parts whose data URIs are
+replaced by the image's digest (`data:elided;blake2b=...`), so a dump never holds pixels or base64.
 """
 
 from __future__ import annotations
@@ -37,13 +41,17 @@ class Transfer:
         row = _base(group, session, "truncated" if sample.truncated else "completed", None)
         row.update(
             name=exported.name, reward=context.reward, advantage=context.advantage, metadata=metadata,
-            messages=[m.to_openai() for m in sample.messages], tools=[dict(t) for t in sample.context.tools],
+            messages=[m.to_openai(inline_media=False) for m in sample.messages],
+            tools=[dict(t) for t in sample.context.tools],
             chat_template_kwargs=sample.context.kwargs(), state_hash=sample.state_hash,
             tokens=list(sample.tokens), loss_mask=list(sample.loss_mask),
             rollout_logprobs=list(sample.rollout_logprobs), weight_versions=list(sample.weight_versions),
             prompt_length=sample.prompt_length, response_length=sample.response_length,
             turn_count=sample.turn_count, abort_count=sample.abort_count,
         )
+        if sample.image_grid_thw:
+            row["multimodal"] = {"image_grid_thw": [list(g) for g in sample.image_grid_thw],
+                                 "image_tokens": list(sample.image_tokens)}
         return row
 
     def _failed_row(self, group: Group, session: Session) -> dict[str, Any]:

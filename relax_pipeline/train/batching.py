@@ -12,6 +12,9 @@ The dynamic budget counts PADDED tokens (`rows × longest row`), because the bac
 deterministic. A sample longer than the budget gets a micro-batch of its own and a warning; nothing is
 ever dropped.
 
+Samples of vision-language models carry `multimodal_train_inputs` (`pixel_values`, `image_grid_thw`);
+their `tokens` are the processor-expanded ids, so the padded-token budget counts image tokens too.
+
 What this module does not do: tensors, padding, normalizers (see `step.py`), or data-parallel sharding
 across ranks.
 """
@@ -21,6 +24,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +49,8 @@ class TrainSample:
     """Base scalar credit of the context (before token expansion and whitening)."""
     weight_versions: tuple[int, ...] = ()
     """Weight version per response token; informational, the loss does not use it."""
+    multimodal_train_inputs: dict[str, Any] | None = None
+    """`pixel_values` and `image_grid_thw` tensors of the sample's images, in order; None for text."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.prompt_length <= len(self.tokens):

@@ -27,7 +27,9 @@ process group this trainer created. Without CUDA, `DS_ACCELERATOR=cpu` and the g
 `TORCH_EXTENSIONS_DIR` defaults to `<relax cache>/torch_extensions` so DeepSpeed's one-time op builds
 (the CPU shm comm op, ~40-70 s) are reused across runs and tests.
 
-What it does not do: data-parallel sharding across several ranks (it refuses WORLD_SIZE > 1 naming the
+What it does not do: vision-language models (a model folder with a `vision_config`, such as
+`model=tiny_vl`, is refused at construction: its `multimodal_train_inputs` are untested under ZeRO; use
+`trainer=torch`), data-parallel sharding across several ranks (it refuses WORLD_SIZE > 1 naming the
 gap), CPU offload, mixed precision, or pipeline/tensor parallelism. `trainer.device` is not used: the
 device is DeepSpeed's accelerator device for LOCAL_RANK.
 """
@@ -41,6 +43,7 @@ from typing import Any
 
 import torch
 
+from relax_pipeline.models.spec import is_multimodal
 from relax_pipeline.models.tiny import default_cache_dir
 from relax_pipeline.train.torch_backend import (
     WEIGHTS_FILE,
@@ -65,6 +68,9 @@ class DeepSpeedTrainer(TorchTrainer):
 
     def _setup(self, device: str, needs_reference: bool) -> None:
         """Process group, policy (+ reference), torch AdamW, `deepspeed.initialize`; undone if any part fails."""
+        if is_multimodal(self.model_path):
+            raise ValueError(f"trainer=deepspeed does not train vision-language models (model path {self.model_path} "
+                             "needs multimodal_train_inputs); use trainer=torch")
         self._owned_env = prepare_environment()
         self._owns_group = False
         try:

@@ -10,7 +10,10 @@ Logprobs are computed exactly the way the engine computes them: log_softmax(logi
 the full vocabulary in float32, gathered at the next token, with temperature 0 (greedy) read as 1.
 Batches are right-padded [B, L] with an attention mask (positions 0..len-1 per row, as in the engine's
 unpadded prefill); the model is asked only for the logits from the earliest response position on
-(`logits_to_keep`), so prompt positions never reach the LM head or the softmax.
+(`logits_to_keep`), so prompt positions never reach the LM head or the softmax. A micro-batch whose
+samples carry `multimodal_train_inputs` also feeds their `pixel_values` and `image_grid_thw` (concatenated
+in row order) and the image-token mask, so a vision-language model computes the same mrope positions and
+image embeddings as the engine did.
 
 What this module does not do: build models or optimizers, checkpoint, or shard a batch across ranks.
 """
@@ -20,7 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import torch
 
@@ -74,6 +77,8 @@ class Collated:
     rollout_logprobs: torch.Tensor
     base: torch.Tensor
     """[B] base advantages."""
+    multimodal: dict[str, torch.Tensor] | None = None
+    """`pixel_values` and `image_grid_thw` of every row's images, in row order; None without images."""
 
 
 def collate(samples: Sequence[TrainSample], pad_id: int, device: torch.device | str) -> Collated:
@@ -85,7 +90,23 @@ def collate(samples: Sequence[TrainSample], pad_id: int, device: torch.device | 
     columns = [torch.tensor(list(c)) for c in zip(*rows, strict=True)]
     ids, attention, index, targets, mask, rollout = (c.to(device) for c in columns)
     base = torch.tensor([s.advantage for s in samples], dtype=torch.float32, device=device)
-    return Collated(ids, attention, length - start, index, targets, mask.float(), rollout.float(), base)
+    return Collated(ids, attention, length - start, index, targets, mask.float(), rollout.float(), base,
+                    _multimodal(samples, device))
+
+
+def _multimodal(samples: Sequence[TrainSample], device: torch.device | str) -> dict[str, torch.Tensor] | None:
+    inputs = [s.multimodal_train_inputs for s in samples if s.multimodal_train_inputs]
+    if not inputs:
+        return None
+    return {key: torch.cat([i[key] for i in inputs]).to(device) for key in ("pixel_values", "image_grid_thw")}
+
+
+def _vision_kwargs(model: Model, batch: Collated) -> dict[str, Any]:
+    """Pixels, grids and the image-token mask for a batch with images (nothing for text batches)."""
+    if batch.multimodal is None:
+        return {}
+    config = getattr(model, "module", model).config  # type: ignore[attr-defined] - DeepSpeed wraps the model
+    return {**batch.multimodal, "mm_token_type_ids": (batch.input_ids == config.image_token_id).int()}
 
 
 def _row(s: TrainSample, length: int, width: int, start: int, pad_id: int) -> tuple[list, ...]:
@@ -106,7 +127,8 @@ def response_logprobs(
     "metric" returns a detached entropy (no autograd graph is kept for it); "train" keeps its gradient.
     """
     out = model(
-        input_ids=batch.input_ids, attention_mask=batch.attention_mask, logits_to_keep=batch.keep, use_cache=False
+        input_ids=batch.input_ids, attention_mask=batch.attention_mask, logits_to_keep=batch.keep, use_cache=False,
+        **_vision_kwargs(model, batch),
     )
     logits = out.logits  # type: ignore[attr-defined]
     rows = logits.gather(1, batch.index.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))

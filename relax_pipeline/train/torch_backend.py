@@ -193,14 +193,15 @@ def _check(settings: StepSettings, grad_clip: float, global_batch_size: int | No
 
 
 def load_policy(model_path: str, seed: int, device: str) -> tuple[torch.nn.Module, int]:
-    """`torch.manual_seed(seed)`, then the float32 causal LM in eval mode and the id used for padding.
+    """`torch.manual_seed(seed)`, then the float32 model (causal LM or vision-language) in eval mode and the
+    id used for padding.
 
     Padding is masked out and never a target, so any valid id works: the model's pad id, else 0.
     """
-    from transformers import AutoModelForCausalLM
+    from relax_pipeline.models.spec import load_pretrained
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device).eval()
+    model = load_pretrained(model_path, torch.float32).to(device).eval()
     pad = getattr(model.config, "pad_token_id", None)
     return model, pad if isinstance(pad, int) else 0
 

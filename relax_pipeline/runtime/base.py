@@ -1,30 +1,56 @@
 """Runtime strategies: when groups start, how many are resident, and when a step closes.
 
-Every mode of DESIGN §1 is a `RuntimeStrategy` over the same `Pipeline`: `sync` starts a step's
-groups under the resident capacity and waits for them; `prelaunch` will start the next groups' agents
-while capacity is free (first requests held until the lease); `partial` and `fully_async` will carry
-unfinished sessions across steps, parking them around weight updates. The strategy never touches
-stages directly, only the `Pipeline` group methods and the session states in the store.
+Every mode of DESIGN §1 is a `RuntimeStrategy` over the same `Pipeline` and `GroupPool`:
+
+- `sync`: each step leases its groups under the resident capacity and waits for them;
+- `prelaunch`: as sync, and once a step has its groups the next step's agents start while the trainer
+  works, their first requests held until the next step leases them;
+- `partial`: at step close the unfinished groups are parked (in-flight generations aborted, resumed in
+  the next step with their partial tokens) instead of terminated;
+- `fully_async`: generation never stops for training; each step takes `rollout.batch_size` finished
+  groups, generations are preempted only around weight updates, `runtime.max_staleness` bounds how old
+  a sample's first token may be, and the last step drains what is left.
+
+A strategy never touches stages directly, only the `Pipeline` group methods, the pool and the leases.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
+from relax_pipeline.engine.base import Engine
 from relax_pipeline.stages.pipeline import Pipeline, StepResult
+
+
+@dataclass(frozen=True)
+class Binding:
+    """What the run resolved for its strategy; connects `run.py` to the strategy."""
+
+    capacity: int
+    """Resident prompt groups (`runtime.base.resident_capacity`)."""
+    engine: Engine
+    """The engine whose generations leases abort and resume."""
+    over_sampling: int | None = None
+    """`rollout.over_sampling_batch_size`."""
+    num_steps: int | None = None
+    """`rollout.num_steps`: the step with id num_steps - 1 is the last (nothing is carried past it)."""
 
 
 class RuntimeStrategy(Protocol):
     """One scheduling mode."""
 
-    def bind(self, capacity: int, over_sampling: int | None = None) -> None:
-        """Take the resident capacity and the over-sampling batch size the run resolved."""
+    def bind(self, binding: Binding) -> None:
+        """Take the resident capacity, the engine and the step count the run resolved."""
 
     async def rollout(self, pipeline: Pipeline, rollout_id: int) -> StepResult:
         """Produce one step's groups (scored and transferred)."""
 
     async def before_weight_update(self) -> None:
-        """Called before the trainer pushes new weights (partial modes park in-flight work here)."""
+        """Called after training and before the new weights reach the engine (fully_async preempts here)."""
+
+    async def after_weight_update(self) -> None:
+        """Called once the engine serves the new weights (fully_async resumes here)."""
 
     async def close(self) -> None:
         """Terminate whatever the strategy still holds (prelaunched or carried-over groups)."""

@@ -1,24 +1,25 @@
 """`runtime=sync`: each step runs groups under the resident capacity until it has `rollout.batch_size`.
 
 Up to `rollout.over_sampling_batch_size` groups (default `rollout.batch_size`; at most the resident
-capacity at a time) start at once. Groups finish their agents inside the capacity and are scored
-outside it, one by one as they come in: a group that is dropped (a session failed) or filtered (its
-credit or `credit.filter_path` rejected it) is replaced by a new group within the step, up to
-`MAX_STARTS_PER_NEED` starts per needed group, after which the step ends short and says so. Once the step
-has its groups, the groups still running are surplus: their agents are terminated and their sessions
-recorded as dropped ("surplus"), and their prompts go back to the data source like every excluded
-group's, so an epoch still covers every prompt.
+capacity at a time) start at once, leased: each generates once its first-request barrier passes. Groups
+finish their agents inside the capacity and are scored outside it, one by one as they come in: a group
+that is dropped (a session failed) or filtered (its credit or `credit.filter_path` rejected it) is
+replaced by a new group within the step, up to `MAX_STARTS_PER_NEED` starts per needed group, after which
+the step ends short and says so. Once the step has its groups, the groups still resident are surplus:
+their agents are terminated and their sessions recorded as dropped ("surplus"), and their prompts go
+back to the data source like every excluded group's, so an epoch still covers every prompt.
+
+`SyncRuntime` is also the base of `prelaunch` and `partial`, which change only how a step opens and
+closes (`_open_step`, `_close_step`), and of `fully_async`, which replaces `rollout`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
 
-from relax_pipeline.forest.export import Exported
-from relax_pipeline.stages.group import Group
+from relax_pipeline.runtime.base import Binding
+from relax_pipeline.runtime.pool import GroupPool, Outcome
 from relax_pipeline.stages.pipeline import Pipeline, StepResult
 
 log = logging.getLogger(__name__)
@@ -26,94 +27,97 @@ MAX_STARTS_PER_NEED = 4
 SURPLUS = "surplus: the step already had rollout.batch_size groups"
 
 
-@dataclass
-class _Step:
-    """The groups of one step in flight; connects the task callbacks to the step's result."""
-
-    pipeline: Pipeline
-    rollout_id: int
-    slots: asyncio.Semaphore
-    running: dict[asyncio.Task, Group | None] = field(default_factory=dict)
-    closing: bool = False
-    starts: int = 0
-
-    def start(self) -> None:
-        task = asyncio.ensure_future(self._one())
-        self.running[task] = None
-        self.starts += 1
-
-    async def _one(self) -> tuple[Group, dict[str, list[Exported]]] | None:
-        async with self.slots:
-            if self.closing:
-                return None
-            group = await self.pipeline.start_group(self.rollout_id)
-            self.running[asyncio.current_task()] = group
-            return group, await self.pipeline.await_group(group)
-
-
 class SyncRuntime:
-    """The baseline strategy; later modes reuse its knobs and the `Pipeline` group methods."""
+    """The baseline strategy; every mode takes the same `runtime.*` keys."""
 
     def __init__(self, concurrency: int | None = None, eval_concurrency: int | None = None,
-                 max_aborted_count: int = 2) -> None:
+                 max_aborted_count: int = 2, barrier_warn_s: float = 60.0, max_staleness: int | None = None,
+                 external_slots: int | None = None) -> None:
         self.concurrency = concurrency
         self.eval_concurrency = eval_concurrency
         self.max_aborted_count = max_aborted_count
-        self.capacity = concurrency or 1
-        self.over_sampling: int | None = None
+        self.barrier_warn_s = barrier_warn_s
+        self.max_staleness = max_staleness
+        self.external_slots = external_slots
+        self.binding: Binding | None = None
+        self.pool: GroupPool | None = None
 
-    def bind(self, capacity: int, over_sampling: int | None = None) -> None:
-        """Set the resident capacity the run resolved (see `runtime.base.resident_capacity`)."""
-        self.capacity = capacity
-        self.over_sampling = over_sampling
+    def bind(self, binding: Binding) -> None:
+        """Take the resident capacity, engine and step count the run resolved (`runtime.base.Binding`)."""
+        self.binding = binding
+
+    def _pool(self, pipeline: Pipeline) -> GroupPool:
+        if self.pool is None:
+            if self.binding is None:
+                raise RuntimeError(f"{type(self).__name__}.bind() must be called before rollout()")
+            self.pool = GroupPool(pipeline, self.binding.engine, self.binding.capacity, self.max_aborted_count,
+                                  self.barrier_warn_s)
+        return self.pool
 
     async def rollout(self, pipeline: Pipeline, rollout_id: int) -> StepResult:
         started, need = time.time(), pipeline.batch_size
         pipeline.source.new_step()
-        step = _Step(pipeline, rollout_id, asyncio.Semaphore(self.capacity))
+        pool = self._pool(pipeline)
         result = StepResult(rollout_id)
-        for _ in range(max(need, self.over_sampling or need)):
-            step.start()
-        accepted = await self._collect(step, result, need)
+        starts = self._open_step(pool, rollout_id, need)
+        accepted = await self._collect(pool, result, rollout_id, need, starts)
         if accepted < need:
             log.warning("rollout %d: only %d of %d groups after %d starts (every other group was dropped or "
-                        "filtered); the step goes on short", rollout_id, accepted, need, step.starts)
-        await self._close(step, result)
+                        "filtered); the step goes on short", rollout_id, accepted, need, starts)
+        extra = await self._close_step(pool, result, rollout_id, need)
         result.groups.sort(key=lambda g: g.id)
-        return pipeline.close_step(result, started)
+        closed = pipeline.close_step(result, started)
+        closed.metrics.update(extra)
+        return closed
 
-    async def _collect(self, step: _Step, result: StepResult, need: int) -> int:
+    def _wanted(self, need: int) -> int:
+        assert self.binding is not None
+        return max(need, self.binding.over_sampling or need)
+
+    def _is_last(self, rollout_id: int) -> bool:
+        assert self.binding is not None
+        return self.binding.num_steps is not None and rollout_id >= self.binding.num_steps - 1
+
+    def _open_step(self, pool: GroupPool, rollout_id: int, need: int) -> int:
+        """Launch the step's groups (leased); returns how many groups this step started."""
+        count = max(0, self._wanted(need) - pool.pending)
+        for _ in range(count):
+            pool.launch(rollout_id)
+        return count
+
+    async def _collect(self, pool: GroupPool, result: StepResult, rollout_id: int, need: int, starts: int) -> int:
+        """Score finished groups until `need` are accepted, replacing dropped and filtered ones."""
         accepted = 0
-        while accepted < need and step.running:
-            done, _ = await asyncio.wait(list(step.running), return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                step.running.pop(task)
-                outcome = task.result()
-                if outcome is None:
-                    continue
-                if accepted >= need:
-                    await step.pipeline.cancel_group(outcome[0], SURPLUS)
-                accepted += await self._score(step, result, *outcome)
-                if accepted + len(step.running) < need and step.starts < MAX_STARTS_PER_NEED * need:
-                    step.start()
+        while accepted < need and (outcome := await pool.next_done()) is not None:
+            accepted += await self._score(pool.pipeline, result, outcome)
+            if accepted + pool.pending < need and starts < MAX_STARTS_PER_NEED * need:
+                pool.launch(rollout_id)
+                starts += 1
         return accepted
 
     @staticmethod
-    async def _score(step: _Step, result: StepResult, group: Group, exports: dict[str, list[Exported]]) -> int:
+    async def _score(pipeline: Pipeline, result: StepResult, outcome: Outcome) -> int:
+        group, exports = outcome
         result.groups.append(group)
-        result.rows.extend(await step.pipeline.score_group(group, exports))
+        result.rows.extend(await pipeline.score_group(group, exports))
         return 0 if group.excluded else 1
 
-    async def _close(self, step: _Step, result: StepResult) -> None:
-        """Terminate surplus groups and record them; groups that never started are just cancelled."""
-        step.closing = True
-        await asyncio.gather(*(step.pipeline.cancel_group(g, SURPLUS) for g in step.running.values() if g))
-        for outcome in await asyncio.gather(*step.running):
-            if outcome is not None:
-                await self._score(step, result, *outcome)
+    async def _close_step(self, pool: GroupPool, result: StepResult, rollout_id: int, need: int) -> dict[str, float]:
+        """Terminate surplus groups and record them; returns extra step metrics."""
+        surplus = await pool.cancel_all(SURPLUS)
+        for outcome in surplus:
+            await self._score(pool.pipeline, result, outcome)
+        return {}
 
     async def before_weight_update(self) -> None:
         return None
 
-    async def close(self) -> None:
+    async def after_weight_update(self) -> None:
         return None
+
+    async def close(self) -> None:
+        """End whatever is still resident (only after an error or an early stop in sync mode)."""
+        if self.pool is not None and self.pool.pending:
+            ended = await self.pool.cancel_all("run ended: the group was still resident")
+            log.warning("run end: %d resident groups terminated (their sessions are recorded as dropped)",
+                        len(ended))

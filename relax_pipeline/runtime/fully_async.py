@@ -1,0 +1,95 @@
+"""`runtime=fully_async`: generation and training overlap; steps take whatever groups finished.
+
+The pool is kept full: whenever a resident group's agents finish, another group is launched (up to the
+resident capacity running, and at most one step's worth of finished groups waiting), during rollout,
+training and eval alike. A step takes the next `rollout.batch_size` finished groups in completion order
+(scoring them, replacing dropped and filtered ones as they come). Around each weight update every
+in-flight generation is preempted (aborted, its partial tokens kept) and resumed on the new weights, so
+a sample's tokens can span versions and carry each one. `runtime.max_staleness` bounds how many versions
+old a group's first generated token may be when its step takes it: older groups are dropped ("stale"),
+counted in `rollout/stale_groups`, and their prompts go back to the data source. The last step launches
+nothing new and drains every resident group into its batch, so no session is left running.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from relax_pipeline.forest.sessions import Session
+from relax_pipeline.runtime.sync import SyncRuntime
+from relax_pipeline.stages.group import Group
+from relax_pipeline.stages.pipeline import Pipeline, StepResult
+
+log = logging.getLogger(__name__)
+
+
+class FullyAsyncRuntime(SyncRuntime):
+    """Continuous generation; steps consume finished groups; preemption only around weight updates."""
+
+    _step = 0
+    _leased = True
+    _draining = False
+    _need = 1
+
+    async def rollout(self, pipeline: Pipeline, rollout_id: int) -> StepResult:
+        started = time.time()
+        pipeline.source.new_step()
+        pool = self._pool(pipeline)
+        pool.on_done = self._refill
+        self._step, self._need, self._draining = rollout_id, pipeline.batch_size, self._is_last(rollout_id)
+        self._refill()
+        result, stale = StepResult(rollout_id), 0
+        accepted = 0
+        while accepted < self._need or (self._draining and pool.pending):
+            outcome = await pool.next_done()
+            if outcome is None:
+                break
+            stale += await self._drop_if_stale(pipeline, outcome[0])
+            accepted += await self._score(pipeline, result, outcome)
+        if accepted < self._need:
+            log.warning("rollout %d: only %d of %d groups finished", rollout_id, accepted, self._need)
+        result.groups.sort(key=lambda g: g.id)
+        closed = pipeline.close_step(result, started)
+        closed.metrics["rollout/stale_groups"] = float(stale)
+        return closed
+
+    def _refill(self) -> None:
+        """Keep the capacity running, with at most one step's worth of finished groups waiting."""
+        pool = self.pool
+        if pool is None or pool.closing or self._draining:
+            return
+        while len(pool.running_entries) < pool.capacity and pool.pending < pool.capacity + self._need:
+            pool.launch(self._step, leased=self._leased)
+
+    async def _drop_if_stale(self, pipeline: Pipeline, group: Group) -> int:
+        if self.max_staleness is None or group.excluded or self.binding is None:
+            return 0
+        firsts = [v for s in group.sessions if (v := _first_version(s)) is not None]
+        now = self.binding.engine.weight_version
+        if not firsts or now - min(firsts) <= self.max_staleness:
+            return 0
+        await pipeline.cancel_group(group, f"stale: its first token came from weights v{min(firsts)} and the policy "
+                                           f"is v{now} (runtime.max_staleness={self.max_staleness})")
+        return 1
+
+    async def before_weight_update(self) -> None:
+        """Preempt every in-flight generation; it resumes on the new weights."""
+        self._leased = False
+        if self.pool is not None:
+            aborted = await self.pool.revoke_all()
+            log.info("weight update: %d in-flight generations preempted", aborted)
+
+    async def after_weight_update(self) -> None:
+        self._leased = True
+        if self.pool is not None:
+            self.pool.grant_all()
+
+
+def _first_version(session: Session) -> int | None:
+    """Weight version of the session's first generated token, None before it generated."""
+    for node in session.forest.nodes:
+        if node.kind == "response" and node.weight_versions:
+            return node.weight_versions[0]
+    return None
+

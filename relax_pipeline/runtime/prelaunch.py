@@ -1,0 +1,37 @@
+"""`runtime=prelaunch`: start the next step's agents while the trainer works.
+
+Each step runs as under `sync`. Once it has its groups and the surplus is ended, the resident capacity
+is free, so the next step's groups are launched at once, held: their agent processes start (paying their
+start-up cost during the optimizer step, the weight update and eval), their sessions wait with paused
+active-time clocks, and their first requests are held by the group lease. The next step leases them
+first and launches only what is still missing. Nothing is prelaunched after the last step; groups still
+held when the run ends are terminated, recorded as dropped, and their prompts go back to the source.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from relax_pipeline.runtime.pool import GroupPool
+from relax_pipeline.runtime.sync import SyncRuntime
+from relax_pipeline.stages.pipeline import StepResult
+
+log = logging.getLogger(__name__)
+
+
+class PrelaunchRuntime(SyncRuntime):
+    """Sync steps plus agent start-up hidden behind the previous step's training."""
+
+    def _open_step(self, pool: GroupPool, rollout_id: int, need: int) -> int:
+        held = pool.grant_all()
+        return held + super()._open_step(pool, rollout_id, need)
+
+    async def _close_step(self, pool: GroupPool, result: StepResult, rollout_id: int, need: int) -> dict[str, float]:
+        extra = await super()._close_step(pool, result, rollout_id, need)
+        if self._is_last(rollout_id):
+            return extra
+        count = min(self._wanted(need), pool.capacity)
+        for _ in range(count):
+            pool.launch(rollout_id + 1, leased=False)
+        log.info("rollout %d: prelaunched %d groups for the next step", rollout_id, count)
+        return {**extra, "rollout/prelaunched_groups": float(count)}

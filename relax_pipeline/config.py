@@ -50,6 +50,12 @@ class RuntimeConfig:
     """Eval groups in flight per dataset; None: ceil(resident sessions / the dataset's group size)."""
     max_aborted_count: int = 2
     """Partial rollout: aborts after which a request is protected."""
+    barrier_warn_s: float = 60.0
+    """Log the missing sessions when a group's first-request barrier waits longer than this."""
+    max_staleness: int | None = None
+    """fully_async: drop groups whose first token is more than this many weight versions old; None: no bound."""
+    external_slots: int | None = None
+    """Agent slots of an external platform; the start-up capacity check refuses too few. None: local agents."""
 
 
 @dataclass

@@ -108,9 +108,10 @@ class StepLoop:
             log.warning("step %d: no sample has credit (all groups dropped or unrewarded); not training",
                         result.rollout_id)
             return {}
-        await self.strategy.before_weight_update()
         metrics = await asyncio.to_thread(self.trainer.train, samples)
+        await self.strategy.before_weight_update()
         await self.engine.update_weights(self.trainer.engine_weights(), self.trainer.version)
+        await self.strategy.after_weight_update()
         metrics["train/samples"] = float(len(samples))
         metrics["train/weight_version"] = float(self.trainer.version)
         return metrics

@@ -26,7 +26,7 @@ from relax_pipeline.gateway.app import create_app
 from relax_pipeline.gateway.server import GatewayServer
 from relax_pipeline.gateway.turn import SamplingDefaults, TurnService
 from relax_pipeline.loop import Checkpoints, StepLoop
-from relax_pipeline.runtime.base import resident_capacity
+from relax_pipeline.runtime.base import Binding, resident_capacity
 from relax_pipeline.stages.evaluate import Evaluator, eval_sets
 from relax_pipeline.stages.pipeline import Pipeline
 from relax_pipeline.stages.prepare import Prepare
@@ -125,7 +125,7 @@ class _Parts:
         cfg = self.cfg
         r = cfg.rollout
         capacity = resident_capacity(cfg.runtime.concurrency, r.over_sampling_batch_size, r.batch_size)
-        self.strategy.bind(capacity, r.over_sampling_batch_size)
+        self.strategy.bind(Binding(capacity, self.engine, r.over_sampling_batch_size, r.num_steps))
         self.tracker.start(OmegaConf.to_container(cfg, resolve=True))
         folder = Path(cfg.trainer.checkpoint_dir or self.output_dir / "checkpoints").expanduser()
         checkpoints = Checkpoints(folder, cfg.trainer.save_interval, cfg.trainer.resume)

@@ -64,6 +64,8 @@ class GenerateResult:
     """The stop string or stop token id that ended generation, if any."""
     weight_versions: tuple[int, ...] = field(default=())
     """Per-token versions when a resumed generation spans weight updates; empty means all equal."""
+    abort_count: int = 0
+    """Times this generation was aborted and resumed (partial rollout) before it finished."""
 
 
 @dataclass(frozen=True)

@@ -22,10 +22,13 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from relax_pipeline.forest.memo import RequestMemo
 from relax_pipeline.forest.store import SessionForest
+
+if TYPE_CHECKING:
+    from relax_pipeline.runtime.lease import GroupLease
 
 
 class Status(StrEnum):
@@ -74,6 +77,8 @@ class Session:
     in_flight: int = 0
     seed: int = 0
     """Base of the sampling seeds of this session's turns (requests without their own seed)."""
+    lease: GroupLease | None = None
+    """The group's lease (barrier, hold, preemption); None serves requests at once (tests, eval)."""
 
     def mark(self, event: str) -> None:
         self.timing[event] = time.time()

@@ -204,7 +204,7 @@ class SessionForest:
             len(self.nodes), parent.id, "response", (message,), result.output_ids,
             chain(parent.state_hash, message), parent.depth + 1,
             logprobs=result.logprobs, weight_versions=tuple(versions), sampling=sampling,
-            finish_reason=result.finish_reason, ends_turn=ends_turn,
+            finish_reason=result.finish_reason, ends_turn=ends_turn, abort_count=result.abort_count,
         )
         return self._add(node)
 

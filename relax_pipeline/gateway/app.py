@@ -146,7 +146,7 @@ class _Gateway:
     async def _run(self, session: Session, turn: TurnRequest) -> TurnResult:
         session.in_flight += 1
         try:
-            return await self.turns.run(session.forest, turn, seed=session.turn_seed())
+            return await self.turns.run(session.forest, turn, seed=session.turn_seed(), session=session)
         except (ProtocolError, asyncio.CancelledError):
             raise
         except CanonicalError as error:

@@ -27,8 +27,10 @@ from relax_pipeline.engine.base import Engine, GenerateResult, ImageFeatures, Sa
 from relax_pipeline.engine.parsers import OutputParser
 from relax_pipeline.engine.template import ChatTemplate
 from relax_pipeline.forest.canonical import CanonicalError, Context, Message
+from relax_pipeline.forest.sessions import Session, derive_seed
 from relax_pipeline.forest.store import Match, Node, SessionForest
 from relax_pipeline.protocol.errors import ProtocolError
+from relax_pipeline.runtime.lease import GroupLease, LeaseClosed
 
 
 @dataclass(frozen=True)
@@ -168,14 +170,38 @@ class TurnService:
         return PreparedTurn(match, tuple(obs), prompt, sampling, media.lineage, media.new)
 
     async def run(self, forest: SessionForest, request: TurnRequest, rid: str | None = None,
-                  seed: int | None = None) -> TurnResult:
-        """Generate one turn and commit it; nothing is committed when generation fails or aborts."""
+                  seed: int | None = None, session: Session | None = None) -> TurnResult:
+        """Generate one turn and commit it; nothing is committed when generation fails or aborts.
+
+        With a `session` whose group holds a `GroupLease`, the generation waits for the lease and is
+        resumed after every preemption (partial rollout) until it finishes: one normal answer.
+        """
         prepared = self.prepare(forest, request, seed)
-        result = await self.engine.generate(prepared.prompt_ids, prepared.sampling, rid or _rid(),
-                                            media=prepared.media)
+        rid = rid or _rid()
+        lease = session.lease if session is not None else None
+        if lease is None:
+            result = await self.engine.generate(prepared.prompt_ids, prepared.sampling, rid, media=prepared.media)
+        else:
+            result = await self._leased(prepared, rid, session, lease)
         if result.finish_reason == "abort":
             raise ProtocolError(499, "generation was aborted before it finished; nothing was committed")
         return self.commit(forest, prepared, result)
+
+    async def _leased(self, prepared: PreparedTurn, rid: str, session: Session, lease: GroupLease) -> GenerateResult:
+        """Generate under the lease; a preempted generation resumes with its partial tokens appended."""
+        done: GenerateResult | None = None
+        while True:
+            aborts = done.abort_count if done else 0
+            try:
+                async with lease.generation(session, rid, aborts) as flight:
+                    more = await self.engine.generate(*_resume_input(prepared, done), rid, media=prepared.media)
+            except LeaseClosed as closed:
+                raise ProtocolError(404, str(closed)) from None
+            done = joined(done, more)
+            if more.finish_reason != "abort" or not flight.preempted:
+                return done
+            done = dataclasses.replace(done, abort_count=aborts + 1)
+            session.abort_count += 1
 
     def commit(self, forest: SessionForest, prepared: PreparedTurn, result: GenerateResult) -> TurnResult:
         message, ends_turn = self._parse(result, prepared.sampling)
@@ -206,6 +232,30 @@ class TurnService:
             text = text[: text.index(result.matched_stop)]
         parsed = self.parser.parse(text)
         return Message("assistant", parsed.content, parsed.reasoning, parsed.tool_calls), ends_turn
+
+
+def _resume_input(prepared: PreparedTurn, done: GenerateResult | None) -> tuple[list[int], SamplingParams]:
+    """Prompt and sampling of the next piece: partial tokens appended, the remaining token budget."""
+    if done is None:
+        return prepared.prompt_ids, prepared.sampling
+    sampling = prepared.sampling
+    seed = None if sampling.seed is None else derive_seed(sampling.seed, len(done.output_ids))
+    left = max(sampling.max_new_tokens - len(done.output_ids), 1)
+    return prepared.prompt_ids + list(done.output_ids), dataclasses.replace(sampling, max_new_tokens=left, seed=seed)
+
+
+def joined(first: GenerateResult | None, more: GenerateResult) -> GenerateResult:
+    """One result from a preempted generation and its continuation; every token keeps its version."""
+    if first is None:
+        return more
+    versions = _versions(first) + _versions(more)
+    return GenerateResult(first.output_ids + more.output_ids, first.logprobs + more.logprobs, more.finish_reason,
+                          more.weight_version, more.matched_stop, versions if len(set(versions)) > 1 else (),
+                          first.abort_count)
+
+
+def _versions(result: GenerateResult) -> tuple[int, ...]:
+    return result.weight_versions or (result.weight_version,) * len(result.output_ids)
 
 
 def _check_last_message(messages: tuple[Message, ...]) -> None:

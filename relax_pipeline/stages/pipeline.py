@@ -55,9 +55,14 @@ class Pipeline:
         self.on_scored: Callable[[int], None] = lambda n: None
 
     async def start_group(self, rollout_id: int, mode: str = "train", *, prompt: Prompt | None = None,
-                          n_samples: int | None = None) -> Group:
-        """Open and start a group of `prompt` (default: the data source's next) with `n_samples` sessions."""
+                          n_samples: int | None = None, on_open: Callable[[Group], None] | None = None) -> Group:
+        """Open and start a group of `prompt` (default: the data source's next) with `n_samples` sessions.
+
+        `on_open` sees the group after its sessions exist and before its agents start (strategies attach
+        the group's lease there)."""
         group = self.prepare.open_group(prompt or self.source.next(), rollout_id, mode, n_samples=n_samples)
+        if on_open is not None:
+            on_open(group)
         await self.prepare.start(group)
         return group
 
@@ -82,6 +87,8 @@ class Pipeline:
             group.dropped = reason
         for session in group.sessions:
             self.prepare.store.set_status(session, Status.DROPPED, reason)
+            if session.lease is not None:
+                session.lease.notify()
         await asyncio.gather(*(process.terminate() for process in group.processes.values()))
 
     def close_step(self, result: StepResult, started: float) -> StepResult:

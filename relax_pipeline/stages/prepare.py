@@ -1,8 +1,9 @@
 """Prepare stage: open a group's sessions, write their input files and start their agents.
 
 One session per copy of the prompt (`rollout.n_samples_per_prompt`), each with its own io folder,
-input file and `RELAX_*` environment (DESIGN §3.2). Under `sync` the agents start when the group is
-leased; prelaunch strategies call the same method earlier. This stage does not wait for agents.
+input file and `RELAX_*` environment (DESIGN §3.2). A session whose group lease is not granted yet
+(prelaunch) starts `waiting`, with its agent's active-time clock paused. This stage does not wait for
+agents.
 """
 
 from __future__ import annotations
@@ -49,11 +50,15 @@ class Prepare:
             write_input(folder / "input.json", self._input(session))
             process = AgentProcess(self.agent)
             group.processes[session.id] = process
-            self.store.set_status(session, Status.RUNNING)
+            held = session.lease is not None and not session.lease.granted
+            self.store.set_status(session, Status.WAITING if held else Status.RUNNING)
             try:
                 await process.start(self._env(group, session, folder), folder)
             except AgentFailure as failure:
                 self.store.set_status(session, Status.FAILED, str(failure))
+                continue
+            if held:
+                process.timer.pause()  # a prelaunched agent's active time starts with its group's lease
 
     def _input(self, session: Session) -> dict[str, Any]:
         payload = dict(session.prompt)

@@ -46,6 +46,8 @@ class Runtime:
         try:
             await group.processes[session.id].wait()
             self.store.set_status(session, Status.EXITED)
+            if session.lease is not None:
+                session.lease.notify()
             output = parse_output(group.session_dir(session) / "output.json")
             group.outputs[session.id] = output
             exported = explicit_exports(session.forest, output.records) if not output.implicit else [
@@ -66,4 +68,6 @@ class Runtime:
         for other in group.sessions:
             if other is not session and not other.status.terminal:
                 self.store.set_status(other, Status.DROPPED, group.dropped)
+        if session.lease is not None:
+            session.lease.notify()  # requests held at the barrier or the lease end with the group
         await asyncio.gather(*(p.terminate() for p in group.processes.values()))

@@ -27,6 +27,7 @@ from relax_pipeline.gateway.server import GatewayServer
 from relax_pipeline.gateway.turn import SamplingDefaults, TurnService
 from relax_pipeline.loop import Checkpoints, StepLoop
 from relax_pipeline.runtime.base import Binding, resident_capacity
+from relax_pipeline.runtime.capacity import EvalLoad, SlotPlan, check_slots
 from relax_pipeline.stages.evaluate import Evaluator, eval_sets
 from relax_pipeline.stages.pipeline import Pipeline
 from relax_pipeline.stages.prepare import Prepare
@@ -82,6 +83,7 @@ class _Parts:
         self.credit = build(cfg.credit)
         self.eval_sets = eval_sets(cfg)
         self.strategy = build(cfg.runtime)
+        check_slots(self.slot_plan(), cfg.runtime.external_slots)
         self.tracker = build(cfg.tracking, output_dir=str(output_dir))
         self.engine = build(cfg.engine, model_path=str(self.model_path), seed=cfg.seed,
                             max_context_len=cfg.rollout.max_context_len)
@@ -141,6 +143,13 @@ class _Parts:
             return None
         return Evaluator(pipeline, self.eval_sets, self.cfg.eval.interval)
 
+    def slot_plan(self) -> SlotPlan:
+        """Agent slots this run needs at its peak (`runtime/capacity.py`)."""
+        r = self.cfg.rollout
+        train = resident_capacity(self.cfg.runtime.concurrency, r.over_sampling_batch_size, r.batch_size)
+        evals = tuple(EvalLoad(s.name, s.n_samples, s.concurrency) for s in self.eval_sets)
+        return SlotPlan(train * r.n_samples_per_prompt, evals, self.strategy.retains_train_sessions)
+
     def check(self) -> dict[str, float]:
         """Findings of job=check: what would run, and anything that would stop it."""
         cfg = self.cfg
@@ -155,13 +164,16 @@ class _Parts:
         problems = _agent_problems(self.agent)
         for key, value in findings.items():
             log.info("check: %s = %s", key, value)
+        for line in self.slot_plan().lines():
+            log.info("check: slots: %s", line)
         for problem in problems:
             log.warning("check: problem: %s", problem)
         if problems:
             raise ValueError(problems[0])
         log.info("check: OK")
         return {"check/problems": 0.0, "check/dataset_rows": float(len(self.dataset)),
-                "check/resident_sessions": float(findings["resident_sessions"])}
+                "check/resident_sessions": float(findings["resident_sessions"]),
+                "check/required_slots": float(self.slot_plan().required)}
 
     async def close(self) -> None:
         try:

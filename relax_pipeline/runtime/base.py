@@ -40,6 +40,9 @@ class Binding:
 class RuntimeStrategy(Protocol):
     """One scheduling mode."""
 
+    retains_train_sessions: bool
+    """Train sessions stay alive while eval runs (prelaunched, parked or running); see `runtime.capacity`."""
+
     def bind(self, binding: Binding) -> None:
         """Take the resident capacity, the engine and the step count the run resolved."""
 

@@ -27,6 +27,9 @@ log = logging.getLogger(__name__)
 class FullyAsyncRuntime(SyncRuntime):
     """Continuous generation; steps consume finished groups; preemption only around weight updates."""
 
+    retains_train_sessions = True
+    """Train sessions stay alive while eval runs (the capacity check adds their slots)."""
+
     _step = 0
     _leased = True
     _draining = False

@@ -25,6 +25,9 @@ log = logging.getLogger(__name__)
 class PartialRuntime(SyncRuntime):
     """Sync steps whose unfinished groups are parked and resumed instead of terminated."""
 
+    retains_train_sessions = True
+    """Train sessions stay alive while eval runs (the capacity check adds their slots)."""
+
     def _open_step(self, pool: GroupPool, rollout_id: int, need: int) -> int:
         resumed = pool.grant_all()
         if resumed:

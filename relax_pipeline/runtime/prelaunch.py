@@ -22,6 +22,9 @@ log = logging.getLogger(__name__)
 class PrelaunchRuntime(SyncRuntime):
     """Sync steps plus agent start-up hidden behind the previous step's training."""
 
+    retains_train_sessions = True
+    """Train sessions stay alive while eval runs (the capacity check adds their slots)."""
+
     def _open_step(self, pool: GroupPool, rollout_id: int, need: int) -> int:
         held = pool.grant_all()
         return held + super()._open_step(pool, rollout_id, need)

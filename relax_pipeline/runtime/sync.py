@@ -30,6 +30,9 @@ SURPLUS = "surplus: the step already had rollout.batch_size groups"
 class SyncRuntime:
     """The baseline strategy; every mode takes the same `runtime.*` keys."""
 
+    retains_train_sessions = False
+    """Train sessions end with their step, so eval never runs beside them (see `runtime.capacity`)."""
+
     def __init__(self, concurrency: int | None = None, eval_concurrency: int | None = None,
                  max_aborted_count: int = 2, barrier_warn_s: float = 60.0, max_staleness: int | None = None,
                  external_slots: int | None = None) -> None:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import sys
 import time
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ from tqdm import tqdm
 from relax_pipeline.config import build
 from relax_pipeline.data.dataset import Prompt
 from relax_pipeline.runtime.base import resident_capacity
+from relax_pipeline.runtime.capacity import eval_groups
 from relax_pipeline.stages.group import Group
 from relax_pipeline.stages.pipeline import Pipeline
 from relax_pipeline.tracking.dump import RolloutDump
@@ -70,7 +70,7 @@ def _eval_set(cfg: DictConfig, index: int, entry: DictConfig, sessions: int) -> 
         dataset = build(cfg.dataset, **keys, shuffle=False)
     except (ValueError, FileNotFoundError) as error:
         raise ValueError(f"eval.datasets[{index}] name={name!r}: {error}") from None
-    concurrency = cfg.runtime.eval_concurrency or math.ceil(sessions / n_samples)
+    concurrency = eval_groups(sessions, n_samples, cfg.runtime.eval_concurrency)
     return EvalSet(name, dataset, n_samples, concurrency)
 
 

@@ -147,7 +147,7 @@ class ModelConfig:
     name: str = "tiny"
     """Label echoed as the model id."""
     path: str | None = None
-    """Local Hugging Face folder; None builds the tiny model locally."""
+    """Local Hugging Face folder; None builds `name` (`tiny` or `tiny_vl`) locally."""
     cache_dir: str | None = None
     """Where the tiny model is built; None means $RELAX_CACHE_DIR or ~/.cache/relax_pipeline."""
     end_of_turn: str | None = None
@@ -164,7 +164,8 @@ class DatasetConfig:
     metadata_key: str | None = "metadata"
     """Row key passed to the agent as input metadata."""
     multimodal_keys: dict[str, str] = field(default_factory=dict)
-    """Media kind → row key (images land with the protocols issue)."""
+    """Media kind → row key of the row's list of sources; only `image` (one `<image>` placeholder per image;
+    add it with `+dataset.multimodal_keys.image=images`)."""
     shuffle: bool = True
     """Shuffle prompt order each epoch with `seed`."""
 

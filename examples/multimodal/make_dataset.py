@@ -3,7 +3,7 @@
 Usage: `python examples/multimodal/make_dataset.py OUT_DIR [ROWS]` writes `OUT_DIR/images/*.png` and
 `OUT_DIR/data.jsonl`. Each row asks about two images (two `<image>` placeholders, relative paths under
 `images`) and names the colours in `metadata.answer`. Run it with
-`dataset.path=OUT_DIR/data.jsonl dataset.multimodal_keys={image: images}`. Nothing is downloaded.
+`dataset.path=OUT_DIR/data.jsonl +dataset.multimodal_keys.image=images`. Nothing is downloaded.
 """
 
 import json

@@ -6,7 +6,8 @@
 and its image placeholder token. `features(image)` decodes the image's URL (`data/media.py`), runs the
 processor and returns `ImageFeatures` (pixel values, patch grid, placeholder count); results are cached
 by the URL's digest, so a replayed history does not reprocess its images. A URL that cannot be read
-raises `CanonicalError` naming the image's field, for a 400.
+raises `CanonicalError` naming the image's field, for a 400. An http(s) image is fetched on the
+request path (5 s timeout, once per URL thanks to the cache); agents that care about latency send data URIs.
 
 This module does not render templates or run the model; the chat template writes one placeholder token
 per image and the engine expands it (`engine.base.expand_placeholders`).

@@ -11,6 +11,9 @@
 - `RecordingHFEngine`: the real embedded engine plus a record of every prompt it was given, selected
   with `engine._target_=relax_pipeline.fakes.RecordingHFEngine` so end-to-end tests can check that each
   turn's prompt starts with the previous turn's tokens. It changes no behaviour.
+- `PacedEngine` / `PacedTrainer`: a simulated engine whose time is proportional to tokens (abortable,
+  resumable, per-token weight versions) and a trainer whose step is a fixed sleep, for the runtime-mode
+  tests and `bench/runtime_modes.py`, which measure the scheduler rather than the model.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import asyncio
 import dataclasses
 import math
 import random
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -163,8 +167,10 @@ class PacedEngine:
     the rest. Each token records the weight version current when it was emitted. `busy_s` counts the time
     at least one request was active. Selected with `engine._target_=relax_pipeline.fakes.PacedEngine`
     (extra keys with `+engine.token_s=...`) so scheduler tests and `bench/runtime_modes.py` measure the
-    scheduler, not the model.
+    scheduler, not the model. The last instance built is `PacedEngine.last`.
     """
+
+    last: PacedEngine | None = None
 
     def __init__(self, model_path: str, token_s: float = 0.002, mean_tokens: float = 24.0, sigma: float = 0.8,
                  max_batch_size: int = 256, max_context_len: int = 4096, seed: int = 0,
@@ -178,8 +184,11 @@ class PacedEngine:
         self.letters = [self.tokenizer.encode(f" {c}", add_special_tokens=False)[-1] for c in LETTERS]
         self.weight_version = 0
         self.busy_s = 0.0
+        self.busy_spans: list[tuple[float, float]] = []
+        """Wall-clock (start, end) of every decode tick, for busy fractions over a window."""
         self.tokens = 0
         self._active: dict[str, _Paced] = {}
+        PacedEngine.last = self
         self._owed: dict[str, tuple[int, int]] = {}
         self._ticker: asyncio.Task | None = None
 
@@ -207,9 +216,10 @@ class PacedEngine:
     async def _tick(self) -> None:
         loop = asyncio.get_running_loop()
         while self._active:
-            started = loop.time()
+            started, wall = loop.time(), time.time()
             await asyncio.sleep(self.token_s)
             self.busy_s += loop.time() - started
+            self.busy_spans.append((wall, time.time()))
             for request in list(self._active.values())[: self.max_batch_size]:
                 self._emit(request)
 
@@ -251,3 +261,34 @@ class PacedEngine:
     async def close(self) -> None:
         for request in list(self._active.values()):
             self._finish(request, "abort")
+
+
+class PacedTrainer:
+    """A trainer whose step takes `train_s` seconds of wall time and changes nothing but the version.
+
+    Selected with `trainer._target_=relax_pipeline.fakes.PacedTrainer` (`+trainer.train_s=...`) by
+    `bench/runtime_modes.py`, so the optimizer step is a fixed, known gap the runtime modes can hide.
+    """
+
+    def __init__(self, train_s: float = 1.0, **_trainer_keys: Any) -> None:
+        self.train_s = train_s
+        self.version = 0
+        self.steps = 0
+
+    def train(self, samples: Sequence[Any]) -> dict[str, float]:
+        time.sleep(self.train_s)
+        self.version += 1
+        self.steps += 1
+        return {"train/loss": 0.0}
+
+    def engine_weights(self) -> dict[str, Any]:
+        return {}
+
+    def save(self, path: Any, extra: dict[str, Any]) -> None:
+        return None
+
+    def load(self, path: Any) -> dict[str, Any]:
+        raise NotImplementedError("PacedTrainer keeps no state to resume from")
+
+    def close(self) -> None:
+        return None

@@ -68,6 +68,11 @@ class ActiveTimer:
             self._since = self._clock()
 
     @property
+    def started(self) -> bool:
+        """True once `start` was called."""
+        return self._started
+
+    @property
     def running(self) -> bool:
         """True between start/resume and pause."""
         return self._since is not None

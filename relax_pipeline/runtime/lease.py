@@ -93,8 +93,8 @@ class GroupLease:
         self.granted = True
         for session in self._live():
             self.store.set_status(session, Status.RUNNING)
-            if process := self.group.processes.get(session.id):
-                process.timer.resume()
+            if (process := self.group.processes.get(session.id)) and process.timer.started:
+                process.timer.resume()  # a process still starting is paused or not by Prepare afterwards
         self._changed.pulse()
 
     def hold(self) -> None:

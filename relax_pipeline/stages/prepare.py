@@ -50,14 +50,13 @@ class Prepare:
             write_input(folder / "input.json", self._input(session))
             process = AgentProcess(self.agent)
             group.processes[session.id] = process
-            held = session.lease is not None and not session.lease.granted
-            self.store.set_status(session, Status.WAITING if held else Status.RUNNING)
+            self.store.set_status(session, Status.WAITING if _held(session) else Status.RUNNING)
             try:
                 await process.start(self._env(group, session, folder), folder)
             except AgentFailure as failure:
                 self.store.set_status(session, Status.FAILED, str(failure))
                 continue
-            if held:
+            if _held(session):  # looked at again: the lease may have changed while the process started
                 process.timer.pause()  # a prelaunched agent's active time starts with its group's lease
 
     def _input(self, session: Session) -> dict[str, Any]:
@@ -76,3 +75,8 @@ class Prepare:
             "RELAX_ROLLOUT_MODE": group.mode,
             "RELAX_GROUP_ID": group.id,
         }
+
+
+def _held(session: Session) -> bool:
+    """The session's group lease exists and is not granted (prelaunched or parked)."""
+    return session.lease is not None and not session.lease.granted

@@ -1,0 +1,134 @@
+"""Runtime modes on one long-tailed workload: samples/s, engine busy fraction, and each mode vs `sync`.
+
+The whole pipeline runs for real (gateway, agent subprocesses from `examples/long_tail_agent`, stages,
+strategies, credit, step loop) around a simulated engine and trainer (`fakes.PacedEngine`: every
+`--token-s` each active request gets a token, lengths log-normal; `fakes.PacedTrainer`: a fixed
+`--train-s` optimizer step), so what is measured is the scheduler. Workload per session: `--startup-s`
+of agent start-up, `--turns` model calls with log-normal tool latency between them. Every mode runs the
+same steps, groups and seeds; the first step is left out of the rates (nothing is warm yet).
+
+Printed per mode, over steps 2..N (from the end of step 1 to the end of the last step): trained
+samples/s, engine busy fraction (time with at least one generation active), mean rollout time per step,
+and the throughput ratio to `sync`. Then, on short one-turn sessions whose optimizer step is longer than
+the agent start-up (start-up can only hide behind time that exists between steps), the share of the
+start-up that `prelaunch` removes from the rollout time: (sync - prelaunch) / (sync - sync without
+start-up). Targets: fully_async >= 1.5x sync and >= 85% busy; prelaunch removes >= 80% of the start-up.
+
+    python bench/runtime_modes.py [--steps 6] [--startup-s 2] [--train-s 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from hydra import compose, initialize_config_dir  # noqa: E402
+
+from relax_pipeline.config import REPO_ROOT, register  # noqa: E402
+from relax_pipeline.fakes import PacedEngine  # noqa: E402
+from relax_pipeline.run import run  # noqa: E402
+
+MODES = ("sync", "prelaunch", "partial", "fully_async")
+_STEP = re.compile(r"^(\S+ \S+) INFO relax_pipeline: step (\d+) metrics (.*)$")
+
+
+def workload(folder: Path, startup_s: float, turns: int, tool_s: float, max_tokens: int) -> Path:
+    meta = {"startup_s": startup_s, "turns": turns, "tool_mean_s": tool_s, "tool_sigma": 1.0, "max_tokens": max_tokens}
+    path = folder / "data.jsonl"
+    path.write_text("".join(json.dumps({"input": f"task {i}", "metadata": meta}) + "\n" for i in range(64)))
+    return path
+
+
+def overrides(folder: Path, data: Path, mode: str, args: argparse.Namespace, train_s: float,
+              mean_tokens: float) -> list[str]:
+    groups = args.batch
+    return [
+        "job=train", f"output_dir={folder}", f"dataset.path={data}", "agent=long_tail", f"runtime={mode}",
+        "engine._target_=relax_pipeline.fakes.PacedEngine", f"+engine.token_s={args.token_s}",
+        f"+engine.mean_tokens={mean_tokens}", "+engine.sigma=1.0",
+        "trainer._target_=relax_pipeline.fakes.PacedTrainer", f"+trainer.train_s={train_s}",
+        f"rollout.num_steps={args.steps}", f"rollout.batch_size={groups}", f"rollout.n_samples_per_prompt={args.n}",
+        f"rollout.over_sampling_batch_size={groups + groups // 2}", f"runtime.concurrency={2 * groups}",
+        "rollout.max_response_len=1024", "rollout.max_context_len=8192", "runtime.max_staleness=null",
+    ]
+
+
+def steps_of(log: Path) -> list[tuple[float, dict[str, float]]]:
+    """(wall time the step ended, its metrics) for every step in run.log."""
+    out = []
+    for line in log.read_text().splitlines():
+        if m := _STEP.match(line):
+            when = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            out.append((when, {k: float(v) for k, v in (kv.split("=") for kv in m.group(3).split())}))
+    return out
+
+
+def measure(mode: str, args: argparse.Namespace, data_args: tuple, train_s: float, mean_tokens: float
+            ) -> dict[str, float]:
+    """One run; rates over steps 2..N (from the end of step 1 to the end of the last step)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        data = workload(folder, *data_args)
+        with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base="1.3"):
+            cfg = compose("config", overrides=overrides(folder, data, mode, args, train_s, mean_tokens))
+        run(cfg)
+        steps = steps_of(folder / "run.log")
+    engine = PacedEngine.last
+    assert engine is not None
+    begin, end = steps[0][0], steps[-1][0]
+    busy = sum(max(0.0, min(b, end) - max(a, begin)) for a, b in engine.busy_spans)
+    later = [m for _, m in steps[1:]]
+    return {"samples_per_s": sum(m.get("train/samples", 0.0) for m in later) / (end - begin),
+            "busy": busy / (end - begin), "rollout_s": sum(m["perf/rollout_time"] for m in later) / len(later)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--batch", type=int, default=4, help="rollout.batch_size (groups per step)")
+    parser.add_argument("--n", type=int, default=4, help="rollout.n_samples_per_prompt")
+    parser.add_argument("--turns", type=int, default=3)
+    parser.add_argument("--tool-s", type=float, default=0.3, help="mean tool latency (log-normal, sigma 1)")
+    parser.add_argument("--token-s", type=float, default=0.01, help="simulated engine time per decode step")
+    parser.add_argument("--mean-tokens", type=float, default=40.0, help="mean generation length (sigma 1)")
+    parser.add_argument("--max-tokens", type=int, default=400)
+    parser.add_argument("--startup-s", type=float, default=2.0)
+    parser.add_argument("--train-s", type=float, default=1.0)
+    args = parser.parse_args()
+    register()
+    long_tail = (args.startup_s, args.turns, args.tool_s, args.max_tokens)
+    results = {mode: measure(mode, args, long_tail, args.train_s, args.mean_tokens) for mode in MODES}
+    base = results["sync"]["samples_per_s"]
+    print(f"long-tailed workload: {args.batch} groups x {args.n} sessions per step, {args.turns} turns, start-up "
+          f"{args.startup_s:g} s, tool {args.tool_s:g} s, {args.mean_tokens:g} tokens mean, train {args.train_s:g} s")
+    print(f"{'mode':<12} {'samples/s':>10} {'engine busy':>12} {'rollout s/step':>15} {'vs sync':>8}")
+    for mode, r in results.items():
+        print(f"{mode:<12} {r['samples_per_s']:>10.2f} {r['busy']:>11.0%} {r['rollout_s']:>15.2f} "
+              f"{r['samples_per_s'] / base:>7.2f}x")
+    startup_removed(args)
+
+
+def startup_removed(args: argparse.Namespace) -> None:
+    """Short sessions, one turn: the step time is start-up plus a little generation; the optimizer step
+    (start-up + 0.5 s) is long enough to hide it, as real optimizer steps are."""
+    train_s = args.startup_s + 0.5
+    short = (args.startup_s, 1, 0.0, 32)
+    sync = measure("sync", args, short, train_s, 8.0)["rollout_s"]
+    bare = measure("sync", args, (0.0, 1, 0.0, 32), train_s, 8.0)["rollout_s"]
+    pre = measure("prelaunch", args, short, train_s, 8.0)["rollout_s"]
+    print(f"start-up: sync {sync:.2f} s/step, sync without start-up {bare:.2f}, prelaunch {pre:.2f}; prelaunch "
+          f"removes {(sync - pre) / (sync - bare):.0%} of the {sync - bare:.2f} s start-up cost")
+
+
+if __name__ == "__main__":
+    started = time.time()
+    main()
+    print(f"(bench took {time.time() - started:.0f} s)")

@@ -374,3 +374,21 @@ async def test_report_throughput(engine: HFEngine) -> None:
         seconds = time.perf_counter() - start
         tokens = sum(len(r.output_ids) for r in results)
         print(f"\nhf engine, tiny model, {width:2d} concurrent: {tokens / seconds:8.1f} tokens/s")
+
+
+@pytest.mark.asyncio
+async def test_aborted_generation_resumes_from_prompt_plus_partial_tokens(engine: HFEngine) -> None:
+    """Partial rollout's engine contract: abort, then prompt + partial tokens continue the same output."""
+    from relax_pipeline.gateway.turn import joined
+
+    sampling = SamplingParams(200, temperature=0.0)
+    whole = await engine.generate(prompt(8), sampling, rid="whole")
+    task = asyncio.create_task(engine.generate(prompt(8), sampling, rid="part"))
+    await wait_for_tokens(engine, engine.stats["tokens"] + 5)
+    partial = await engine.abort("part")
+    assert partial is not None and await task == partial and 0 < len(partial.output_ids) < len(whole.output_ids)
+    rest = await engine.generate(prompt(8) + list(partial.output_ids),
+                                 SamplingParams(200 - len(partial.output_ids), temperature=0.0), rid="part")
+    resumed = joined(partial, rest)
+    assert resumed.output_ids == whole.output_ids and resumed.finish_reason == whole.finish_reason
+    assert list(resumed.logprobs) == pytest.approx(list(whole.logprobs), abs=1e-4)

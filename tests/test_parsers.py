@@ -1,12 +1,18 @@
-"""Reasoning and tool-call parsers on whole outputs: every built-in name, malformed calls kept as text."""
+"""Reasoning and tool-call parsers on whole outputs: every built-in name, malformed calls kept as text,
+and delegation of other names to SGLang's parsers (against `fakes.write_fake_sglang`)."""
 
 from __future__ import annotations
 
+import importlib
 import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from relax_pipeline.engine.parsers import OutputParser, check_parser_names
+from relax_pipeline.fakes import write_fake_sglang
 
 
 def test_qwen3_reasoning_and_qwen25_json_call() -> None:
@@ -62,3 +68,38 @@ def test_unknown_names_are_refused_naming_the_key_and_the_choices() -> None:
         check_parser_names("qwen3", "llama3")
     with pytest.raises(ValueError, match=r"protocol.reasoning_parser='kimi'.*'deepseek-r1'"):
         check_parser_names("kimi", None)
+
+
+@pytest.fixture
+def fake_sglang(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    write_fake_sglang(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()
+    yield
+    for name in [m for m in sys.modules if m == "sglang" or m.startswith("sglang.")]:
+        del sys.modules[name]
+
+
+def test_other_names_are_delegated_to_sglang_parsers(fake_sglang: None) -> None:
+    check_parser_names("fake-think", "fake-calls")
+    parser = OutputParser("fake-think", "fake-calls")
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
+    out = parser.parse('[THINK]plan[/THINK]Looking. [TOOL_CALLS] [{"name": "lookup", "arguments": {"b": 1, "a": 2}}]',
+                       tools=tools)
+    assert out.reasoning == "plan" and out.content == "Looking. "
+    assert [(c.name, c.arguments) for c in out.tool_calls] == [("lookup", '{"a":2,"b":1}')]
+    from sglang.srt.function_call.function_call_parser import FunctionCallParser
+
+    assert FunctionCallParser.seen_tools == ["lookup"], "the request's tools reach SGLang's parser"
+    broken = parser.parse("[TOOL_CALLS] [{not json", tools=tools)
+    assert broken.content == "[TOOL_CALLS] [{not json" and broken.tool_calls == (), "a failure keeps the text"
+
+
+def test_names_sglang_does_not_know_are_refused_with_both_lists(fake_sglang: None) -> None:
+    with pytest.raises(ValueError, match=r"tool_call_parser='nope' is neither built in .*'qwen25'.*\['fake-calls'\]"):
+        check_parser_names("qwen3", "nope")
+
+
+def test_without_sglang_other_names_are_refused_naming_the_extra() -> None:
+    with pytest.raises(ValueError, match=r"install the sglang extra"):
+        check_parser_names("qwen3", "mistral")

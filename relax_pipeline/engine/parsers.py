@@ -4,8 +4,8 @@ Parsers run on the whole decoded output of one turn (never streaming) and never 
 as code: tool-call bodies go through `json.loads` and regular expressions only. A malformed tool call
 stays in `content`; a parse never fails a turn. Parser names follow SGLang's: `qwen3` / `deepseek-r1`
 reasoning, `qwen25` / `hermes` JSON and `qwen3_coder` XML tool calls are built in. Any other name is
-refused at start by `check_parser_names`; delegating other names to SGLang's own whole-output parsers is
-not wired yet (SGLang installs only on GPU machines, where it has to be tested).
+delegated to SGLang's own whole-output parsers when the `sglang` extra is installed
+(`engine/sglang_parsers.py`) and refused at start by `check_parser_names` when it is not.
 """
 
 from __future__ import annotations
@@ -13,9 +13,11 @@ from __future__ import annotations
 import json
 import re
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from relax_pipeline.engine import sglang_parsers
 from relax_pipeline.forest.canonical import ToolCall, canonical_arguments
 
 REASONING_PARSERS: tuple[str, ...] = ("qwen3", "deepseek-r1")
@@ -37,12 +39,21 @@ class ParsedOutput:
 
 
 def check_parser_names(reasoning: str | None, tool_call: str | None) -> None:
-    """Refuse unknown parser names at start, naming the config key and the built-in choices."""
+    """Refuse unknown parser names at start, naming the config key and the choices.
+
+    Names outside the built-ins are SGLang's when the `sglang` extra is installed (see
+    `engine/sglang_parsers.py`), and refused otherwise."""
     for key, name, builtin in (("reasoning_parser", reasoning, REASONING_PARSERS),
                                ("tool_call_parser", tool_call, TOOL_CALL_PARSERS)):
-        if name is not None and name not in builtin:
-            raise ValueError(f"protocol.{key}={name!r} is not built in; choose one of {list(builtin)} "
-                             "(delegation to SGLang's parsers is not available yet)")
+        if name is None or name in builtin:
+            continue
+        if not sglang_parsers.available():
+            raise ValueError(f"protocol.{key}={name!r} is not built in; choose one of {list(builtin)}, or install "
+                             "the sglang extra (GPU machines) to use SGLang's own parsers")
+        known = sglang_parsers.reasoning_names() if key == "reasoning_parser" else sglang_parsers.tool_call_names()
+        if name not in known:
+            raise ValueError(f"protocol.{key}={name!r} is neither built in {list(builtin)} nor one of SGLang's "
+                             f"{sorted(known)}")
 
 
 class OutputParser:
@@ -52,13 +63,24 @@ class OutputParser:
         check_parser_names(reasoning, tool_call)
         self.reasoning = reasoning
         self.tool_call = tool_call
+        delegated = reasoning is not None and reasoning not in REASONING_PARSERS
+        self._sglang_reasoning = sglang_parsers.SGLangReasoning(reasoning) if delegated else None
+        delegated = tool_call is not None and tool_call not in TOOL_CALL_PARSERS
+        self._sglang_tools = sglang_parsers.SGLangToolCalls(tool_call) if delegated else None
 
-    def parse(self, text: str, reasoning_opened: bool = False) -> ParsedOutput:
-        """Parse one turn's text; `reasoning_opened` means the prompt already opened `<think>`."""
+    def parse(self, text: str, reasoning_opened: bool = False,
+              tools: Sequence[Mapping[str, Any]] = ()) -> ParsedOutput:
+        """Parse one turn's text; `reasoning_opened` means the prompt already opened `<think>`; `tools` are the
+        request's function tools (SGLang's tool-call parsers use them)."""
         opened = reasoning_opened or self.reasoning in FORCED_REASONING
-        reasoning, rest = self._split_reasoning(text, opened)
+        if self._sglang_reasoning is not None:
+            reasoning, rest = self._sglang_reasoning.split(text)
+        else:
+            reasoning, rest = self._split_reasoning(text, opened)
         calls: tuple[ToolCall, ...] = ()
-        if self.tool_call is not None:
+        if self._sglang_tools is not None:
+            rest, calls = self._sglang_tools.split(rest, tools, new_call_id)
+        elif self.tool_call is not None:
             rest, calls = _split_tool_calls(rest, _xml_call if self.tool_call == "qwen3_coder" else _tool_call)
         return ParsedOutput(rest, reasoning, calls)
 

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import dataclasses
 import secrets
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from relax_pipeline.engine.base import Engine, GenerateResult, ImageFeatures, SamplingParams, expand_placeholders
 from relax_pipeline.engine.parsers import OutputParser
@@ -204,7 +205,7 @@ class TurnService:
             session.abort_count += 1
 
     def commit(self, forest: SessionForest, prepared: PreparedTurn, result: GenerateResult) -> TurnResult:
-        message, ends_turn = self._parse(result, prepared.sampling)
+        message, ends_turn = self._parse(result, prepared.match.context.tools)
         parent = prepared.match.parent
         if prepared.match.full and parent is not None:
             observation: Node = parent
@@ -222,7 +223,7 @@ class TurnService:
         return tuple(expand_placeholders(prepared.observation_ids, self.template.vision.image_token_id,
                                          prepared.new_media))
 
-    def _parse(self, result: GenerateResult, sampling: SamplingParams) -> tuple[Message, bool]:
+    def _parse(self, result: GenerateResult, tools: Sequence[Mapping[str, Any]] = ()) -> tuple[Message, bool]:
         ids = list(result.output_ids)
         ends_turn = bool(ids) and ids[-1] in self.template.end_of_turn_ids
         if ids and ids[-1] in self.stop_token_ids:
@@ -230,7 +231,7 @@ class TurnService:
         text = self.template.decode(ids)
         if isinstance(result.matched_stop, str) and result.matched_stop in text:
             text = text[: text.index(result.matched_stop)]
-        parsed = self.parser.parse(text)
+        parsed = self.parser.parse(text, tools=tools)
         return Message("assistant", parsed.content, parsed.reasoning, parsed.tool_calls), ends_turn
 
 

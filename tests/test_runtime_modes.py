@@ -88,7 +88,7 @@ def test_prelaunch_holds_first_requests_and_pauses_the_timeout_clock(tmp_path: P
 
 
 def _partial_cfg(tmp_path: Path, tiny_path: Path, max_aborted: int) -> DictConfig:
-    data = _dataset(tmp_path, [{"max_tokens": m, "turns": 1} for m in (60, 300, 900)])
+    data = _dataset(tmp_path, [{"max_tokens": m, "turns": 1} for m in (120, 300, 900)])
     return _cfg(tmp_path, tiny_path, data, "runtime=partial", "rollout.num_steps=2", "rollout.batch_size=1",
                 "rollout.over_sampling_batch_size=2", "rollout.n_samples_per_prompt=1", "+engine.token_s=0.005",
                 "+engine.mean_tokens=5000", "+engine.sigma=0.01", f"runtime.max_aborted_count={max_aborted}")

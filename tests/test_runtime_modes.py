@@ -171,3 +171,26 @@ def test_no_mode_loses_a_session(tmp_path: Path, tiny_path: Path, mode: str) -> 
     assert recorded == sessions, "every started session ends as a sample or a dropped/failed record"
     assert all(r["status"] in (*DONE, "dropped") for r in rows)
     assert sum(r["status"] in DONE for r in rows) >= 3 * 2 * 2
+
+
+def test_a_group_that_fails_inside_the_pipeline_is_recorded_and_replaced(
+        tmp_path: Path, tiny_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from relax_pipeline.stages.runtime import Runtime
+
+    original, calls = Runtime.run, []
+
+    async def flaky(self: Runtime, group: Any) -> Any:
+        calls.append(group.id)
+        if len(calls) == 1:
+            raise RuntimeError("boom")
+        return await original(self, group)
+
+    monkeypatch.setattr(Runtime, "run", flaky)
+    data = _dataset(tmp_path, [{"turns": 1, "max_tokens": 8}] * 3)
+    metrics = run(_cfg(tmp_path, tiny_path, data, "rollout.num_steps=1", "rollout.batch_size=1",
+                       "rollout.n_samples_per_prompt=2"))
+    rows = _rows(tmp_path)
+    failed = [r for r in rows if r["group_id"] == calls[0]]
+    assert [r["status"] for r in failed] == ["dropped", "dropped"]
+    assert all(r["error"] == "internal error: RuntimeError: boom" for r in failed)
+    assert metrics["rollout/dropped_groups"] == 1 and sum(r["status"] in DONE for r in rows) == 2

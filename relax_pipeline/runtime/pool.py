@@ -97,10 +97,16 @@ class GroupPool:
 
     def _finished(self, entry: _Resident, task: asyncio.Task[Outcome | None]) -> None:
         self._resident.remove(entry)
-        if not task.cancelled() and task.exception() is None and (outcome := task.result()) is not None:
+        error = None if task.cancelled() else task.exception()
+        if error is None and not task.cancelled() and (outcome := task.result()) is not None:
             self._ready.append(outcome)
-        elif not task.cancelled() and task.exception() is not None:
-            log.error("group task failed", exc_info=task.exception())
+        elif error is not None:
+            log.error("group %s failed inside the pipeline", entry.group.id if entry.group else "?", exc_info=error)
+            if entry.group is not None:  # record it as dropped, with the reason, rather than lose it
+                reason = f"internal error: {type(error).__name__}: {error}"
+                entry.group.dropped = entry.group.dropped or reason
+                asyncio.ensure_future(self.pipeline.cancel_group(entry.group, reason))
+                self._ready.append((entry.group, {}))
         self._wake.set()
         self.on_done()
 

@@ -97,11 +97,6 @@ class GroupLease:
                 process.timer.resume()  # a process still starting is paused or not by Prepare afterwards
         self._changed.pulse()
 
-    def hold(self) -> None:
-        """A prelaunched group: processes run, requests wait, clocks are paused (no lease yet)."""
-        self.granted = False
-        self._pause(Status.WAITING)
-
     async def revoke(self) -> int:
         """Park the group: abort in-flight generations (protected ones finish first); returns aborts."""
         self.granted = False

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from relax_pipeline.engine.base import GenerateResult, ImageFeatures, SamplingParams
+from relax_pipeline.engine.base import GenerateResult, ImageFeatures, SamplingParams, varying
 from relax_pipeline.engine.hf import HFEngine
 
 Script = Callable[[Sequence[int]], str]
@@ -244,7 +244,7 @@ class PacedEngine:
         result = GenerateResult(tuple(request.output), (-0.5,) * len(request.output), reason,  # type: ignore[arg-type]
                                 versions[-1] if versions else self.weight_version,
                                 self.stop_id if reason == "stop" else None,
-                                versions if len(set(versions)) > 1 else ())
+                                varying(versions))
         self._active.pop(request.rid, None)
         if not request.future.done():
             request.future.set_result(result)

@@ -67,6 +67,16 @@ class GenerateResult:
     abort_count: int = 0
     """Times this generation was aborted and resumed (partial rollout) before it finished."""
 
+    @property
+    def token_versions(self) -> tuple[int, ...]:
+        """The weight version of every generated token (expanding the all-equal shorthand)."""
+        return self.weight_versions or (self.weight_version,) * len(self.output_ids)
+
+
+def varying(versions: tuple[int, ...]) -> tuple[int, ...]:
+    """`versions` for `GenerateResult.weight_versions`: kept when they differ, () when all are equal."""
+    return versions if len(set(versions)) > 1 else ()
+
 
 @dataclass(frozen=True)
 class ImageFeatures:

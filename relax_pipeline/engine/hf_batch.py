@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
-from relax_pipeline.engine.base import FinishReason, GenerateResult, ImageFeatures, SamplingParams
+from relax_pipeline.engine.base import FinishReason, GenerateResult, ImageFeatures, SamplingParams, varying
 from relax_pipeline.engine.sampling import StopStringMatcher
 
 
@@ -68,7 +68,7 @@ class Request:
             finish_reason=reason,
             weight_version=versions[-1] if versions else version,
             matched_stop=self.matched if reason == "stop" else None,
-            weight_versions=versions if len(set(versions)) > 1 else (),
+            weight_versions=varying(versions),
         )
 
 

@@ -199,7 +199,7 @@ class SessionForest:
         self, parent: Node, message: Message, result: GenerateResult, sampling: SamplingParams, ends_turn: bool
     ) -> Node:
         """Commit one generated assistant turn below an observation node."""
-        versions = result.weight_versions or (result.weight_version,) * len(result.output_ids)
+        versions = result.token_versions
         node = Node(
             len(self.nodes), parent.id, "response", (message,), result.output_ids,
             chain(parent.state_hash, message), parent.depth + 1,

@@ -24,7 +24,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from relax_pipeline.engine.base import Engine, GenerateResult, ImageFeatures, SamplingParams, expand_placeholders
+from relax_pipeline.engine.base import (
+    Engine,
+    GenerateResult,
+    ImageFeatures,
+    SamplingParams,
+    expand_placeholders,
+    varying,
+)
 from relax_pipeline.engine.parsers import OutputParser
 from relax_pipeline.engine.template import ChatTemplate
 from relax_pipeline.forest.canonical import CanonicalError, Context, Message
@@ -249,14 +256,9 @@ def joined(first: GenerateResult | None, more: GenerateResult) -> GenerateResult
     """One result from a preempted generation and its continuation; every token keeps its version."""
     if first is None:
         return more
-    versions = _versions(first) + _versions(more)
     return GenerateResult(first.output_ids + more.output_ids, first.logprobs + more.logprobs, more.finish_reason,
-                          more.weight_version, more.matched_stop, versions if len(set(versions)) > 1 else (),
+                          more.weight_version, more.matched_stop, varying(first.token_versions + more.token_versions),
                           first.abort_count)
-
-
-def _versions(result: GenerateResult) -> tuple[int, ...]:
-    return result.weight_versions or (result.weight_version,) * len(result.output_ids)
 
 
 def _check_last_message(messages: tuple[Message, ...]) -> None:

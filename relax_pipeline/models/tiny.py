@@ -25,10 +25,17 @@ import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+from transformers import (
+    GenerationConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
 
 BUILDER_VERSION = "1"
 """Bump when the build changes in a way the corpus and template hashes do not capture."""
@@ -64,6 +71,7 @@ BUILD_INFO = "relax_tiny.json"
 """Written last into a build; a folder without it is not a finished build."""
 _REQUIRED_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json", BUILD_INFO)
 _SEED_LOCK = threading.Lock()
+M = TypeVar("M", bound=PreTrainedModel)
 
 
 def default_cache_dir() -> Path:
@@ -160,9 +168,15 @@ def tiny_config(tokenizer: PreTrainedTokenizerFast) -> Qwen3Config:
 
 def init_model(tokenizer: PreTrainedTokenizerFast, seed: int) -> Qwen3ForCausalLM:
     """Random float32 weights from `torch.manual_seed(seed)`, leaving the caller's RNG state alone."""
+    return seeded_model(lambda: Qwen3ForCausalLM(tiny_config(tokenizer)), tokenizer, seed)
+
+
+def seeded_model(make: Callable[[], M], tokenizer: PreTrainedTokenizerFast, seed: int) -> M:
+    """`make()` under `torch.manual_seed(seed)` (caller's RNG untouched), in float32 and eval mode, with
+    the tokenizer's eos and pad ids as generation stops."""
     with _SEED_LOCK, torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = Qwen3ForCausalLM(tiny_config(tokenizer)).to(torch.float32)
+        model = make().to(torch.float32)
     ends = [tokenizer.eos_token_id, tokenizer.pad_token_id]
     model.generation_config = GenerationConfig(eos_token_id=ends, pad_token_id=tokenizer.pad_token_id)
     return model.eval()

@@ -19,8 +19,7 @@ import hashlib
 import json
 from pathlib import Path
 
-import torch
-from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2VLConfig, Qwen2VLForConditionalGeneration
+from transformers import PreTrainedTokenizerFast, Qwen2VLConfig, Qwen2VLForConditionalGeneration
 
 from relax_pipeline.models.tiny import (
     BUILD_INFO,
@@ -29,6 +28,7 @@ from relax_pipeline.models.tiny import (
     build_once,
     content_hash,
     default_cache_dir,
+    seeded_model,
     train_tokenizer,
 )
 
@@ -89,12 +89,7 @@ def tiny_vl_config(tokenizer: PreTrainedTokenizerFast) -> Qwen2VLConfig:
 
 def init_model(tokenizer: PreTrainedTokenizerFast, seed: int) -> Qwen2VLForConditionalGeneration:
     """Random float32 weights from `torch.manual_seed(seed)`, leaving the caller's RNG state alone."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = Qwen2VLForConditionalGeneration(tiny_vl_config(tokenizer)).to(torch.float32)
-    ends = [tokenizer.eos_token_id, tokenizer.pad_token_id]
-    model.generation_config = GenerationConfig(eos_token_id=ends, pad_token_id=tokenizer.pad_token_id)
-    return model.eval()
+    return seeded_model(lambda: Qwen2VLForConditionalGeneration(tiny_vl_config(tokenizer)), tokenizer, seed)
 
 
 def _build_into(folder: Path, seed: int) -> None:

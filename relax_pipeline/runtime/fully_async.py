@@ -17,6 +17,7 @@ import logging
 import time
 
 from relax_pipeline.forest.sessions import Session
+from relax_pipeline.runtime.base import Binding
 from relax_pipeline.runtime.sync import SyncRuntime
 from relax_pipeline.stages.group import Group
 from relax_pipeline.stages.pipeline import Pipeline, StepResult
@@ -30,10 +31,11 @@ class FullyAsyncRuntime(SyncRuntime):
     retains_train_sessions = True
     """Train sessions stay alive while eval runs (the capacity check adds their slots)."""
 
-    _step = 0
-    _leased = True
-    _draining = False
-    _need = 1
+    def bind(self, binding: Binding) -> None:
+        super().bind(binding)
+        # the step new groups belong to, groups a step takes, new groups start leased, the last step drains
+        self._step, self._need = 0, 1
+        self._leased, self._draining = True, False
 
     async def rollout(self, pipeline: Pipeline, rollout_id: int) -> StepResult:
         started = time.time()
@@ -62,7 +64,7 @@ class FullyAsyncRuntime(SyncRuntime):
         pool = self.pool
         if pool is None or pool.closing or self._draining:
             return
-        while len(pool.running_entries) < pool.capacity and pool.pending < pool.capacity + self._need:
+        while pool.resident < pool.capacity and pool.pending < pool.capacity + self._need:
             pool.launch(self._step, leased=self._leased)
 
     async def _drop_if_stale(self, pipeline: Pipeline, group: Group) -> int:

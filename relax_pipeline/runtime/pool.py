@@ -63,9 +63,9 @@ class GroupPool:
         return len(self._resident) + len(self._ready)
 
     @property
-    def running_entries(self) -> list[_Resident]:
+    def resident(self) -> int:
         """Launched groups whose agents have not all finished (opened or waiting for a slot)."""
-        return list(self._resident)
+        return len(self._resident)
 
     @property
     def running(self) -> list[Group]:

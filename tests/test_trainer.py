@@ -173,7 +173,7 @@ def test_accumulation_over_micro_batches_gives_the_same_update(tiny_path: Path, 
         assert grads.keys() == results[0][1].keys()
         for name, grad in grads.items():
             torch.testing.assert_close(grad, results[0][1][name], atol=1e-7, rtol=1e-4)
-        assert_weights(results[0][2], state, atol=1e-5)  # Adam's first step is lr * g / |g|: sensitive near 0
+        assert_weights(results[0][2], state, atol=2e-4)  # Adam step 1 is lr*g/(|g|+eps): a near-0 grad moves it by up to lr
         assert metrics["train/loss"] == pytest.approx(results[0][0]["train/loss"], abs=1e-6)
 
 

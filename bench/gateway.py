@@ -57,11 +57,11 @@ def _our_app(sessions: int):  # noqa: ANN202
 
     from relax_pipeline.engine.parsers import OutputParser
     from relax_pipeline.engine.template import ChatTemplate
-    from relax_pipeline.fakes import ScriptedEngine
-    from relax_pipeline.forest.sessions import ForestStore, Status
     from relax_pipeline.gateway.app import create_app
-    from relax_pipeline.gateway.turn import SamplingDefaults, TurnService
     from relax_pipeline.models.tiny import build_tiny
+    from relax_pipeline.testing.engines import ScriptedEngine
+    from relax_pipeline.turn.service import SamplingDefaults, TurnService
+    from relax_pipeline.turn.sessions import ForestStore, Status
 
     tokenizer = AutoTokenizer.from_pretrained(build_tiny(Path(tempfile.gettempdir()) / "relax-bench"))
     template = ChatTemplate(tokenizer)

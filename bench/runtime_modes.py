@@ -33,8 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from hydra import compose, initialize_config_dir  # noqa: E402
 
 from relax_pipeline.config import REPO_ROOT, register  # noqa: E402
-from relax_pipeline.fakes import PacedEngine  # noqa: E402
 from relax_pipeline.run import run  # noqa: E402
+from relax_pipeline.testing.engines import PacedEngine  # noqa: E402
 
 MODES = ("sync", "prelaunch", "partial", "fully_async")
 _STEP = re.compile(r"^(\S+ \S+) INFO relax_pipeline: step (\d+) metrics (.*)$")
@@ -52,9 +52,9 @@ def overrides(folder: Path, data: Path, mode: str, args: argparse.Namespace, tra
     groups = args.batch
     return [
         "job=train", f"output_dir={folder}", f"dataset.path={data}", "agent=long_tail", f"runtime={mode}",
-        "engine._target_=relax_pipeline.fakes.PacedEngine", f"+engine.token_s={args.token_s}",
+        "engine._target_=relax_pipeline.testing.engines.PacedEngine", f"+engine.token_s={args.token_s}",
         f"+engine.mean_tokens={mean_tokens}", "+engine.sigma=1.0",
-        "trainer._target_=relax_pipeline.fakes.PacedTrainer", f"+trainer.train_s={train_s}",
+        "trainer._target_=relax_pipeline.testing.engines.PacedTrainer", f"+trainer.train_s={train_s}",
         f"rollout.num_steps={args.steps}", f"rollout.batch_size={groups}", f"rollout.n_samples_per_prompt={args.n}",
         f"rollout.over_sampling_batch_size={groups + groups // 2}", f"runtime.concurrency={2 * groups}",
         "rollout.max_response_len=1024", "rollout.max_context_len=8192", "runtime.max_staleness=null",

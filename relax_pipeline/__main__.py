@@ -18,7 +18,7 @@ from relax_pipeline.run import run
 register()
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+@hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     try:
         run(cfg)

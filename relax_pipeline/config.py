@@ -21,6 +21,8 @@ from hydra.utils import get_class, instantiate
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+CONF_DIR = Path(__file__).resolve().parent / "conf"
+"""The config groups ship inside the package, so a wheel can run."""
 JOBS = ("train", "rollout", "check")
 _EVAL_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 
@@ -43,7 +45,7 @@ class ProtocolConfig:
 
 @dataclass
 class RuntimeConfig:
-    _target_: str = "relax_pipeline.runtime.sync.SyncRuntime"
+    _target_: str = "relax_pipeline.scheduling.sync.SyncRuntime"
     concurrency: int | None = None
     """Resident prompt groups (Prepare + Runtime); None means rollout.over_sampling_batch_size."""
     eval_concurrency: int | None = None

@@ -23,7 +23,7 @@ from typing import Any
 from tqdm import tqdm
 
 from relax_pipeline.engine.base import Engine
-from relax_pipeline.runtime.base import RuntimeStrategy
+from relax_pipeline.scheduling.base import RuntimeStrategy
 from relax_pipeline.stages.evaluate import Evaluator
 from relax_pipeline.stages.group import Group
 from relax_pipeline.stages.pipeline import Pipeline, StepResult

@@ -21,13 +21,11 @@ from omegaconf import DictConfig, OmegaConf
 from relax_pipeline.config import build, multi_context_missing, register, validate
 from relax_pipeline.data.dataset import DataSource
 from relax_pipeline.engine.template import ChatTemplate
-from relax_pipeline.forest.sessions import ForestStore
 from relax_pipeline.gateway.app import create_app
 from relax_pipeline.gateway.server import GatewayServer
-from relax_pipeline.gateway.turn import SamplingDefaults, TurnService
 from relax_pipeline.loop import Checkpoints, StepLoop
-from relax_pipeline.runtime.base import Binding, resident_capacity
-from relax_pipeline.runtime.capacity import EvalLoad, SlotPlan, check_slots
+from relax_pipeline.scheduling.base import Binding, resident_capacity
+from relax_pipeline.stages.capacity import EvalLoad, SlotPlan, check_slots
 from relax_pipeline.stages.evaluate import Evaluator, eval_sets
 from relax_pipeline.stages.pipeline import Pipeline
 from relax_pipeline.stages.prepare import Prepare
@@ -36,6 +34,8 @@ from relax_pipeline.stages.runtime import Runtime
 from relax_pipeline.stages.transfer import Transfer
 from relax_pipeline.tracking.dump import RolloutDump
 from relax_pipeline.tracking.logs import run_logging
+from relax_pipeline.turn.service import SamplingDefaults, TurnService
+from relax_pipeline.turn.sessions import ForestStore
 
 log = logging.getLogger("relax_pipeline")
 
@@ -144,7 +144,7 @@ class _Parts:
         return Evaluator(pipeline, self.eval_sets, self.cfg.eval.interval)
 
     def slot_plan(self) -> SlotPlan:
-        """Agent slots this run needs at its peak (`runtime/capacity.py`)."""
+        """Agent slots this run needs at its peak (`stages/capacity.py`)."""
         r = self.cfg.rollout
         train = resident_capacity(self.cfg.runtime.concurrency, r.over_sampling_batch_size, r.batch_size)
         evals = tuple(EvalLoad(s.name, s.n_samples, s.concurrency) for s in self.eval_sets)

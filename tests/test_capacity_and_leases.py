@@ -1,6 +1,6 @@
 """Agent-slot capacity table and refusal, the active-time clock across a parked interval, the barrier.
 
-The slot table is checked row by row (`runtime/capacity.py`), then through `job=check` and a refused
+The slot table is checked row by row (`stages/capacity.py`), then through `job=check` and a refused
 start. The lease tests run a real agent process group under a real `Runtime` stage: time parked does
 not count against `agent.timeout`, expiry ends the whole group and records the session as failed, and a
 first-request barrier that waits too long names the missing session.
@@ -17,15 +17,15 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from relax_pipeline.agent.launcher import AgentProcess, AgentSpec, _group_alive
-from relax_pipeline.config import REPO_ROOT, register
+from relax_pipeline.config import CONF_DIR, register
 from relax_pipeline.data.dataset import Prompt
-from relax_pipeline.fakes import ScriptedEngine
-from relax_pipeline.forest.sessions import ForestStore, Status
 from relax_pipeline.run import run
-from relax_pipeline.runtime.capacity import EvalLoad, SlotPlan, check_slots, eval_groups
-from relax_pipeline.runtime.lease import GroupLease
+from relax_pipeline.stages.capacity import EvalLoad, SlotPlan, check_slots, eval_groups
 from relax_pipeline.stages.group import Group
 from relax_pipeline.stages.runtime import Runtime
+from relax_pipeline.testing.engines import ScriptedEngine
+from relax_pipeline.turn.leases import GroupLease
+from relax_pipeline.turn.sessions import ForestStore, Status
 
 T = 4 * 2  # 4 resident groups of 2 sessions
 
@@ -55,7 +55,7 @@ def _compose(tmp_path: Path, tiny_path: Path, *overrides: str):  # noqa: ANN202 
     register()
     data = tmp_path / "eval.jsonl"
     data.write_text(json.dumps({"input": "hi"}) + "\n")
-    with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return compose("config", overrides=[
             f"output_dir={tmp_path}", f"model.cache_dir={tiny_path.parent}", "rollout.batch_size=4",
             "rollout.n_samples_per_prompt=2", f"eval.datasets=[{{name: e, path: '{data}', n_samples_per_prompt: 4}}]",
@@ -127,6 +127,6 @@ def test_barrier_holds_first_requests_and_names_missing_sessions(
         assert lease.missing() == [group.sessions[1]]
         await asyncio.gather(early, first_request(1))
 
-    with caplog.at_level(logging.WARNING, logger="relax_pipeline.runtime.lease"):
+    with caplog.at_level(logging.WARNING, logger="relax_pipeline.turn.leases"):
         asyncio.run(scenario())
     assert "first-request barrier" in caplog.text and "(index 1)" in caplog.text

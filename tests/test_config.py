@@ -19,10 +19,10 @@ from hydra.errors import ConfigCompositionException
 from hydra.utils import get_class
 from omegaconf import OmegaConf
 
-from relax_pipeline.config import REPO_ROOT, build, register
+from relax_pipeline.config import CONF_DIR, build, register
 from relax_pipeline.run import run
 
-CONF = REPO_ROOT / "conf"
+CONF = CONF_DIR
 GROUPS = ("protocol", "runtime", "credit", "engine", "trainer", "model", "dataset", "agent", "tracking")
 TRAINER_ARGS = {"seed": 0, "temperature": 1.0, "estimator": "grpo", "kl_coef": 0.0, "normalize_advantages": False}
 BUILD_ARGS = {

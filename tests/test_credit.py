@@ -15,22 +15,22 @@ import credit_hooks
 import pytest
 
 from relax_pipeline.agent.session_io import AgentOutput, ExportRecord
+from relax_pipeline.canonical.form import Context as CanonicalContext
+from relax_pipeline.canonical.form import Message
 from relax_pipeline.credit.base import RewardError
 from relax_pipeline.credit.custom_advantage import AdvantageError, CustomAdvantageCredit
 from relax_pipeline.credit.reward import RewardCredit
 from relax_pipeline.credit.reward_model import CustomRMCredit, GroupRMCredit
 from relax_pipeline.data.dataset import Prompt
-from relax_pipeline.forest.canonical import Context as CanonicalContext
-from relax_pipeline.forest.canonical import Message
 from relax_pipeline.forest.export import Exported
 from relax_pipeline.forest.sample import Sample
-from relax_pipeline.forest.sessions import ForestStore, Status
 from relax_pipeline.forest.store import Node
 from relax_pipeline.stages import reward as reward_stage
 from relax_pipeline.stages.group import Context, Group
 from relax_pipeline.stages.reward import Reward
 from relax_pipeline.stages.transfer import Transfer
 from relax_pipeline.tracking.metrics import rollout_metrics
+from relax_pipeline.turn.sessions import ForestStore, Status
 
 PAYLOAD = {"messages": [{"role": "user", "content": "What is 1 + 2?"}], "metadata": {"answer": 3}}
 NODE = Node(0, None, "root", (), (), b"\x00", 0)

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from relax_pipeline.config import REPO_ROOT, quote_placeholders, register
-from relax_pipeline.fakes import RecordingHFEngine
+from relax_pipeline.config import CONF_DIR, quote_placeholders, register
 from relax_pipeline.run import run
+from relax_pipeline.testing.engines import RecordingHFEngine
 
 FIELDS = {
     "rollout_id", "group_id", "session_id", "index", "name", "mode", "status", "error", "reward", "advantage",
@@ -28,7 +28,7 @@ FIELDS = {
 
 def compose_config(tmp_path: Path, tiny_path: Path, *overrides: str):  # noqa: ANN201
     register()
-    with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return compose("config", overrides=quote_placeholders([
             "job=rollout", "agent=minimal", "dataset=toy", "rollout.num_steps=1", "rollout.batch_size=2",
             "rollout.n_samples_per_prompt=2",
@@ -53,7 +53,7 @@ def check_row(row: dict) -> None:
 
 
 def test_rollout_three_turns_with_openai_sdk_agents(tmp_path: Path, tiny_path: Path) -> None:
-    cfg = compose_config(tmp_path, tiny_path, "engine._target_=relax_pipeline.fakes.RecordingHFEngine")
+    cfg = compose_config(tmp_path, tiny_path, "engine._target_=relax_pipeline.testing.engines.RecordingHFEngine")
     metrics = run(cfg)
     rows = read_dump(tmp_path / "dump" / "r_0.jsonl")
     assert len(rows) == 4 and all(r["turn_count"] == 3 for r in rows)

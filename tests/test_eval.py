@@ -14,7 +14,7 @@ from pathlib import Path
 import credit_hooks
 from hydra import compose, initialize_config_dir
 
-from relax_pipeline.config import REPO_ROOT, quote_placeholders, register
+from relax_pipeline.config import CONF_DIR, quote_placeholders, register
 from relax_pipeline.run import run
 from relax_pipeline.stages.evaluate import eval_sets
 
@@ -49,7 +49,7 @@ def prompts(n: int, **metadata: object) -> list[dict]:
 
 def compose_config(tmp_path: Path, *overrides: str):  # noqa: ANN201
     register()
-    with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return compose("config", overrides=quote_placeholders([
             f"output_dir={tmp_path}", f"dataset.path={write_jsonl(tmp_path / 'train.jsonl', prompts(2))}",
             "rollout.num_steps=1", "rollout.batch_size=1", "rollout.n_samples_per_prompt=2",

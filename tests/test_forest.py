@@ -1,7 +1,7 @@
 """SessionForest: canonical matching, branches and forks, exports, samples and the template invariant.
 
 Turns go through the real TurnService, chat parser, chat template and tokenizer; only the engine is
-scripted (relax_pipeline.fakes), so every generated token is known.
+scripted (relax_pipeline.testing.engines), so every generated token is known.
 """
 
 from __future__ import annotations
@@ -11,16 +11,17 @@ import json
 import pytest
 
 from relax_pipeline.agent.session_io import ExportRecord
+from relax_pipeline.canonical.chat import parse_messages
+from relax_pipeline.canonical.form import Context, canonical_arguments, chain_all
 from relax_pipeline.engine.parsers import OutputParser
 from relax_pipeline.engine.template import ChatTemplate
-from relax_pipeline.fakes import ScriptedEngine
-from relax_pipeline.forest.canonical import Context, canonical_arguments, chain_all
 from relax_pipeline.forest.export import ExportError, explicit_exports, implicit_export
 from relax_pipeline.forest.sample import build_sample, token_table
 from relax_pipeline.forest.store import SessionForest
-from relax_pipeline.gateway.turn import SamplingDefaults, TurnService
 from relax_pipeline.models.tiny import QWEN3_DROP_REASONING_TEMPLATE
-from relax_pipeline.protocol.chat import parse_messages, parse_request
+from relax_pipeline.protocol.chat import parse_request
+from relax_pipeline.testing.engines import ScriptedEngine
+from relax_pipeline.turn.service import SamplingDefaults, TurnService
 
 TOOLS = [{"type": "function", "function": {"name": "calc", "parameters": {"type": "object"}}}]
 CALL = '<think>\nadd them\n</think>\n\n<tool_call>\n{"name": "calc", "arguments": {"a": 1, "b": "x"}}\n</tool_call>'

@@ -16,10 +16,10 @@ import pytest
 import pytest_asyncio
 from test_gateway import Gateway, assert_openai_error, generated_ids, kinds, running_gateway
 
+from relax_pipeline.canonical.form import Context, Message
 from relax_pipeline.engine.template import ChatTemplate
-from relax_pipeline.fakes import ScriptedEngine
-from relax_pipeline.forest.canonical import Context, Message
-from relax_pipeline.gateway.turn import SamplingDefaults
+from relax_pipeline.testing.engines import ScriptedEngine
+from relax_pipeline.turn.service import SamplingDefaults
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(30)]
 

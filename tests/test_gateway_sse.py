@@ -18,10 +18,10 @@ import pytest
 from test_gateway import ANSWER, THINK_AND_CALL, TOOLS, generated_ids, running_gateway
 
 from relax_pipeline.engine.template import ChatTemplate
-from relax_pipeline.fakes import ScriptedEngine
 from relax_pipeline.protocol.chat import ChatFrontend
 from relax_pipeline.protocol.messages import MessagesFrontend
 from relax_pipeline.protocol.responses import ResponsesFrontend
+from relax_pipeline.testing.engines import ScriptedEngine
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(30)]
 GOLDEN = Path(__file__).parent / "golden"

@@ -20,14 +20,14 @@ import openai
 import pytest
 from test_gateway import ANSWER, THINK_AND_CALL, generated_ids, kinds, running_gateway
 
+from relax_pipeline.canonical.form import Message, ToolCall
+from relax_pipeline.canonical.memo import RequestMemo
 from relax_pipeline.engine.template import ChatTemplate
-from relax_pipeline.fakes import FailingEngine, ScriptedEngine, StopStringEngine
-from relax_pipeline.forest.canonical import Message, ToolCall
-from relax_pipeline.forest.memo import RequestMemo
-from relax_pipeline.forest.sessions import ForestStore, Session, Status
 from relax_pipeline.gateway.server import GatewayServer
 from relax_pipeline.protocol.chat import ChatFrontend
 from relax_pipeline.protocol.messages import MessagesFrontend, count_tokens, parse_request, signature
+from relax_pipeline.testing.engines import FailingEngine, ScriptedEngine, StopStringEngine
+from relax_pipeline.turn.sessions import ForestStore, Session, Status
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(30)]
 

@@ -18,12 +18,12 @@ import pytest
 import torch
 from test_e2e_rollout import FIELDS, compose_config, read_dump
 
+from relax_pipeline.canonical.form import image_of
 from relax_pipeline.config import REPO_ROOT
 from relax_pipeline.data.media import image_url
 from relax_pipeline.engine.vision import Vision
-from relax_pipeline.fakes import RecordingHFEngine
-from relax_pipeline.forest.canonical import image_of
 from relax_pipeline.run import run
+from relax_pipeline.testing.engines import RecordingHFEngine
 from relax_pipeline.train.batching import TrainSample
 from relax_pipeline.train.step import collate, response_logprobs
 from relax_pipeline.train.torch_backend import load_policy
@@ -50,7 +50,8 @@ def vl_overrides(data: Path, tiny_vl_path: Path) -> list[str]:
 def test_two_images_reach_the_dump_as_expanded_training_ids(tmp_path: Path, tiny_vl_path: Path) -> None:
     data = image_dataset(tmp_path / "data", rows=1)
     cfg = compose_config(tmp_path, tiny_vl_path, "agent=single_turn", "rollout.batch_size=1",
-                         "engine._target_=relax_pipeline.fakes.RecordingHFEngine", *vl_overrides(data, tiny_vl_path))
+                         "engine._target_=relax_pipeline.testing.engines.RecordingHFEngine",
+                         *vl_overrides(data, tiny_vl_path))
     run(cfg)
     rows = read_dump(tmp_path / "dump" / "r_0.jsonl")
     vision = Vision.load(tiny_vl_path)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 
-from relax_pipeline.config import REPO_ROOT, quote_placeholders, register
+from relax_pipeline.config import CONF_DIR, quote_placeholders, register
 from relax_pipeline.run import run
 
 
@@ -22,7 +22,7 @@ def test_filtered_groups_are_replaced_and_every_prompt_is_covered(tmp_path: Path
             for i in range(4)]
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     register()
-    with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=quote_placeholders([
             "job=rollout", f"output_dir={tmp_path}", f"model.cache_dir={tiny_path.parent}", f"dataset.path={data}",
             "dataset.shuffle=false", "rollout.num_steps=4", "rollout.batch_size=2", "rollout.n_samples_per_prompt=2",

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from relax_pipeline.engine.parsers import OutputParser, check_parser_names
-from relax_pipeline.fakes import write_fake_sglang
+from relax_pipeline.testing.sglang_stub import write_fake_sglang
 
 
 def test_qwen3_reasoning_and_qwen25_json_call() -> None:

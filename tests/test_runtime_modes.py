@@ -18,12 +18,12 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
-from relax_pipeline.config import REPO_ROOT, quote_placeholders, register
-from relax_pipeline.fakes import LETTERS
+from relax_pipeline.config import CONF_DIR, quote_placeholders, register
 from relax_pipeline.run import _Parts, run
 from relax_pipeline.stages.pipeline import StepResult
+from relax_pipeline.testing.engines import LETTERS
 
-PACED = "engine._target_=relax_pipeline.fakes.PacedEngine"
+PACED = "engine._target_=relax_pipeline.testing.engines.PacedEngine"
 DONE = ("completed", "truncated")
 
 
@@ -35,7 +35,7 @@ def _dataset(tmp_path: Path, metadata: list[dict[str, Any]]) -> Path:
 
 def _cfg(tmp_path: Path, tiny_path: Path, data: Path, *overrides: str) -> DictConfig:
     register()
-    with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return compose("config", overrides=quote_placeholders([
             "job=rollout", f"output_dir={tmp_path}", f"model.cache_dir={tiny_path.parent}", f"dataset.path={data}",
             "dataset.shuffle=false", "agent=long_tail", PACED, "rollout.max_response_len=1000",

@@ -16,7 +16,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from relax_pipeline.config import REPO_ROOT, quote_placeholders, register
+from relax_pipeline.config import CONF_DIR, quote_placeholders, register
 from relax_pipeline.run import run
 
 SMALL = ["rollout.batch_size=2", "rollout.n_samples_per_prompt=4", "rollout.max_response_len=8", "trainer.lr=5e-3"]
@@ -24,7 +24,7 @@ SMALL = ["rollout.batch_size=2", "rollout.n_samples_per_prompt=4", "rollout.max_
 
 def train_config(out: Path, tiny_path: Path, *overrides: str):  # noqa: ANN201
     register()
-    with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return compose("config", overrides=quote_placeholders([
             "job=train", f"output_dir={out}", f"model.cache_dir={tiny_path.parent}",
             f"debug.save_rollout_data={out}/dump/r_{{rollout_id}}.jsonl", *SMALL, *overrides,

@@ -173,7 +173,8 @@ def test_accumulation_over_micro_batches_gives_the_same_update(tiny_path: Path, 
         assert grads.keys() == results[0][1].keys()
         for name, grad in grads.items():
             torch.testing.assert_close(grad, results[0][1][name], atol=1e-7, rtol=1e-4)
-        assert_weights(results[0][2], state, atol=2e-4)  # Adam step 1 is lr*g/(|g|+eps): a near-0 grad moves it by up to lr
+        # Adam's first step is lr*g/(|g|+eps): a gradient near 0 may move a weight by a share of lr (1e-3)
+        assert_weights(results[0][2], state, atol=1e-4)
         assert metrics["train/loss"] == pytest.approx(results[0][0]["train/loss"], abs=1e-6)
 
 
@@ -263,7 +264,9 @@ def test_deepspeed_zero_stage_trains_like_the_torch_backend(tiny_path: Path, tor
         ds.close()
     assert math.isfinite(metrics["train/loss"]) and metrics["train/grad_norm"] > 0 and ds.version == 1
     assert any(not torch.equal(before[k], after[k]) for k in before)
-    assert_weights(torch_update, after, atol=1e-5)
+    # Adam's first step is lr*g/(|g|+eps): where a gradient is near 0, float-order noise moves a weight by a
+    # visible share of lr (8e-5 seen at lr 5e-3), so the weights are compared at lr/10; the gradients match.
+    assert_weights(torch_update, after, atol=RICH["lr"] / 10)
 
 
 @DEEPSPEED_WARNINGS

@@ -12,7 +12,7 @@ image's `tokens` copies (`expand_placeholders`) and feeds the pixels; context li
 length. Text-only engines accept `media=None` only.
 
 This module holds only records and the `Engine` protocol; `hf.py` (embedded transformers) implements
-it, and `relax_pipeline.fakes` holds the scripted engine used by protocol tests.
+it, and `relax_pipeline.testing.engines` holds the scripted engine used by protocol tests.
 """
 
 from __future__ import annotations

@@ -17,8 +17,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from relax_pipeline.canonical.form import ToolCall, canonical_arguments
 from relax_pipeline.engine import sglang_parsers
-from relax_pipeline.forest.canonical import ToolCall, canonical_arguments
 
 REASONING_PARSERS: tuple[str, ...] = ("qwen3", "deepseek-r1")
 TOOL_CALL_PARSERS: tuple[str, ...] = ("qwen25", "hermes", "qwen3_coder")

@@ -19,7 +19,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from relax_pipeline.forest.canonical import ToolCall, canonical_arguments
+from relax_pipeline.canonical.form import ToolCall, canonical_arguments
 
 log = logging.getLogger(__name__)
 _REASONING = "sglang.srt.parser.reasoning_parser"

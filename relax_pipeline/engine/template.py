@@ -25,8 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from relax_pipeline.canonical.form import TEXT_ONLY_MESSAGE, CanonicalError, Context, Message
 from relax_pipeline.engine.render import Codec, Renderer
-from relax_pipeline.forest.canonical import TEXT_ONLY_MESSAGE, CanonicalError, Context, Message
 
 if TYPE_CHECKING:
     from relax_pipeline.engine.vision import Vision

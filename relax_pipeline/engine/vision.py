@@ -21,9 +21,9 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
+from relax_pipeline.canonical.form import CanonicalError, Image
 from relax_pipeline.data.media import MediaError, load_image
 from relax_pipeline.engine.base import ImageFeatures
-from relax_pipeline.forest.canonical import CanonicalError, Image
 
 CACHE_IMAGES = 256
 

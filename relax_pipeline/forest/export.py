@@ -13,7 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from relax_pipeline.agent.session_io import ExportRecord
-from relax_pipeline.forest.canonical import (
+from relax_pipeline.canonical.chat import parse_messages
+from relax_pipeline.canonical.form import (
     CanonicalError,
     Context,
     canonical_template_kwargs,
@@ -21,7 +22,6 @@ from relax_pipeline.forest.canonical import (
     chain_all,
 )
 from relax_pipeline.forest.store import Node, SessionForest
-from relax_pipeline.protocol.chat import parse_messages
 
 
 class ExportError(ValueError):

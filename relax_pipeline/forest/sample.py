@@ -17,8 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from relax_pipeline.canonical.form import Context, Message
 from relax_pipeline.engine.base import ImageFeatures
-from relax_pipeline.forest.canonical import Context, Message
 from relax_pipeline.forest.store import Node, SessionForest
 
 

@@ -26,8 +26,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from relax_pipeline.canonical.form import Context, Message, chain, chain_all
 from relax_pipeline.engine.base import GenerateResult, ImageFeatures, SamplingParams
-from relax_pipeline.forest.canonical import Context, Message, chain, chain_all
 
 NodeKind = Literal["root", "observation", "response"]
 IDS_CACHE_NODES = 8

@@ -24,13 +24,14 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from relax_pipeline.forest.canonical import CanonicalError
-from relax_pipeline.forest.sessions import ForestStore, Session, Status
-from relax_pipeline.gateway.turn import TurnRequest, TurnResult, TurnService
+from relax_pipeline.canonical.form import CanonicalError
 from relax_pipeline.protocol.base import Frontend, TurnMeta
 from relax_pipeline.protocol.chat import ChatFrontend
 from relax_pipeline.protocol.errors import ProtocolError, anthropic_body, openai_body
 from relax_pipeline.protocol.messages import MessagesFrontend, count_tokens
+from relax_pipeline.turn.records import TurnRequest, TurnResult
+from relax_pipeline.turn.service import TurnService
+from relax_pipeline.turn.sessions import ForestStore, Session, Status
 
 log = logging.getLogger(__name__)
 DISCONNECT_POLL_S = 0.5

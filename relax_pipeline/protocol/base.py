@@ -14,9 +14,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from relax_pipeline.forest.memo import RequestMemo
-from relax_pipeline.gateway.turn import TurnRequest, TurnResult
+from relax_pipeline.canonical.memo import RequestMemo
 from relax_pipeline.protocol.errors import ProtocolError
+from relax_pipeline.turn.records import TurnRequest, TurnResult
 
 TokenText = Callable[[int], str]
 

@@ -8,7 +8,7 @@ Roles are system/user/assistant/tool; `developer` is refused with a hint to send
 contents may hold `image_url` parts (a data URI or an http(s) URL); whether the model accepts them is
 the turn service's decision (a text-only model answers 400).
 
-`parse_messages` is also how explicit exports (canonical Chat form) are read. `stream=true` gets Buffered
+Messages are parsed by `canonical/chat.py`, which explicit exports share. `stream=true` gets Buffered
 SSE: comment frames while generating, then one `chat.completion.chunk` carrying the whole message, its
 `finish_reason` and the full `usage` (whatever `stream_options` says), then `data: [DONE]`.
 """
@@ -18,21 +18,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from relax_pipeline.forest.canonical import (
-    CanonicalError,
-    Context,
-    Message,
-    ToolCall,
-    canonical_arguments,
-    canonical_template_kwargs,
-    canonical_tools,
-    content_of,
-    make_message,
-)
-from relax_pipeline.forest.memo import RequestMemo
-from relax_pipeline.gateway.turn import TurnRequest, TurnResult
+from relax_pipeline.canonical.chat import parse_message
+from relax_pipeline.canonical.form import CanonicalError, Context, canonical_template_kwargs, canonical_tools
+from relax_pipeline.canonical.memo import RequestMemo
 from relax_pipeline.protocol.base import SSEFrame, TurnMeta, stream_flag
 from relax_pipeline.protocol.errors import ProtocolError, openai_body
+from relax_pipeline.turn.records import TurnRequest, TurnResult
 
 
 def parse_request(body: Any, memo: RequestMemo | None = None) -> TurnRequest:
@@ -49,45 +40,6 @@ def parse_request(body: Any, memo: RequestMemo | None = None) -> TurnRequest:
     messages, hashes = (memo or RequestMemo(0)).canonical(raw, context, parse_message)
     return TurnRequest(messages, context, _max_tokens(body), _stop(body.get("stop")), _seed(body.get("seed")),
                        hashes)
-
-
-def parse_messages(raw: Any, param: str = "messages") -> tuple[Message, ...]:
-    if not isinstance(raw, list) or not raw:
-        raise CanonicalError("messages must be a non-empty list", param)
-    return tuple(parse_message(m, f"{param}[{i}]") for i, m in enumerate(raw))
-
-
-def parse_message(raw: Any, param: str) -> Message:
-    if not isinstance(raw, Mapping):
-        raise CanonicalError("a message must be an object with 'role' and 'content'", param)
-    role = raw.get("role")
-    if role == "developer":
-        raise CanonicalError("role 'developer' is not supported; send it as a 'system' message", f"{param}.role")
-    content, images = content_of(raw.get("content"), f"{param}.content")
-    reasoning = raw.get("reasoning_content")
-    if reasoning is not None and not isinstance(reasoning, str):
-        raise CanonicalError("reasoning_content must be a string", f"{param}.reasoning_content")
-    calls = _tool_calls(raw.get("tool_calls"), f"{param}.tool_calls") if role == "assistant" else ()
-    call_id = raw.get("tool_call_id")
-    return make_message(role, content, param, reasoning, calls, call_id if isinstance(call_id, str) else None,
-                        images)
-
-
-def _tool_calls(raw: Any, param: str) -> tuple[ToolCall, ...]:
-    if raw is None:
-        return ()
-    if not isinstance(raw, list):
-        raise CanonicalError("tool_calls must be a list", param)
-    return tuple(_tool_call(c, f"{param}[{i}]") for i, c in enumerate(raw))
-
-
-def _tool_call(raw: Any, param: str) -> ToolCall:
-    fn = raw.get("function") if isinstance(raw, Mapping) else None
-    if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str) or not fn["name"]:
-        raise CanonicalError("a tool call needs function.name", f"{param}.function.name")
-    args = canonical_arguments(fn.get("arguments", "{}"), f"{param}.function.arguments")
-    call_id = raw.get("id")
-    return ToolCall(fn["name"], args, call_id if isinstance(call_id, str) else None)
 
 
 def _max_tokens(body: Mapping[str, Any]) -> int | None:

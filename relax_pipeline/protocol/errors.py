@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from relax_pipeline.forest.canonical import CanonicalError
+from relax_pipeline.turn.errors import ProtocolError
+
+__all__ = ["ProtocolError", "anthropic_body", "openai_body"]
 
 _OPENAI_TYPES = {
     400: "invalid_request_error",
@@ -26,21 +28,6 @@ _ANTHROPIC_TYPES = {
     499: "invalid_request_error",
     500: "api_error",
 }
-
-
-class ProtocolError(Exception):
-    """An error the client should see, with its HTTP status and the field to fix."""
-
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-        self.code = code
-
-    @classmethod
-    def from_canonical(cls, error: CanonicalError) -> ProtocolError:
-        return cls(400, error.message, error.param, error.code)
 
 
 def openai_body(error: ProtocolError) -> dict[str, Any]:

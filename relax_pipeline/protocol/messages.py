@@ -29,13 +29,13 @@ import json
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from relax_pipeline.canonical.chat import parse_message
+from relax_pipeline.canonical.form import CanonicalError, Context, Message, ToolCall, canonical_tools
+from relax_pipeline.canonical.memo import RequestMemo
 from relax_pipeline.engine.template import ChatTemplate
-from relax_pipeline.forest.canonical import CanonicalError, Context, Message, ToolCall, canonical_tools
-from relax_pipeline.forest.memo import RequestMemo
-from relax_pipeline.gateway.turn import TurnRequest, TurnResult
 from relax_pipeline.protocol.base import SSEFrame, TurnMeta, stream_flag
-from relax_pipeline.protocol.chat import parse_message
 from relax_pipeline.protocol.errors import ProtocolError, anthropic_body
+from relax_pipeline.turn.records import TurnRequest, TurnResult
 
 Item = tuple[str, dict[str, Any]]
 """An expanded message: its Anthropic field path and its Chat-form dict."""

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from relax_pipeline.forest.canonical import (
+from relax_pipeline.canonical.form import (
     CanonicalError,
     Context,
     Message,
@@ -37,10 +37,10 @@ from relax_pipeline.forest.canonical import (
     make_message,
     text_of,
 )
-from relax_pipeline.forest.memo import RequestMemo
-from relax_pipeline.gateway.turn import TurnRequest, TurnResult
+from relax_pipeline.canonical.memo import RequestMemo
 from relax_pipeline.protocol.base import SSEFrame, TurnMeta, stream_flag
 from relax_pipeline.protocol.errors import ProtocolError, openai_body
+from relax_pipeline.turn.records import TurnRequest, TurnResult
 
 MESSAGE_ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 ITEM_TYPES = ("message", "reasoning", "function_call", "function_call_output")

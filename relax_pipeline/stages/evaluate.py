@@ -30,8 +30,8 @@ from tqdm import tqdm
 
 from relax_pipeline.config import build
 from relax_pipeline.data.dataset import Prompt
-from relax_pipeline.runtime.base import resident_capacity
-from relax_pipeline.runtime.capacity import eval_groups
+from relax_pipeline.scheduling.base import resident_capacity
+from relax_pipeline.stages.capacity import eval_groups
 from relax_pipeline.stages.group import Group
 from relax_pipeline.stages.pipeline import Pipeline
 from relax_pipeline.tracking.dump import RolloutDump

@@ -16,7 +16,7 @@ from relax_pipeline.agent.session_io import AgentOutput
 from relax_pipeline.data.dataset import Prompt
 from relax_pipeline.forest.export import Exported
 from relax_pipeline.forest.sample import Sample
-from relax_pipeline.forest.sessions import Session
+from relax_pipeline.turn.sessions import Session
 
 
 @dataclass

@@ -18,7 +18,6 @@ from typing import Any
 
 from relax_pipeline.data.dataset import DataSource, Prompt
 from relax_pipeline.forest.export import Exported
-from relax_pipeline.forest.sessions import Status
 from relax_pipeline.stages.group import Group
 from relax_pipeline.stages.prepare import Prepare
 from relax_pipeline.stages.reward import Reward
@@ -26,6 +25,7 @@ from relax_pipeline.stages.runtime import Runtime
 from relax_pipeline.stages.transfer import Transfer
 from relax_pipeline.tracking.dump import RolloutDump
 from relax_pipeline.tracking.metrics import rollout_metrics
+from relax_pipeline.turn.sessions import Status
 
 log = logging.getLogger(__name__)
 

@@ -15,8 +15,8 @@ from typing import Any
 from relax_pipeline.agent.launcher import AgentFailure, AgentProcess, AgentSpec
 from relax_pipeline.agent.session_io import build_input, write_input
 from relax_pipeline.data.dataset import Prompt
-from relax_pipeline.forest.sessions import ForestStore, Session, Status, derive_seed
 from relax_pipeline.stages.group import Group
+from relax_pipeline.turn.sessions import ForestStore, Session, Status, derive_seed
 
 
 class Prepare:

@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from relax_pipeline.credit.base import Credit, RewardError, filter_group
 from relax_pipeline.forest.export import Exported
 from relax_pipeline.forest.sample import build_sample
-from relax_pipeline.forest.sessions import ForestStore, Session, Status
 from relax_pipeline.stages.group import Context, Group
+from relax_pipeline.turn.sessions import ForestStore, Session, Status
 
 log = logging.getLogger(__name__)
 

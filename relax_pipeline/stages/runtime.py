@@ -15,8 +15,8 @@ import logging
 from relax_pipeline.agent.launcher import AgentFailure
 from relax_pipeline.agent.session_io import AgentOutputError, parse_output
 from relax_pipeline.forest.export import Exported, ExportError, explicit_exports, implicit_export
-from relax_pipeline.forest.sessions import ForestStore, Session, Status
 from relax_pipeline.stages.group import Group
+from relax_pipeline.turn.sessions import ForestStore, Session, Status
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 from typing import Any
 
 from relax_pipeline.credit.base import export_metadata
-from relax_pipeline.forest.sessions import ForestStore, Session, Status
 from relax_pipeline.stages.group import Context, Group
+from relax_pipeline.turn.sessions import ForestStore, Session, Status
 
 
 class Transfer:

@@ -18,8 +18,8 @@ from __future__ import annotations
 import logging
 import time
 
-from relax_pipeline.runtime.base import Binding
-from relax_pipeline.runtime.pool import GroupPool, Outcome
+from relax_pipeline.scheduling.base import Binding
+from relax_pipeline.scheduling.pool import GroupPool, Outcome
 from relax_pipeline.stages.pipeline import Pipeline, StepResult
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""Every fake in the project, in one module: stand-ins for the edges, never for the parts under test.
+"""Fake engines and trainers: stand-ins for the edges, never for the parts under test.
 
 - `ScriptedEngine`: an `Engine` that answers from a script of texts, tokenized with the real tokenizer
   and ended with the template's end-of-turn token, with fixed logprobs. Protocol and forest tests use it
@@ -9,13 +9,11 @@
 - `AbortingEngine` / `FailingEngine`: scripted engines whose Nth generation ends "abort", or that raise
   on every call like a dead worker, for the gateway's commit-nothing paths.
 - `RecordingHFEngine`: the real embedded engine plus a record of every prompt it was given, selected
-  with `engine._target_=relax_pipeline.fakes.RecordingHFEngine` so end-to-end tests can check that each
+  with `engine._target_=relax_pipeline.testing.engines.RecordingHFEngine` so end-to-end tests can check that each
   turn's prompt starts with the previous turn's tokens. It changes no behaviour.
 - `PacedEngine` / `PacedTrainer`: a simulated engine whose time is proportional to tokens (abortable,
   resumable, per-token weight versions) and a trainer whose step is a fixed sleep, for the runtime-mode
   tests and `bench/runtime_modes.py`, which measure the scheduler rather than the model.
-- `write_fake_sglang`: a stand-in `sglang` package with SGLang's parser class names and one made-up
-  format each, for the parser-delegation adapter (real SGLang installs only on GPU machines).
 """
 
 from __future__ import annotations
@@ -167,7 +165,7 @@ class PacedEngine:
     is log-normal (`mean_tokens`, `sigma`) drawn from its sampling seed, capped by `max_new_tokens`
     ("length"). `abort` returns the partial output; a generation resumed under the same rid owes only
     the rest. Each token records the weight version current when it was emitted. `busy_s` counts the time
-    at least one request was active. Selected with `engine._target_=relax_pipeline.fakes.PacedEngine`
+    at least one request was active. Selected with `engine._target_=relax_pipeline.testing.engines.PacedEngine`
     (extra keys with `+engine.token_s=...`) so scheduler tests and `bench/runtime_modes.py` measure the
     scheduler, not the model. The last instance built is `PacedEngine.last`.
     """
@@ -268,7 +266,7 @@ class PacedEngine:
 class PacedTrainer:
     """A trainer whose step takes `train_s` seconds of wall time and changes nothing but the version.
 
-    Selected with `trainer._target_=relax_pipeline.fakes.PacedTrainer` (`+trainer.train_s=...`) by
+    Selected with `trainer._target_=relax_pipeline.testing.engines.PacedTrainer` (`+trainer.train_s=...`) by
     `bench/runtime_modes.py`, so the optimizer step is a fixed, known gap the runtime modes can hide.
     """
 
@@ -294,72 +292,3 @@ class PacedTrainer:
 
     def close(self) -> None:
         return None
-
-
-_FAKE_SGLANG = {
-    "sglang/srt/parser/reasoning_parser.py": '''
-class ReasoningParser:
-    DetectorMap = {"fake-think": None}
-
-    def __init__(self, model_type, stream_reasoning=True):
-        assert model_type in self.DetectorMap and stream_reasoning is False
-
-    def parse_non_stream(self, text):
-        if "[/THINK]" not in text:
-            return None, text
-        head, _, rest = text.partition("[/THINK]")
-        return head.removeprefix("[THINK]"), rest
-''',
-    "sglang/srt/function_call/function_call_parser.py": '''
-import json
-
-
-class ToolCallItem:
-    def __init__(self, tool_index, name, parameters):
-        self.tool_index, self.name, self.parameters = tool_index, name, parameters
-
-
-class FunctionCallParser:
-    ToolCallParserEnum = {"fake-calls": None}
-    seen_tools = []
-
-    def __init__(self, tools, tool_call_parser):
-        assert tool_call_parser in self.ToolCallParserEnum
-        FunctionCallParser.seen_tools = [t.function.name for t in tools]
-
-    def has_tool_call(self, text):
-        return "[TOOL_CALLS]" in text
-
-    def parse_non_stream(self, text):
-        head, _, body = text.partition("[TOOL_CALLS]")
-        calls = json.loads(body)
-        return head, [ToolCallItem(i, c["name"], json.dumps(c["arguments"])) for i, c in enumerate(calls)]
-''',
-    "sglang/srt/entrypoints/openai/protocol.py": '''
-class Function:
-    def __init__(self, name, description=None, parameters=None):
-        self.name, self.description, self.parameters = name, description, parameters
-
-
-class Tool:
-    def __init__(self, type, function):
-        self.type, self.function = type, function
-''',
-}
-
-
-def write_fake_sglang(folder: Any) -> None:
-    """Write a stand-in `sglang` package into `folder` (put it on sys.path): SGLang's parser classes with
-    one made-up format each (`fake-think`: `[THINK]...[/THINK]`; `fake-calls`: `[TOOL_CALLS] [json]`),
-    so the delegation adapter is tested where SGLang itself cannot be installed (it pins a CUDA torch)."""
-    from pathlib import Path
-
-    root = Path(folder)
-    for relative, source in _FAKE_SGLANG.items():
-        path = root / relative
-        for package in [path.parent, *path.parent.parents]:
-            if package == root or root not in package.parents:
-                break
-            package.mkdir(parents=True, exist_ok=True)
-            (package / "__init__.py").touch()
-        path.write_text(source.lstrip())

@@ -6,7 +6,7 @@ gives each a `GroupLease`, and hands finished groups back one at a time, in comp
 is launched leased (it generates as soon as its first-request barrier passes) or held (prelaunch: its
 agents run, its requests wait); `grant_all`, `revoke_all` and `cancel_all` act on every resident group.
 Groups survive across steps until a strategy collects or cancels them. The pool does not score groups
-and does not decide how many to start: strategies do (`runtime/sync.py`, `runtime/fully_async.py`).
+and does not decide how many to start: strategies do (`scheduling/sync.py`, `scheduling/fully_async.py`).
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 
 from relax_pipeline.engine.base import Engine
 from relax_pipeline.forest.export import Exported
-from relax_pipeline.runtime.lease import GroupLease
 from relax_pipeline.stages.group import Group
 from relax_pipeline.stages.pipeline import Pipeline
+from relax_pipeline.turn.leases import GroupLease
 
 log = logging.getLogger(__name__)
 Outcome = tuple[Group, dict[str, list[Exported]]]

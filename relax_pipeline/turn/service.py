@@ -21,9 +21,10 @@ from __future__ import annotations
 import dataclasses
 import secrets
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from relax_pipeline.canonical.form import CanonicalError, Message
 from relax_pipeline.engine.base import (
     Engine,
     GenerateResult,
@@ -34,47 +35,13 @@ from relax_pipeline.engine.base import (
 )
 from relax_pipeline.engine.parsers import OutputParser
 from relax_pipeline.engine.template import ChatTemplate
-from relax_pipeline.forest.canonical import CanonicalError, Context, Message
-from relax_pipeline.forest.sessions import Session, derive_seed
 from relax_pipeline.forest.store import Match, Node, SessionForest
-from relax_pipeline.protocol.errors import ProtocolError
-from relax_pipeline.runtime.lease import GroupLease, LeaseClosed
+from relax_pipeline.turn.errors import ProtocolError
+from relax_pipeline.turn.leases import GroupLease, LeaseClosed
+from relax_pipeline.turn.records import SamplingDefaults, TurnRequest, TurnResult
+from relax_pipeline.turn.sessions import Session, derive_seed
 
-
-@dataclass(frozen=True)
-class TurnRequest:
-    """A protocol-independent model call; connects the protocol parsers to the turn service."""
-
-    messages: tuple[Message, ...]
-    context: Context = field(default_factory=Context)
-    max_tokens: int | None = None
-    stop: tuple[str, ...] = ()
-    seed: int | None = None
-    hashes: tuple[bytes, ...] = ()
-    """Chained hashes of the messages when the parser already computed them (else computed on match)."""
-
-
-@dataclass(frozen=True)
-class TurnResult:
-    """A committed turn; connects the turn service to the protocol renderers."""
-
-    message: Message
-    finish_reason: str
-    """"stop", "length" or "tool_calls"."""
-    prompt_tokens: int
-    output: GenerateResult
-    node_id: int
-
-
-@dataclass(frozen=True)
-class SamplingDefaults:
-    """Training-config sampling that every request gets (request temperature/top_p are ignored)."""
-
-    max_response_len: int = 256
-    max_context_len: int = 4096
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
+__all__ = ["SamplingDefaults", "TurnRequest", "TurnResult", "TurnService"]
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import logging
 
-from relax_pipeline.runtime.pool import GroupPool
-from relax_pipeline.runtime.sync import SyncRuntime
+from relax_pipeline.scheduling.pool import GroupPool
+from relax_pipeline.scheduling.sync import SyncRuntime
 from relax_pipeline.stages.pipeline import StepResult
 
 log = logging.getLogger(__name__)

@@ -16,11 +16,11 @@ from __future__ import annotations
 import logging
 import time
 
-from relax_pipeline.forest.sessions import Session
-from relax_pipeline.runtime.base import Binding
-from relax_pipeline.runtime.sync import SyncRuntime
+from relax_pipeline.scheduling.base import Binding
+from relax_pipeline.scheduling.sync import SyncRuntime
 from relax_pipeline.stages.group import Group
 from relax_pipeline.stages.pipeline import Pipeline, StepResult
+from relax_pipeline.turn.sessions import Session
 
 log = logging.getLogger(__name__)
 

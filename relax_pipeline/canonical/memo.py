@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from relax_pipeline.forest.canonical import Context, Message, chain
+from relax_pipeline.canonical.form import Context, Message, chain
 
 ParseItem = Callable[[Any, str], Message]
 

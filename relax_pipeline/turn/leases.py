@@ -14,7 +14,7 @@ A `GroupLease` sits between the gateway and the engine for every session of one 
   to its prompt, once the lease is granted again. A request already aborted `max_aborted_count` times is
   protected: `revoke` waits for it to finish instead.
 
-The lease knows nothing of steps or strategies (`runtime/pool.py` and the strategies decide when to
+The lease knows nothing of steps or strategies (`scheduling/pool.py` and the strategies decide when to
 grant and revoke) and nothing of protocols (the gateway turns `LeaseClosed` into a 404).
 """
 
@@ -28,7 +28,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from relax_pipeline.forest.sessions import ForestStore, Session, Status
+from relax_pipeline.turn.sessions import ForestStore, Session, Status
 
 if TYPE_CHECKING:
     from relax_pipeline.engine.base import Engine

@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-from relax_pipeline.forest.memo import RequestMemo
+from relax_pipeline.canonical.memo import RequestMemo
 from relax_pipeline.forest.store import SessionForest
 
 if TYPE_CHECKING:
-    from relax_pipeline.runtime.lease import GroupLease
+    from relax_pipeline.turn.leases import GroupLease
 
 
 class Status(StrEnum):

@@ -1,4 +1,6 @@
-"""Shared fixtures: the tiny models built once per test run, the text model's tokenizer and chat template."""
+"""Shared fixtures (the tiny models built once per test run, the text model's tokenizer and chat template) and
+the tier markers: every test under `tests/unit`, `tests/integration` or `tests/e2e` carries that folder's marker,
+so `pytest -m unit` runs the fast tier (no server, no subprocess) in well under a minute."""
 
 from __future__ import annotations
 
@@ -34,3 +36,14 @@ def tokenizer(tiny_path: Path):  # noqa: ANN201 - a transformers tokenizer
 @pytest.fixture(scope="session")
 def template(tokenizer) -> ChatTemplate:  # noqa: ANN001
     return ChatTemplate(tokenizer)
+
+
+TIERS = ("unit", "integration", "e2e")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark each test with its folder's tier."""
+    for item in items:
+        tier = next((part for part in Path(str(item.fspath)).parts if part in TIERS), None)
+        if tier is not None:
+            item.add_marker(getattr(pytest.mark, tier))

@@ -44,7 +44,7 @@ def composed(*overrides: str):  # noqa: ANN201
 
 
 def test_default_config_matches_the_golden_file() -> None:
-    golden = (Path(__file__).parent / "golden" / "default_config.yaml").read_text()
+    golden = (Path(__file__).parent.parent / "golden" / "default_config.yaml").read_text()
     assert OmegaConf.to_yaml(composed()) == golden
 
 

@@ -24,7 +24,7 @@ from relax_pipeline.protocol.responses import ResponsesFrontend
 from relax_pipeline.testing.engines import ScriptedEngine
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(30)]
-GOLDEN = Path(__file__).parent / "golden"
+GOLDEN = Path(__file__).parent.parent / "golden"
 REQUESTS = {
     "chat": ("v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "hello"}]}),
     "responses": ("v1/responses", {"model": "m", "input": "hello", "tools": [

@@ -4,6 +4,12 @@
 and exposes `base_url`, the agents' `RELAX_BASE_URL` (service path included, trailing `/`).
 `stop()` shuts it down. It shares the event loop with the pipeline, so no thread hop sits on the
 request path; the engine's compute runs in its own worker thread.
+
+The listening socket is created with `IPPROTO_TCP`, so asyncio sets TCP_NODELAY on every accepted
+connection (it does so only for sockets whose protocol is TCP, and an accepted socket inherits the
+listener's). With protocol 0, uvicorn's separate header and body writes left the body waiting for the
+client's delayed ACK: about 40 ms per keep-alive request instead of about 1 ms. This module does not
+pick the event loop (the run's `asyncio.run` loop serves) and serves IPv4 hosts only.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ class GatewayServer:
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.host, self.port))
         self.port = sock.getsockname()[1]

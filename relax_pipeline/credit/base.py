@@ -1,26 +1,25 @@
 """The credit interface shared by every `credit=` option, and the helpers its implementations share.
 
-Contract: the Reward stage builds one `Context` per exported context (session order, then export order)
-with `reward_object` holding the reward the agent exported (None when absent), then awaits
-`credit.score(group)`, which fills `reward` (the primary scalar) and `advantage` (the base credit) of
-every context. A credit may filter a whole group (`filter_group`): the group is then handled like a
+Contract: the Reward stage builds one `CreditContext` per exported context (session order, then export
+order; `credit/records.py`) with `reward_object` holding the reward the agent exported (None when absent),
+then awaits `credit.score(group)`, which fills `reward` (the primary scalar) and `advantage` (the base
+credit) of every context. A credit may filter a whole group (`filter_group`): the group is then handled like a
 dropped one (its prompt goes back to the data source) but its sessions end `filtered`, not `dropped`.
 
 Also here: loading a user function from a `module.function` config value (errors name the key), calling
-it whether it is sync or async, and the sample dict user reward functions receive. What this module does
-not do: read rewards or compute advantages (credit/reward.py, credit/advantage.py).
+it whether it is sync or async. What this module does not do: read rewards or compute advantages
+(credit/reward.py, credit/advantage.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import copy
 import importlib
 import inspect
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from relax_pipeline.stages.group import Context, Group
+from relax_pipeline.credit.records import CreditGroup
 
 
 class RewardError(ValueError):
@@ -36,15 +35,15 @@ class Credit(Protocol):
 
     log_passrate: bool
 
-    async def keep(self, group: Group) -> bool:
+    async def keep(self, group: CreditGroup) -> bool:
         """Whether a scored group stays in the step (`credit.filter_path`)."""
 
-    async def score(self, group: Group) -> None:
+    async def score(self, group: CreditGroup) -> None:
         """Fill `reward` and `advantage` of `group.contexts`; may call `filter_group`."""
         ...
 
 
-def filter_group(group: Group, reason: str) -> None:
+def filter_group(group: CreditGroup, reason: str) -> None:
     """Drop `group` from training as filtered (not failed): its prompt goes back to the data source."""
     group.filtered = reason
 
@@ -71,23 +70,3 @@ async def call_user(function: Callable[..., Any], argument: Any) -> Any:
         return await function(argument)
     result = await asyncio.to_thread(function, argument)
     return await result if inspect.isawaitable(result) else result
-
-
-def export_metadata(group: Group, context: Context) -> dict[str, Any]:
-    """The final metadata of one exported context: its record's, or the session's for an implicit export."""
-    record = context.exported.record
-    if record is not None:
-        return record.metadata
-    output = group.outputs.get(context.session.id)
-    return output.metadata if output is not None else {}
-
-
-def sample_dict(group: Group, context: Context) -> dict[str, Any]:
-    """What a reward model sees of one context (copies, so the function cannot change the dump)."""
-    return {
-        "name": context.exported.name,
-        "messages": [m.to_openai() for m in context.sample.messages],
-        "metadata": copy.deepcopy(export_metadata(group, context)),
-        "prompt": copy.deepcopy(context.session.prompt),
-        "reward": copy.deepcopy(context.reward_object),
-    }

@@ -18,9 +18,9 @@ import copy
 import math
 from typing import Any
 
-from relax_pipeline.credit.base import call_user, export_metadata, filter_group
+from relax_pipeline.credit.base import call_user, filter_group
+from relax_pipeline.credit.records import CreditGroup
 from relax_pipeline.credit.reward import RewardCredit
-from relax_pipeline.stages.group import Group
 
 Slot = dict[str | None, Any]
 
@@ -36,7 +36,7 @@ class CustomAdvantageCredit(RewardCredit):
     uses = ("advantage_path",)
     several_contexts = True
 
-    async def score(self, group: Group) -> None:
+    async def score(self, group: CreditGroup) -> None:
         await self.fill_rewards(group)
         if group.mode == "eval":
             self.fill_advantages(group)
@@ -47,17 +47,15 @@ class CustomAdvantageCredit(RewardCredit):
             filter_group(group, "credit.advantage_path returned None for this group")
             return
         values = check_advantages(result, slots, self.advantage_path)
-        index = {s.id: i for i, s in enumerate(group.sessions)}
         for context in group.contexts:
-            context.advantage = values[index[context.session.id]][context.exported.name]
+            context.advantage = values[context.slot][context.name]
 
 
-def metadata_by_slot(group: Group) -> list[Slot]:
+def metadata_by_slot(group: CreditGroup) -> list[Slot]:
     """One mapping per session in group order: export name → that export's final metadata."""
-    slots: list[Slot] = [{} for _ in group.sessions]
-    index = {s.id: i for i, s in enumerate(group.sessions)}
+    slots: list[Slot] = [{} for _ in range(group.slots)]
     for context in group.contexts:
-        slots[index[context.session.id]][context.exported.name] = export_metadata(group, context)
+        slots[context.slot][context.name] = context.metadata
     return slots
 
 

@@ -1,7 +1,7 @@
 """`credit=reward`: credit from exported rewards; the base class of every `credit=` option.
 
 A context's reward is what the agent exported: a number, or an object whose `credit.reward_key` field
-is the primary value (its other numeric fields are kept in `Context.reward_object` for metrics). `null`
+is the primary value (its other numeric fields are kept in `CreditContext.reward_object` for metrics). `null`
 or absent rewards stay `None`. The base scalar credit of a group comes from `credit.estimator`
 (`credit/advantage.py`: GRPO's group-centred reward, optionally std-normalized, RLOO, REINFORCE++) over
 all its contexts in order; a group with any missing reward gets no advantage (so it is not trained).
@@ -17,8 +17,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from relax_pipeline.credit.advantage import ESTIMATORS, base_advantages
-from relax_pipeline.credit.base import RewardError, call_user, load_function, sample_dict
-from relax_pipeline.stages.group import Context, Group
+from relax_pipeline.credit.base import RewardError, call_user, load_function
+from relax_pipeline.credit.records import CreditContext, CreditGroup
 
 __all__ = ["RewardCredit", "RewardError"]
 
@@ -65,32 +65,32 @@ class RewardCredit:
                 raise ValueError(f"credit.{key}={value!r} is not used by credit={self.option}; unset it or choose "
                                  "credit=custom_rm / group_rm (rm_path) or credit=custom_advantage (advantage_path)")
 
-    async def score(self, group: Group) -> None:
+    async def score(self, group: CreditGroup) -> None:
         """Primary rewards, then the group's base credit by `credit.estimator`."""
         await self.fill_rewards(group)
         self.fill_advantages(group)
 
-    async def keep(self, group: Group) -> bool:
+    async def keep(self, group: CreditGroup) -> bool:
         """`credit.filter_path` on a scored train group (eval groups are never filtered)."""
-        if self.group_filter is None or group.mode != "train" or group.excluded:
+        if self.group_filter is None or group.mode != "train" or group.filtered:
             return True
-        return bool(await call_user(self.group_filter, [sample_dict(group, c) for c in group.contexts]))
+        return bool(await call_user(self.group_filter, [c.sample_dict() for c in group.contexts]))
 
-    async def fill_rewards(self, group: Group) -> None:
+    async def fill_rewards(self, group: CreditGroup) -> None:
         for context in group.contexts:
             context.reward = self.primary_of(context, context.reward_object)
 
-    def fill_advantages(self, group: Group) -> None:
+    def fill_advantages(self, group: CreditGroup) -> None:
         contexts = group.contexts
         for context, advantage in zip(contexts, self.advantages([c.reward for c in contexts]), strict=True):
             context.advantage = advantage
 
-    def primary_of(self, context: Context, reward: Any) -> float | None:
+    def primary_of(self, context: CreditContext, reward: Any) -> float | None:
         """`primary`, with errors that fail the context's session."""
         try:
             return self.primary(reward)
         except RewardError as error:
-            raise RewardError(str(error), context.session.id) from None
+            raise RewardError(str(error), context.session_id) from None
 
     def primary(self, reward: Any) -> float | None:
         """The primary scalar of a reward (number, object with reward_key, or null)."""

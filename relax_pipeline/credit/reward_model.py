@@ -4,7 +4,7 @@
 once per context whose agent exported no reward, concurrently within a group; `group_rm` calls
 `f(samples) -> list[float | dict | None]` once per complete group with every context's sample in order
 (session order, then export order) and uses the i-th value for the i-th context. A sample is the dict of
-`credit.base.sample_dict`: `name`, `messages`, `metadata`, `prompt` (the session's input payload) and
+`CreditContext.sample_dict`: `name`, `messages`, `metadata`, `prompt` (the session's input payload) and
 `reward` (what the agent exported, None when nothing). The agent's own reward always wins: RM values
 only fill contexts without one. An object's `credit.reward_key` field is the primary value and its other
 numeric fields become `rollout/<field>/*` metrics. Credit then follows `credit.estimator` as for
@@ -20,9 +20,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from relax_pipeline.credit.base import call_user, sample_dict
+from relax_pipeline.credit.base import call_user
+from relax_pipeline.credit.records import CreditContext, CreditGroup
 from relax_pipeline.credit.reward import RewardCredit
-from relax_pipeline.stages.group import Context, Group
 
 
 class CustomRMCredit(RewardCredit):
@@ -31,9 +31,9 @@ class CustomRMCredit(RewardCredit):
     option = "custom_rm"
     uses = ("rm_path",)
 
-    async def fill_rewards(self, group: Group) -> None:
+    async def fill_rewards(self, group: CreditGroup) -> None:
         missing = [c for c in group.contexts if c.reward_object is None]
-        values = await asyncio.gather(*(call_user(self.user_function, sample_dict(group, c)) for c in missing))
+        values = await asyncio.gather(*(call_user(self.user_function, c.sample_dict()) for c in missing))
         for context, value in zip(missing, values, strict=True):
             context.reward_object = value
         await super().fill_rewards(group)
@@ -45,9 +45,9 @@ class GroupRMCredit(RewardCredit):
     option = "group_rm"
     uses = ("rm_path",)
 
-    async def fill_rewards(self, group: Group) -> None:
+    async def fill_rewards(self, group: CreditGroup) -> None:
         if any(c.reward_object is None for c in group.contexts):
-            values = await call_user(self.user_function, [sample_dict(group, c) for c in group.contexts])
+            values = await call_user(self.user_function, [c.sample_dict() for c in group.contexts])
             self._fill(group.contexts, self._checked(values, len(group.contexts)))
         await super().fill_rewards(group)
 
@@ -61,7 +61,7 @@ class GroupRMCredit(RewardCredit):
         return list(values)
 
     @staticmethod
-    def _fill(contexts: list[Context], values: list[Any]) -> None:
+    def _fill(contexts: list[CreditContext], values: list[Any]) -> None:
         for context, value in zip(contexts, values, strict=True):
             if context.reward_object is None:
                 context.reward_object = value

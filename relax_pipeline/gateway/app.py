@@ -145,9 +145,9 @@ class _Gateway:
         return task.result()
 
     async def _run(self, session: Session, turn: TurnRequest) -> TurnResult:
-        session.in_flight += 1
         try:
-            return await self.turns.run(session.forest, turn, seed=session.turn_seed(), session=session)
+            with self.store.serving(session):
+                return await self.turns.run(session.forest, turn, seed=session.turn_seed(), session=session)
         except (ProtocolError, asyncio.CancelledError):
             raise
         except CanonicalError as error:
@@ -155,8 +155,6 @@ class _Gateway:
         except Exception as error:  # noqa: BLE001 - every failure answers in protocol shape
             log.exception("turn failed")
             raise ProtocolError(500, f"internal error: {type(error).__name__}: {error}") from None
-        finally:
-            session.in_flight -= 1
 
     async def _sse(self, frontend: Frontend, session: Session, turn: TurnRequest, meta: TurnMeta,
                    request: Request) -> AsyncIterator[bytes]:

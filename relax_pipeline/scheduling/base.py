@@ -28,7 +28,7 @@ class Binding:
     """What the run resolved for its strategy; connects `run.py` to the strategy."""
 
     capacity: int
-    """Resident prompt groups (`runtime.base.resident_capacity`)."""
+    """Resident prompt groups (`stages.capacity.Capacity.groups`)."""
     engine: Engine
     """The engine whose generations leases abort and resume."""
     over_sampling: int | None = None
@@ -57,8 +57,3 @@ class RuntimeStrategy(Protocol):
 
     async def close(self) -> None:
         """Terminate whatever the strategy still holds (prelaunched or carried-over groups)."""
-
-
-def resident_capacity(concurrency: int | None, over_sampling: int | None, batch_size: int) -> int:
-    """`runtime.concurrency`, defaulting to `rollout.over_sampling_batch_size`, then `rollout.batch_size`."""
-    return concurrency or over_sampling or batch_size

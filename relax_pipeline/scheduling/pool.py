@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from relax_pipeline.engine.base import Engine
 from relax_pipeline.forest.export import Exported
-from relax_pipeline.stages.group import Group
+from relax_pipeline.stages.group import Group, drop_group
 from relax_pipeline.stages.pipeline import Pipeline
 from relax_pipeline.turn.leases import GroupLease
 
@@ -90,7 +90,7 @@ class GroupPool:
         store = self.pipeline.prepare.store
         lease = GroupLease(group, store, self.engine, self.max_aborted_count, self.barrier_warn_s)
         for session in group.sessions:
-            session.lease = lease
+            store.attach_lease(session, lease)
         entry.group, entry.lease = group, lease
         if entry.leased:
             lease.grant()
@@ -104,7 +104,7 @@ class GroupPool:
             log.error("group %s failed inside the pipeline", entry.group.id if entry.group else "?", exc_info=error)
             if entry.group is not None:  # record it as dropped, with the reason, rather than lose it
                 reason = f"internal error: {type(error).__name__}: {error}"
-                entry.group.dropped = entry.group.dropped or reason
+                drop_group(self.pipeline.prepare.store, entry.group, reason)  # before anyone collects it
                 asyncio.ensure_future(self.pipeline.cancel_group(entry.group, reason))
                 self._ready.append((entry.group, {}))
         self._wake.set()

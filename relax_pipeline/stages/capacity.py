@@ -1,4 +1,9 @@
-"""Agent-slot capacity: how many agent sessions a run holds at its peak, checked before anything starts.
+"""Capacity: the run's resident groups, computed once, and the agent slots it needs at its peak.
+
+`Capacity.resolve` turns `runtime.concurrency` (default `rollout.over_sampling_batch_size`, then
+`rollout.batch_size`), `rollout.n_samples_per_prompt` and `runtime.eval_concurrency` into one value that
+`run.py` computes once and passes to the strategy, the evaluator and the slot check; nothing else
+recomputes it.
 
 Agents that run on an external platform (a sandbox service with `runtime.external_slots` slots) need a
 slot per live session. The numbers, per run:
@@ -22,6 +27,33 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """Resident groups and sessions of one run; connects the config to the strategy, eval and slot check."""
+
+    groups: int
+    """Resident prompt groups (Prepare + Runtime)."""
+    group_size: int
+    """`rollout.n_samples_per_prompt`."""
+    eval_concurrency: int | None = None
+    """`runtime.eval_concurrency` (eval groups in flight per dataset), None for the default."""
+
+    @classmethod
+    def resolve(cls, concurrency: int | None, over_sampling: int | None, batch_size: int, group_size: int,
+                eval_concurrency: int | None = None) -> Capacity:
+        """`runtime.concurrency`, defaulting to `rollout.over_sampling_batch_size`, then `rollout.batch_size`."""
+        return cls(concurrency or over_sampling or batch_size, group_size, eval_concurrency)
+
+    @property
+    def sessions(self) -> int:
+        """T: train sessions resident."""
+        return self.groups * self.group_size
+
+    def eval_groups(self, group_size: int) -> int:
+        """C_d of an eval dataset of group size `group_size`."""
+        return eval_groups(self.sessions, group_size, self.eval_concurrency)
 
 
 @dataclass(frozen=True)

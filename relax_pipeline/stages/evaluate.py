@@ -1,10 +1,8 @@
 """Eval runs: every prompt of every `eval.datasets` entry, once, through the same stages in mode `eval`.
 
-`eval_sets` builds each entry with the train dataset's class (`dataset._target_`, unshuffled, with the
-entry's own path and keys) and resolves its group size (`n_samples_per_prompt`, default
-`eval.n_samples_per_prompt`) and its concurrency in groups: `runtime.eval_concurrency`, or
-`ceil(T / G)` with `T = resident groups × rollout.n_samples_per_prompt` sessions and `G` its group size,
-so an eval holds about as many sessions as a train step. `Evaluator.run` evaluates the datasets one after
+`run.py` builds each entry (an `EvalSet`) with the train dataset's class and resolves its group size
+and its concurrency in groups (`Capacity.eval_groups`: `runtime.eval_concurrency`, or `ceil(T / G)`, so
+an eval holds about as many sessions as a train step). `Evaluator.run` evaluates the datasets one after
 another through `Pipeline.start_group` / `await_group` / `score_group` with mode `eval` (agents see
 `RELAX_ROLLOUT_MODE=eval`), then logs `eval/<name>/...` metrics and one
 `AGENTIC EVAL event=eval_end` line per dataset and writes its dump rows (mode `eval`) to the dump pattern
@@ -25,13 +23,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from relax_pipeline.config import build
 from relax_pipeline.data.dataset import Prompt
-from relax_pipeline.scheduling.base import resident_capacity
-from relax_pipeline.stages.capacity import eval_groups
 from relax_pipeline.stages.group import Group
 from relax_pipeline.stages.pipeline import Pipeline
 from relax_pipeline.tracking.dump import RolloutDump
@@ -51,27 +45,6 @@ class EvalSet:
     """Sessions per prompt (the group size)."""
     concurrency: int
     """Groups in flight."""
-
-
-def eval_sets(cfg: DictConfig) -> list[EvalSet]:
-    """Every `eval.datasets` entry, built and resolved; errors name the entry (`eval.datasets[i]`)."""
-    r = cfg.rollout
-    sessions = resident_capacity(cfg.runtime.concurrency, r.over_sampling_batch_size, r.batch_size) \
-        * r.n_samples_per_prompt
-    return [_eval_set(cfg, i, entry, sessions) for i, entry in enumerate(cfg.eval.datasets)]
-
-
-def _eval_set(cfg: DictConfig, index: int, entry: DictConfig, sessions: int) -> EvalSet:
-    n_samples = entry.n_samples_per_prompt or cfg.eval.n_samples_per_prompt
-    keys = OmegaConf.to_container(entry, resolve=True)
-    name = keys.pop("name")
-    keys.pop("n_samples_per_prompt")
-    try:
-        dataset = build(cfg.dataset, **keys, shuffle=False)
-    except (ValueError, FileNotFoundError) as error:
-        raise ValueError(f"eval.datasets[{index}] name={name!r}: {error}") from None
-    concurrency = eval_groups(sessions, n_samples, cfg.runtime.eval_concurrency)
-    return EvalSet(name, dataset, n_samples, concurrency)
 
 
 def eval_dump(dump: RolloutDump, name: str) -> RolloutDump:

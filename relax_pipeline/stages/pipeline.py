@@ -18,14 +18,13 @@ from typing import Any
 
 from relax_pipeline.data.dataset import DataSource, Prompt
 from relax_pipeline.forest.export import Exported
-from relax_pipeline.stages.group import Group
+from relax_pipeline.stages.group import Group, drop_group
 from relax_pipeline.stages.prepare import Prepare
 from relax_pipeline.stages.reward import Reward
 from relax_pipeline.stages.runtime import Runtime
 from relax_pipeline.stages.transfer import Transfer
 from relax_pipeline.tracking.dump import RolloutDump
 from relax_pipeline.tracking.metrics import rollout_metrics
-from relax_pipeline.turn.sessions import Status
 
 log = logging.getLogger(__name__)
 
@@ -83,12 +82,7 @@ class Pipeline:
     async def cancel_group(self, group: Group, reason: str) -> None:
         """Drop a group that is no longer needed: its sessions end `dropped` with `reason`, its agents are
         terminated, and scoring it later writes its dropped rows and returns its prompt."""
-        if group.dropped is None:
-            group.dropped = reason
-        for session in group.sessions:
-            self.prepare.store.set_status(session, Status.DROPPED, reason)
-            if session.lease is not None:
-                session.lease.notify()
+        drop_group(self.prepare.store, group, reason)
         await asyncio.gather(*(process.terminate() for process in group.processes.values()))
 
     def close_step(self, result: StepResult, started: float) -> StepResult:

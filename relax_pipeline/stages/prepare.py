@@ -37,8 +37,8 @@ class Prepare:
         group = Group(f"g{rollout_id}-{prompt.index}-{secrets.token_hex(3)}", prompt, rollout_id, mode, self.io_root)
         payload = build_input(prompt.input, prompt.metadata or None, prompt.images)
         for index in range(n_samples or self.n_samples):
-            session = self.store.open(group.id, index, rollout_id, mode, payload)
-            session.seed = derive_seed(self.seed, rollout_id, prompt.index, index)
+            seed = derive_seed(self.seed, rollout_id, prompt.index, index)
+            session = self.store.open(group.id, index, rollout_id, mode, payload, seed)
             group.sessions.append(session)
         return group
 

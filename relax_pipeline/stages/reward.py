@@ -1,9 +1,10 @@
 """Reward stage: per exported context, the reward and the group's base credit.
 
-Runs outside the resident capacity. It turns each session's exports into `Context` records holding the
-token-exact sample and the reward the agent exported (`reward_object`), then awaits the configured
-credit (`credit.base.Credit.score`), which fills the primary reward and the advantage and may filter the
-group. A reward that cannot be read fails the session, and so drops the group, like any other session
+Runs outside the resident capacity. It turns each session's exports into `CreditContext` records holding
+the token-exact sample, the final export metadata and the reward the agent exported (`reward_object`),
+then awaits the configured credit (`credit.base.Credit.score`) on a `CreditGroup`, which fills the primary
+reward and the advantage and may filter the group; the scored contexts go back onto the `Group`.
+A reward that cannot be read fails the session, and so drops the group, like any other session
 failure; so does a train session that exports several contexts when the run lacks what that needs
 (`credit=custom_advantage` and dynamic batching, `config.multi_context_missing`): the failure names the keys.
 Filtered groups are logged here with the reason. What it does not do: read or write dump rows (Transfer)
@@ -16,10 +17,11 @@ import logging
 from collections.abc import Sequence
 
 from relax_pipeline.credit.base import Credit, RewardError, filter_group
+from relax_pipeline.credit.records import CreditContext, CreditGroup
 from relax_pipeline.forest.export import Exported
 from relax_pipeline.forest.sample import build_sample
-from relax_pipeline.stages.group import Context, Group
-from relax_pipeline.turn.sessions import ForestStore, Session, Status
+from relax_pipeline.stages.group import Group, drop_group
+from relax_pipeline.turn.sessions import ForestStore, Session
 
 log = logging.getLogger(__name__)
 
@@ -37,15 +39,17 @@ class Reward:
     async def run(self, group: Group, exports: dict[str, list[Exported]]) -> None:
         if group.dropped or self._refuse_several(group, exports):
             return
-        group.contexts = [self._context(group, s, e) for s in group.sessions for e in exports.get(s.id, [])]
+        scored = CreditGroup(group.id, group.mode, len(group.sessions),
+                             [self._context(group, i, s, e) for i, s in enumerate(group.sessions)
+                              for e in exports.get(s.id, [])])
         try:
-            await self.credit.score(group)
+            await self.credit.score(scored)
         except RewardError as error:
-            group.contexts = []
             self._fail(group, error.session_id, str(error))
             return
-        if not group.filtered and not await self.credit.keep(group):
-            filter_group(group, "credit.filter_path rejected the group")
+        if not scored.filtered and not await self.credit.keep(scored):
+            filter_group(scored, "credit.filter_path rejected the group")
+        group.contexts, group.filtered = scored.contexts, scored.filtered
         if group.filtered:
             log.info("group %s filtered: %s", group.id, group.filtered)
 
@@ -63,13 +67,16 @@ class Reward:
         return False
 
     @staticmethod
-    def _context(group: Group, session: Session, exported: Exported) -> Context:
-        raw = exported.record.reward if exported.record is not None else group.outputs[session.id].reward
-        return Context(session, exported, build_sample(session.forest, exported.node), None, raw)
+    def _context(group: Group, slot: int, session: Session, exported: Exported) -> CreditContext:
+        """The credit record of one export: its sample, final metadata and exported reward."""
+        record, output = exported.record, group.outputs.get(session.id)
+        if record is not None:
+            metadata, raw = record.metadata, record.reward
+        else:
+            metadata, raw = (output.metadata, output.reward) if output is not None else ({}, None)
+        return CreditContext(slot, session.id, exported.name, build_sample(session.forest, exported.node), metadata,
+                             session.prompt, raw)
 
     def _fail(self, group: Group, session_id: str | None, reason: str) -> None:
-        group.dropped = f"session {session_id} failed: {reason}"
-        log.warning("group %s dropped: %s", group.id, group.dropped)
-        for session in group.sessions:
-            status = Status.FAILED if session.id == session_id else Status.DROPPED
-            self.store.set_status(session, status, reason if status is Status.FAILED else group.dropped)
+        failed = next((s for s in group.sessions if s.id == session_id), None)
+        drop_group(self.store, group, reason, failed)

@@ -15,7 +15,7 @@ import logging
 from relax_pipeline.agent.launcher import AgentFailure
 from relax_pipeline.agent.session_io import AgentOutputError, parse_output
 from relax_pipeline.forest.export import Exported, ExportError, explicit_exports, implicit_export
-from relax_pipeline.stages.group import Group
+from relax_pipeline.stages.group import Group, drop_group
 from relax_pipeline.turn.sessions import ForestStore, Session, Status
 
 log = logging.getLogger(__name__)
@@ -59,15 +59,6 @@ class Runtime:
             return session, "cancelled"
 
     async def _drop(self, group: Group, session: Session, reason: str) -> None:
-        if group.dropped is None and not session.status.terminal:
-            self.store.set_status(session, Status.FAILED, reason)
-            group.dropped = f"session {session.id} failed: {reason.splitlines()[0] if reason else reason}"
-            log.warning("group %s dropped: session %s failed: %s", group.id, session.id, reason)
-        elif group.dropped is None:
-            group.dropped = f"session {session.id} {session.status.value}: {session.error}"
-        for other in group.sessions:
-            if other is not session and not other.status.terminal:
-                self.store.set_status(other, Status.DROPPED, group.dropped)
-        if session.lease is not None:
-            session.lease.notify()  # requests held at the barrier or the lease end with the group
+        """The first failure fails its session and drops the group; the group's agents are terminated."""
+        drop_group(self.store, group, reason, session if group.dropped is None else None)
         await asyncio.gather(*(p.terminate() for p in group.processes.values()))

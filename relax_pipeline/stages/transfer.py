@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from relax_pipeline.credit.base import export_metadata
-from relax_pipeline.stages.group import Context, Group
+from relax_pipeline.credit.records import CreditContext
+from relax_pipeline.stages.group import Group
 from relax_pipeline.turn.sessions import ForestStore, Session, Status
 
 
@@ -31,16 +31,15 @@ class Transfer:
             return [self._failed_row(group, s) for s in group.sessions]
         rows = [self._row(group, c) for c in group.contexts]
         for session in group.sessions:
-            truncated = any(c.sample.truncated for c in group.contexts if c.session is session)
+            truncated = any(c.sample.truncated for c in group.contexts if c.session_id == session.id)
             self.store.set_status(session, Status.TRUNCATED if truncated else Status.COMPLETED)
         return rows
 
-    def _row(self, group: Group, context: Context) -> dict[str, Any]:
-        sample, session, exported = context.sample, context.session, context.exported
-        metadata = export_metadata(group, context)
+    def _row(self, group: Group, context: CreditContext) -> dict[str, Any]:
+        sample, session = context.sample, group.sessions[context.slot]
         row = _base(group, session, "truncated" if sample.truncated else "completed", None)
         row.update(
-            name=exported.name, reward=context.reward, advantage=context.advantage, metadata=metadata,
+            name=context.name, reward=context.reward, advantage=context.advantage, metadata=context.metadata,
             messages=[m.to_openai(inline_media=False) for m in sample.messages],
             tools=[dict(t) for t in sample.context.tools],
             chat_template_kwargs=sample.context.kwargs(), state_hash=sample.state_hash,

@@ -57,7 +57,7 @@ def eval_metrics(name: str, rows: Sequence[dict[str, Any]], groups: Sequence[Any
 
 def passrate(groups: Iterable[Any]) -> dict[str, float]:
     """`passrate`: per session of a scored group, 1 when a context of it has primary reward 1; the mean."""
-    passed = [any(c.reward == 1 for c in g.contexts if c.session is s)
+    passed = [any(c.reward == 1 for c in g.contexts if c.session_id == s.id)
               for g in groups if not g.excluded for s in g.sessions]
     return {"passrate": statistics.fmean(passed)} if passed else {}
 

@@ -26,15 +26,22 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from relax_pipeline.agent.launcher import AgentProcess
+from relax_pipeline.engine.base import Engine
 from relax_pipeline.turn.sessions import ForestStore, Session, Status
 
-if TYPE_CHECKING:
-    from relax_pipeline.engine.base import Engine
-    from relax_pipeline.stages.group import Group
-
 log = logging.getLogger(__name__)
+
+
+class Members(Protocol):
+    """What a lease needs of its group (`stages.group.Group` is one): the sessions and their agents."""
+
+    id: str
+    sessions: list[Session]
+    processes: dict[str, AgentProcess]
+    """Agent process by session id; a session whose agent has not started yet has none."""
 
 
 class LeaseClosed(Exception):
@@ -73,7 +80,7 @@ class _Signal:
 class GroupLease:
     """Barrier, lease and preemption for the sessions of one group."""
 
-    def __init__(self, group: Group, store: ForestStore, engine: Engine, max_aborted_count: int = 2,
+    def __init__(self, group: Members, store: ForestStore, engine: Engine, max_aborted_count: int = 2,
                  warn_s: float = 60.0) -> None:
         self.group = group
         self.store = store
@@ -120,6 +127,10 @@ class GroupLease:
     def notify(self) -> None:
         """A session exited or failed: the barrier may be complete now."""
         self._changed.pulse()
+
+    def count_abort(self, session: Session) -> None:
+        """One of `session`'s generations was preempted by `revoke` and will resume."""
+        self.store.count_abort(session)
 
     # -- gateway side --------------------------------------------------------------------------------
 

@@ -37,9 +37,9 @@ from relax_pipeline.engine.parsers import OutputParser
 from relax_pipeline.engine.template import ChatTemplate
 from relax_pipeline.forest.store import Match, Node, SessionForest
 from relax_pipeline.turn.errors import ProtocolError
-from relax_pipeline.turn.leases import GroupLease, LeaseClosed
+from relax_pipeline.turn.leases import LeaseClosed
 from relax_pipeline.turn.records import SamplingDefaults, TurnRequest, TurnResult
-from relax_pipeline.turn.sessions import Session, derive_seed
+from relax_pipeline.turn.sessions import Lease, Session, derive_seed
 
 __all__ = ["SamplingDefaults", "TurnRequest", "TurnResult", "TurnService"]
 
@@ -162,7 +162,7 @@ class TurnService:
             raise ProtocolError(499, "generation was aborted before it finished; nothing was committed")
         return self.commit(forest, prepared, result)
 
-    async def _leased(self, prepared: PreparedTurn, rid: str, session: Session, lease: GroupLease) -> GenerateResult:
+    async def _leased(self, prepared: PreparedTurn, rid: str, session: Session, lease: Lease) -> GenerateResult:
         """Generate under the lease; a preempted generation resumes with its partial tokens appended."""
         done: GenerateResult | None = None
         while True:
@@ -176,7 +176,7 @@ class TurnService:
             if more.finish_reason != "abort" or not flight.preempted:
                 return done
             done = dataclasses.replace(done, abort_count=aborts + 1)
-            session.abort_count += 1
+            lease.count_abort(session)
 
     def commit(self, forest: SessionForest, prepared: PreparedTurn, result: GenerateResult) -> TurnResult:
         message, ends_turn = self._parse(result, prepared.match.context.tools)

@@ -20,15 +20,26 @@ import hashlib
 import secrets
 import time
 from collections.abc import Iterator
+from contextlib import AbstractAsyncContextManager, contextmanager
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from relax_pipeline.canonical.memo import RequestMemo
 from relax_pipeline.forest.store import SessionForest
 
-if TYPE_CHECKING:
-    from relax_pipeline.turn.leases import GroupLease
+
+class Lease(Protocol):
+    """The group lease a session's requests wait on (`turn/leases.py`'s `GroupLease`)."""
+
+    def notify(self) -> None:
+        """A session of the group exited or ended: the first-request barrier may be complete."""
+
+    def generation(self, session: Session, rid: str, aborts: int) -> AbstractAsyncContextManager[Any]:
+        """Wait for the barrier and the lease, then hold the generation `rid` (its flight)."""
+
+    def count_abort(self, session: Session) -> None:
+        """The lease preempted one of `session`'s generations (it resumes later)."""
 
 
 class Status(StrEnum):
@@ -77,7 +88,7 @@ class Session:
     in_flight: int = 0
     seed: int = 0
     """Base of the sampling seeds of this session's turns (requests without their own seed)."""
-    lease: GroupLease | None = None
+    lease: Lease | None = None
     """The group's lease (barrier, hold, preemption); None serves requests at once (tests, eval)."""
 
     def mark(self, event: str) -> None:
@@ -100,8 +111,10 @@ class ForestStore:
     def __init__(self) -> None:
         self._sessions: dict[str, Session] = {}
 
-    def open(self, group_id: str, index: int, rollout_id: int, mode: str, prompt: dict[str, Any]) -> Session:
-        session = Session("sess-" + secrets.token_hex(12), group_id, index, rollout_id, mode, prompt)
+    def open(self, group_id: str, index: int, rollout_id: int, mode: str, prompt: dict[str, Any],
+             seed: int = 0) -> Session:
+        """A new session with a random id (its key); `seed` is the base of its turns' sampling seeds."""
+        session = Session("sess-" + secrets.token_hex(12), group_id, index, rollout_id, mode, prompt, seed=seed)
         session.mark("created")
         self._sessions[session.id] = session
         return session
@@ -117,6 +130,22 @@ class ForestStore:
         if error is not None:
             session.error = error
         session.mark(status.value)
+
+    def attach_lease(self, session: Session, lease: Lease) -> None:
+        """From now on `session`'s requests wait on its group's `lease`."""
+        session.lease = lease
+
+    def count_abort(self, session: Session) -> None:
+        session.abort_count += 1
+
+    @contextmanager
+    def serving(self, session: Session) -> Iterator[None]:
+        """Count a request of `session` in flight while the block runs."""
+        session.in_flight += 1
+        try:
+            yield
+        finally:
+            session.in_flight -= 1
 
     def __iter__(self) -> Iterator[Session]:
         return iter(self._sessions.values())

@@ -19,6 +19,7 @@ from relax_pipeline.canonical.form import Context as CanonicalContext
 from relax_pipeline.canonical.form import Message
 from relax_pipeline.credit.base import RewardError
 from relax_pipeline.credit.custom_advantage import AdvantageError, CustomAdvantageCredit
+from relax_pipeline.credit.records import CreditContext, CreditGroup
 from relax_pipeline.credit.reward import RewardCredit
 from relax_pipeline.credit.reward_model import CustomRMCredit, GroupRMCredit
 from relax_pipeline.data.dataset import Prompt
@@ -26,7 +27,7 @@ from relax_pipeline.forest.export import Exported
 from relax_pipeline.forest.sample import Sample
 from relax_pipeline.forest.store import Node
 from relax_pipeline.stages import reward as reward_stage
-from relax_pipeline.stages.group import Context, Group
+from relax_pipeline.stages.group import Group
 from relax_pipeline.stages.reward import Reward
 from relax_pipeline.stages.transfer import Transfer
 from relax_pipeline.tracking.metrics import rollout_metrics
@@ -58,8 +59,16 @@ class Made:
         self.exports: dict[str, list[Exported]] = {}
         for index, specs in enumerate(sessions):
             self._session(index, specs, mode)
-        self.group.contexts = [Context(s, e, SAMPLE, None, _raw(self.group, s.id, e))
-                               for s in self.group.sessions for e in self.exports[s.id]]
+        self.scored = CreditGroup(self.group.id, mode, len(self.group.sessions),
+                                  [self._context(i, s, e) for i, s in enumerate(self.group.sessions)
+                                   for e in self.exports[s.id]])
+
+    def _context(self, slot: int, session: Any, exported: Exported) -> CreditContext:
+        output = self.group.outputs[session.id]
+        record = exported.record
+        metadata = record.metadata if record is not None else output.metadata
+        return CreditContext(slot, session.id, exported.name, SAMPLE, metadata, session.prompt,
+                             _raw(self.group, session.id, exported))
 
     def _session(self, index: int, specs: list[Export], mode: str) -> None:
         session = self.store.open(self.group.id, index, 0, mode, dict(PAYLOAD))
@@ -71,8 +80,8 @@ class Made:
         self.exports[session.id] = [Exported(n, NODE, records.pop(0) if n is not None else None) for n, _, _ in specs]
 
     def score(self, credit: Any) -> list[tuple[float | None, float | None]]:
-        asyncio.run(credit.score(self.group))
-        return [(c.reward, c.advantage) for c in self.group.contexts]
+        asyncio.run(credit.score(self.scored))
+        return [(c.reward, c.advantage) for c in self.scored.contexts]
 
     def stage(self, credit: Any, monkeypatch: pytest.MonkeyPatch, missing: list[str] | None = None
               ) -> list[dict[str, Any]]:

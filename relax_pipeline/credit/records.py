@@ -1,0 +1,62 @@
+"""Credit records: one group's exported contexts as every `credit=` option sees them, and nothing else.
+
+The Reward stage builds a `CreditGroup` from a finished group (session order, then export order, the
+final export metadata and the session's input already looked up), hands it to the configured credit, and
+copies the result back; credit code never reaches into stage objects, sessions or agent outputs. A
+context's `slot` is its session's position in the group, which is what the advantage hook's
+`metadata_by_slot` is indexed by.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+from relax_pipeline.forest.sample import Sample
+
+
+@dataclass
+class CreditContext:
+    """One exported context with its credit; connects the Reward stage to credit, Transfer and the trainer."""
+
+    slot: int
+    """Position of the exporting session in its group."""
+    session_id: str
+    name: str | None
+    """Export name; None for the implicit export."""
+    sample: Sample
+    metadata: dict[str, Any]
+    """The context's final metadata: its record's, or the session's for an implicit export."""
+    prompt: dict[str, Any]
+    """The session's input payload (`{"messages", "metadata"}`)."""
+    reward_object: Any = None
+    """The reward as exported or scored (a number, an object or None)."""
+    reward: float | None = None
+    """The primary scalar (`credit.reward_key` of an object)."""
+    advantage: float | None = None
+    """The base scalar credit, before token expansion and whitening."""
+
+    def sample_dict(self) -> dict[str, Any]:
+        """What a reward model or filter sees of this context (copies: user code cannot change the dump)."""
+        return {
+            "name": self.name,
+            "messages": [m.to_openai() for m in self.sample.messages],
+            "metadata": copy.deepcopy(self.metadata),
+            "prompt": copy.deepcopy(self.prompt),
+            "reward": copy.deepcopy(self.reward_object),
+        }
+
+
+@dataclass
+class CreditGroup:
+    """One group's contexts; connects the Reward stage to a `credit=` option."""
+
+    id: str
+    mode: str
+    """"train" or "eval"."""
+    slots: int
+    """Sessions in the group."""
+    contexts: list[CreditContext] = field(default_factory=list)
+    filtered: str | None = None
+    """Why the credit filtered the group (set by `credit.base.filter_group`), None when it is kept."""

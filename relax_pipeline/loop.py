@@ -27,7 +27,7 @@ from relax_pipeline.scheduling.base import RuntimeStrategy
 from relax_pipeline.stages.evaluate import Evaluator
 from relax_pipeline.stages.group import Group
 from relax_pipeline.stages.pipeline import Pipeline, StepResult
-from relax_pipeline.tracking.logger import Tracker
+from relax_pipeline.tracking.tracker import Tracker
 from relax_pipeline.train.batching import TrainSample
 
 log = logging.getLogger("relax_pipeline")

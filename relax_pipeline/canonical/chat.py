@@ -32,8 +32,8 @@ def parse_message(raw: Any, param: str) -> Message:
     if not isinstance(raw, Mapping):
         raise CanonicalError("a message must be an object with 'role' and 'content'", param)
     role = raw.get("role")
-    if role == "developer":
-        raise CanonicalError("role 'developer' is not supported; send it as a 'system' message", f"{param}.role")
+    if role == "developer":  # OpenAI's newer name for the system role (Codex, o-series clients)
+        role = "system"
     content, images = content_of(raw.get("content"), f"{param}.content")
     reasoning = raw.get("reasoning_content")
     if reasoning is not None and not isinstance(reasoning, str):

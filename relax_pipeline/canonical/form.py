@@ -5,8 +5,9 @@ touches the SessionForest; explicit exports written by agents go through the sam
 histories that render to the same model input canonicalize to the same `Message` values and the same
 chained hashes:
 
-- roles are `system`, `user`, `assistant`, `tool`; user/system/tool content must be non-empty (text or,
-  for user and tool messages, images); an assistant may omit text when it has tool calls or reasoning;
+- roles are `system`, `user`, `assistant`, `tool`; user/system content must be non-empty (text or, for
+  user messages, images); a tool result may be empty (a tool that printed nothing); an assistant may
+  omit text when it has tool calls or reasoning;
 - text parts of a content list are concatenated; tool-call `arguments` become sorted compact JSON, so a
   Python- and a JavaScript-serialised call hash the same;
 - image parts (`image_url` with a URL string or `{"url"}`, Responses `input_image`) become `Image`s placed
@@ -293,9 +294,11 @@ def make_message(
         if not content and not tool_calls and not reasoning and content != "":
             raise CanonicalError("assistant message needs content, tool_calls or reasoning", f"{param}.content")
         return Message("assistant", content or "", reasoning or None, tool_calls)
+    if role == "tool":  # a tool that printed nothing is common (openai-agents, LangChain send "")
+        return Message("tool", content or "", tool_call_id=tool_call_id)
     if not content:
         raise CanonicalError(f"{role} message content must be non-empty text", f"{param}.content")
-    return Message(role, content, tool_call_id=tool_call_id if role == "tool" else None)
+    return Message(role, content)
 
 
 def _with_images(role: str, content: str, param: str, images: tuple[Image, ...], call_id: str | None) -> Message:

@@ -136,8 +136,6 @@ def _tool_output(raw: Mapping[str, Any], param: str) -> Message:
     if not isinstance(call_id, str) or not call_id:
         raise CanonicalError("function_call_output needs the call_id of its function_call", f"{param}.call_id")
     output, images = content_of(raw.get("output"), f"{param}.output")
-    if not output and not images:
-        raise CanonicalError("function_call_output.output must be non-empty text", f"{param}.output")
     return make_message("tool", output, param, tool_call_id=call_id, images=images)
 
 

@@ -1,0 +1,91 @@
+"""What real harnesses send, answered in each protocol's own shape (issue: real harnesses run unchanged).
+
+Each test replays a request shape that a real harness was seen sending (shared/HARNESSES.md) through the
+real SDK against a real gateway; only the engine is scripted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anthropic
+import pytest
+import pytest_asyncio
+from test_gateway import TOOLS, Gateway, running_gateway
+
+from relax_pipeline.engine.template import ChatTemplate
+from relax_pipeline.protocol.chat import ChatFrontend
+from relax_pipeline.protocol.messages import MessagesFrontend
+from relax_pipeline.protocol.responses import ResponsesFrontend
+from relax_pipeline.testing.engines import ScriptedEngine
+from relax_pipeline.turn.sessions import Session
+
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(30)]
+
+CALL = '<tool_call>\n{"name": "calc", "arguments": {"x": 1}}\n</tool_call>'
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def gw(template: ChatTemplate, tokenizer: Any) -> AsyncIterator[Gateway]:
+    frontends = [ChatFrontend(), ResponsesFrontend(), MessagesFrontend()]
+    async with running_gateway(template, ScriptedEngine(tokenizer, [CALL, "Done."]), frontends=frontends) as gateway:
+        yield gateway
+
+
+def claude(gw: Gateway, session: Session) -> anthropic.AsyncAnthropic:
+    return anthropic.AsyncAnthropic(base_url=gw.base_url.rstrip("/"), api_key=session.id, max_retries=0)
+
+
+# ---- 1. a tool that printed nothing ------------------------------------------------------------------------
+
+async def test_chat_accepts_an_empty_tool_output(gw: Gateway) -> None:
+    session = gw.open_session()
+    client = gw.sdk(session)
+    messages: list[Any] = [{"role": "user", "content": "Add one to 1."}]
+    first = await client.chat.completions.create(model="m", messages=messages, tools=TOOLS)
+    call = first.choices[0].message.tool_calls[0]
+    messages += [first.choices[0].message.model_dump(exclude_none=True),
+                 {"role": "tool", "tool_call_id": call.id, "content": ""}]
+    second = await client.chat.completions.create(model="m", messages=messages, tools=TOOLS)
+    assert second.choices[0].message.content == "Done."
+    assert session.forest.turn_count == 2 and len(session.forest.leaves()) == 1
+
+
+async def test_responses_accepts_an_empty_function_call_output(gw: Gateway) -> None:
+    session = gw.open_session()
+    client = gw.sdk(session)
+    tools = [{"type": "function", "name": "calc", "parameters": {"type": "object"}}]
+    first = await client.responses.create(model="m", input="Add one to 1.", tools=tools)
+    call = next(item for item in first.output if item.type == "function_call")
+    items: list[Any] = [{"role": "user", "content": "Add one to 1."},
+                        *[item.model_dump(exclude_none=True) for item in first.output],
+                        {"type": "function_call_output", "call_id": call.call_id, "output": ""}]
+    second = await client.responses.create(model="m", input=items, tools=tools)
+    assert second.output_text == "Done."
+    assert session.forest.turn_count == 2
+
+
+@pytest.mark.parametrize("empty", ["", []], ids=["string", "list"])
+async def test_messages_accepts_an_empty_tool_result(gw: Gateway, empty: Any) -> None:
+    session = gw.open_session()
+    client = claude(gw, session)
+    tools = [{"name": "calc", "input_schema": {"type": "object"}}]
+    messages: list[Any] = [{"role": "user", "content": "Add one to 1."}]
+    first = await client.messages.create(model="m", max_tokens=64, messages=messages, tools=tools)
+    use = next(block for block in first.content if block.type == "tool_use")
+    messages += [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
+                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": empty}]}]
+    second = await client.messages.create(model="m", max_tokens=64, messages=messages, tools=tools)
+    assert second.content[0].text == "Done."
+    assert session.forest.turn_count == 2
+
+
+# ---- 8. smaller ---------------------------------------------------------------------------------------------
+
+async def test_developer_role_is_a_system_message(gw: Gateway) -> None:
+    session = gw.open_session()
+    messages = [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    await gw.sdk(session).chat.completions.create(model="m", messages=messages)
+    root_messages = session.forest.nodes[1].messages
+    assert [m.role for m in root_messages] == ["system", "user"]

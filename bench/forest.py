@@ -8,6 +8,8 @@ Side by side, the same turn done the naive way (re-render and re-tokenize the wh
 proxy that does not keep token state must) shows what the delta compiler avoids.
 
     python bench/forest.py [--reps 200]
+
+Memory the forest keeps per stored token: `bench/forest_memory.py`.
 """
 
 from __future__ import annotations

@@ -10,6 +10,10 @@ With images (vision-language models) a sample holds the training view: each obse
 processor-expanded ids (every image placeholder repeated once per image token; loss 0, logprob 0.0) and
 `multimodal_train_inputs`, the `pixel_values` and `image_grid_thw` of the lineage's images concatenated
 in order, ready for the model's forward. Text samples carry None there.
+
+Sample fields are tuples of plain values: a sample is built once per exported context and dropped after
+the step, while the forest's nodes keep the compact arrays for the session's life (measured at 128 turns:
+66 bytes a token as tuples against 17 as arrays, 0.75 ms to build a 14k-token sample).
 """
 
 from __future__ import annotations

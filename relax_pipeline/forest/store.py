@@ -11,6 +11,11 @@ messages form the delta to tokenize. When the request shares a longer prefix wit
 than with committed node ends, or continues past a committed state differently from what was committed
 there, a `ForkEvent` records the message index and what differed.
 
+Token fields are stored compactly (about 4 bytes a token instead of a tuple's 36): ids and weight
+versions as `array('i')`, logprobs as `array('f')` when every value is exactly a float32 (the engines
+sample in float32, so this is the usual case) and as `array('d')` otherwise, so every logprob reads back
+exactly as the engine gave it. Readers treat them as read-only sequences; `list(...)` gives plain values.
+
 Two token views: `token_ids` are the inference ids (one unexpanded placeholder per image, what the
 engine is given with the images); an observation that brought images also keeps them (`media`, the
 processed features) and its processor-expanded `train_ids`, from which samples are built.
@@ -22,7 +27,8 @@ or generate; the gateway's turn service does that and then commits.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from array import array
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -33,6 +39,17 @@ NodeKind = Literal["root", "observation", "response"]
 IDS_CACHE_NODES = 8
 
 
+def token_array(values: Iterable[int] = ()) -> array:
+    """Token ids or weight versions as 4-byte C ints (what a node stores)."""
+    return array("i", values)
+
+
+def logprob_array(values: Sequence[float] = ()) -> array:
+    """Logprobs as float32 when that is exact for every value (engines sample in float32), else float64."""
+    single = array("f", values)
+    return single if single.tolist() == list(values) else array("d", values)
+
+
 @dataclass(frozen=True)
 class Node:
     """One committed step of a conversation; connects the turn service to samples and dumps."""
@@ -41,14 +58,17 @@ class Node:
     parent: int | None
     kind: NodeKind
     messages: tuple[Message, ...]
-    token_ids: tuple[int, ...]
+    token_ids: array
+    """`array('i')`: the template's ids (observation) or the engine's generated ids (response)."""
     state_hash: bytes
     depth: int
     """Number of conversation messages from the root to the end of this node."""
     context: Context | None = None
     """Set on roots only."""
-    logprobs: tuple[float, ...] = ()
-    weight_versions: tuple[int, ...] = ()
+    logprobs: array = field(default_factory=logprob_array)
+    """One per generated token, exactly as the engine gave it (responses only)."""
+    weight_versions: array = field(default_factory=token_array)
+    """The producing weight version of every generated token (responses only)."""
     sampling: SamplingParams | None = None
     finish_reason: str | None = None
     ends_turn: bool = True
@@ -57,11 +77,11 @@ class Node:
     created_at: float = field(default_factory=time.time)
     media: tuple[ImageFeatures, ...] = ()
     """Images this observation brought, in order (vision-language models only)."""
-    train_ids: tuple[int, ...] = ()
+    train_ids: array = field(default_factory=token_array)
     """Processor-expanded `token_ids` when the node has images; empty means the same as `token_ids`."""
 
     @property
-    def training_ids(self) -> tuple[int, ...]:
+    def training_ids(self) -> array:
         """The ids a training sample holds for this node."""
         return self.train_ids or self.token_ids
 
@@ -104,7 +124,8 @@ class SessionForest:
         self.forks: list[ForkEvent] = []
         self._by_state: dict[bytes, int] = {}
         self._by_prefix: dict[bytes, tuple[int, int]] = {}
-        self._ids_cache: dict[int, tuple[int, ...]] = {}
+        self._ids_cache: dict[int, array] = {}
+        self._turns = 0
 
     def match(self, context: Context, messages: Sequence[Message], hashes: Sequence[bytes] = ()) -> Match:
         """Find the deepest committed state the request extends (linear in the request size).
@@ -179,7 +200,7 @@ class SessionForest:
         state = context.root_hash
         if state in self._by_state:
             return self.nodes[self._by_state[state]]
-        return self._add(Node(len(self.nodes), None, "root", (), (), state, 0, context=context))
+        return self._add(Node(len(self.nodes), None, "root", (), token_array(), state, 0, context=context))
 
     def add_observation(self, match: Match, token_ids: Sequence[int], media: tuple[ImageFeatures, ...] = (),
                         train_ids: Sequence[int] = ()) -> Node:
@@ -191,25 +212,25 @@ class SessionForest:
         existing = self.find_child(parent, state)
         if existing is not None:
             return existing
-        node = Node(len(self.nodes), parent.id, "observation", match.delta, tuple(token_ids), state,
-                    parent.depth + len(match.delta), media=media, train_ids=tuple(train_ids))
+        node = Node(len(self.nodes), parent.id, "observation", match.delta, token_array(token_ids), state,
+                    parent.depth + len(match.delta), media=media, train_ids=token_array(train_ids))
         return self._add(node)
 
     def add_response(
         self, parent: Node, message: Message, result: GenerateResult, sampling: SamplingParams, ends_turn: bool
     ) -> Node:
         """Commit one generated assistant turn below an observation node."""
-        versions = result.token_versions
         node = Node(
-            len(self.nodes), parent.id, "response", (message,), result.output_ids,
-            chain(parent.state_hash, message), parent.depth + 1,
-            logprobs=result.logprobs, weight_versions=tuple(versions), sampling=sampling,
+            len(self.nodes), parent.id, "response", (message,), token_array(result.output_ids),
+            chain(parent.state_hash, message), parent.depth + 1, logprobs=logprob_array(result.logprobs),
+            weight_versions=token_array(result.token_versions), sampling=sampling,
             finish_reason=result.finish_reason, ends_turn=ends_turn, abort_count=result.abort_count,
         )
         return self._add(node)
 
     def _add(self, node: Node) -> Node:
         self.nodes.append(node)
+        self._turns += node.kind == "response"
         self.children.setdefault(node.parent if node.parent is not None else -1, []).append(node.id)
         self._by_state.setdefault(node.state_hash, node.id)
         self._index_prefixes(node)
@@ -235,21 +256,32 @@ class SessionForest:
         """All token ids from the root to the end of `node`.
 
         The ids of recently used nodes are kept (a few per session), so a turn copies its lineage's
-        tokens once instead of walking every earlier node.
+        tokens once instead of walking every earlier node. A kept lineage moves down to the descendant
+        that extends it unless it is a branch point, so a linear session keeps one copy of its tokens.
         """
         path: list[Node] = []
         cursor: Node | None = node
         while cursor is not None and cursor.id not in self._ids_cache:
             path.append(cursor)
             cursor = self.nodes[cursor.parent] if cursor.parent is not None else None
-        ids = list(self._ids_cache[cursor.id]) if cursor is not None else []
+        if not path:
+            return self._ids_cache[node.id].tolist()
+        ids = self._base_ids(cursor)
         for step in reversed(path):
             ids.extend(step.token_ids)
         self._remember_ids(node.id, ids)
-        return ids
+        return ids.tolist()
 
-    def _remember_ids(self, node_id: int, ids: list[int]) -> None:
-        self._ids_cache[node_id] = tuple(ids)
+    def _base_ids(self, cursor: Node | None) -> array:
+        """The kept ids of `cursor` to extend: taken over unless it is a branch point, then copied."""
+        if cursor is None:
+            return token_array()
+        if len(self.children.get(cursor.id, ())) > 1:
+            return self._ids_cache[cursor.id][:]
+        return self._ids_cache.pop(cursor.id)
+
+    def _remember_ids(self, node_id: int, ids: array) -> None:
+        self._ids_cache[node_id] = ids
         if len(self._ids_cache) > IDS_CACHE_NODES:
             del self._ids_cache[next(iter(self._ids_cache))]
 
@@ -277,7 +309,8 @@ class SessionForest:
 
     @property
     def turn_count(self) -> int:
-        return sum(1 for n in self.nodes if n.kind == "response")
+        """Committed response nodes (generated turns), kept as nodes are added."""
+        return self._turns
 
 
 def _differences(request: Message, committed: Message) -> tuple[str, ...]:

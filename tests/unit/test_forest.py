@@ -7,8 +7,10 @@ scripted (relax_pipeline.testing.engines), so every generated token is known.
 from __future__ import annotations
 
 import json
+from array import array
 
 import pytest
+import torch
 
 from relax_pipeline.agent.session_io import ExportRecord
 from relax_pipeline.canonical.chat import parse_messages
@@ -17,7 +19,7 @@ from relax_pipeline.engine.parsers import OutputParser
 from relax_pipeline.engine.template import ChatTemplate
 from relax_pipeline.forest.export import ExportError, explicit_exports, implicit_export
 from relax_pipeline.forest.sample import build_sample, token_table
-from relax_pipeline.forest.store import SessionForest
+from relax_pipeline.forest.store import SessionForest, logprob_array
 from relax_pipeline.models.tiny import QWEN3_DROP_REASONING_TEMPLATE
 from relax_pipeline.protocol.chat import parse_request
 from relax_pipeline.testing.engines import ScriptedEngine
@@ -186,8 +188,48 @@ async def test_length_cut_turn_is_closed_by_the_next_delta(template: ChatTemplat
     first_response = forest.nodes[2]
     observation = forest.nodes[3]
     assert not first_response.ends_turn
-    assert observation.token_ids[: len(template.end_of_turn_ids)] == template.end_of_turn_ids
+    assert tuple(observation.token_ids[: len(template.end_of_turn_ids)]) == template.end_of_turn_ids
     start = first_response.token_ids
     offset = len(start)
     assert sample.loss_mask[:offset] == (1,) * offset and sample.loss_mask[offset] == 0
     print(token_table(sample, template.tokenizer))
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("logprob", [-0.1, float(torch.tensor(-0.1, dtype=torch.float32))])
+async def test_token_fields_are_compact_and_logprobs_round_trip(template: ChatTemplate, logprob: float) -> None:
+    engine = ScriptedEngine(template.tokenizer, [CALL, "It is 3.", "Yes."], logprob=logprob)
+    svc, forest = TurnService(template, engine, OutputParser(), SamplingDefaults()), SessionForest()
+    await three_turns(svc, forest)
+    fields = [getattr(n, f) for n in forest.nodes for f in ("token_ids", "logprobs", "weight_versions", "train_ids")]
+    assert all(isinstance(values, array) for values in fields)
+    tokens = sum(len(n.token_ids) for n in forest.nodes)
+    assert sum(len(values) * values.itemsize for values in fields) / tokens <= 64
+    responses = [n for n in forest.nodes if n.kind == "response"]
+    assert all(list(n.logprobs) == [logprob] * len(n.token_ids) for n in responses)
+    assert {n.logprobs.typecode for n in responses} == {"d" if logprob == -0.1 else "f"}
+    sample = build_sample(forest, implicit_export(forest).node)
+    assert {lp for lp, mask in zip(sample.rollout_logprobs, sample.loss_mask, strict=True) if mask} == {logprob}
+    assert forest.turn_count == len(responses) == 3
+
+
+def test_engine_float32_logprobs_are_stored_as_float32_and_others_as_float64() -> None:
+    from_engine = torch.randn(257).log_softmax(0).tolist()
+    assert logprob_array(from_engine).typecode == "f" and logprob_array(from_engine).tolist() == from_engine
+    odd = [-0.1, float("-inf"), -1e-300, -1e300, float("nan")]
+    stored = logprob_array(odd)
+    assert stored.typecode == "d" and stored.tobytes() == array("d", odd).tobytes()
+
+
+@pytest.mark.asyncio
+async def test_prompt_ids_follow_each_lineage_when_branches_interleave(template: ChatTemplate) -> None:
+    svc, forest = service(template, [CALL, "A.", "B.", "C.", "D."]), SessionForest()
+    first = await turn(svc, forest, START)
+    base = START + [first.message.to_openai()]
+    branches = [base + [{"role": "tool", "tool_call_id": "c1", "content": str(i)}] for i in (3, 4)]
+    for messages in branches + branches:  # the second round retries each branch's state
+        await turn(svc, forest, messages)
+    assert forest.turn_count == 5 and len(forest.leaves()) == 4
+    for node in forest.nodes[::-1] + forest.nodes:
+        expected = [t for step in forest.lineage(node) for t in step.token_ids]
+        assert forest.prompt_ids(node) == expected

@@ -1,151 +1,357 @@
-"""Gateway throughput over real HTTP: our gateway vs a bare FastAPI endpoint, side by side in one run.
+"""Gateway cost over real HTTP, side by side in one run: a bare FastAPI echo vs our gateway as a run starts it.
 
-A server process runs under uvicorn on 127.0.0.1 with an engine that answers instantly (the scripted
-fake), so what is measured is the gateway: HTTP, parsing, canonicalizing, matching, committing and the
-delta tokenization. The baseline is a bare FastAPI endpoint that reads the same bodies and returns a
-fixed chat completion. A load process drives `--sessions` concurrent sessions (default 32), each
-replaying its growing history for `--turns` turns (default 32), and prints requests/s and the server's
-CPU milliseconds per request for both, and their ratio (DESIGN §5: ≥ 500 requests/s, ≤ 2 ms CPU).
+Each server runs in its own process; this process is only the load generator, so its CPU is never
+counted as the server's (each server reports its own CPU time from `getrusage` on SIGUSR2: all its
+threads, microsecond resolution, where /proc/<pid>/stat counts 10 ms ticks). The two servers:
 
-    python bench/gateway.py [--sessions 32] [--turns 32]
+- bare: a FastAPI endpoint that reads and parses the body and returns a fixed chat completion, under
+  uvicorn binding its own socket (the floor any Python HTTP gateway pays);
+- ours: `create_app` over a `ForestStore` and a `TurnService` with an engine that answers instantly
+  (`ScriptedEngine`), served by `GatewayServer.start()` in an `asyncio.run` loop, exactly as a run
+  serves it, so its socket options are the ones agents see.
+
+Every client records sessions of `--turns` turns (default 32) on one keep-alive connection, replaying
+the whole growing history each turn. Phase one runs `--serial` sessions one after another (concurrency
+1), phase two `--clients` clients at once (default 32), each client `--rounds` sessions. Both servers
+stay up and each repeat runs every phase on bare then on ours, back to back, so load from elsewhere on
+the machine hits both alike. Printed per server and phase: requests/s and server CPU ms per request
+(medians of the repeats), p50 and p99 latency (all requests); the ratio ours/bare of CPU per request
+(DESIGN §5: ≤ 1.8× at 32 turns), requests/s at 32 clients (≥ 500); and our gateway's memory per stored
+token: its RSS growth over the phases divided by the tokens its sessions' forests gained (RSS read
+after `gc.collect()`, so it counts what the forests keep, not garbage).
+
+The clients speak minimal HTTP/1.1 over asyncio streams (one write per request, Content-Length bodies
+only): an HTTP library's client costs about as much CPU per request as the bare server, and on a small
+machine it would cap requests/s below what the servers can do.
+
+    python bench/gateway.py [--turns 32] [--clients 32] [--rounds 2] [--serial 8] [--repeats 3]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
+import resource
+import signal
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import httpx  # noqa: E402
 from fastapi import FastAPI, Request  # noqa: E402
 from fastapi.responses import JSONResponse  # noqa: E402
 
+PREFIX = "/agentic_api"
+CHAT_PATH = f"{PREFIX}/v1/chat/completions"
+WARMUP_SESSIONS = 2
+KINDS = ("bare", "ours")
 TOOLS = [{"type": "function", "function": {"name": "search", "parameters": {"type": "object"}}}]
 ANSWER = "I looked at the record and the number is 1234; continuing with the next part of the task now."
 RESULT = "Record {i}: the city had about {n} residents at the last census, according to the registry."
 
 
+# --- server process ---------------------------------------------------------------------------------
+
+
 def serve(kind: str, sessions: int) -> None:
-    """Run one server; print its port and session ids as one JSON line, then serve until killed."""
-    import uvicorn
+    """Run one server; print its port and session ids as one JSON line, then serve until killed.
 
-    app, ids = _bare_app(sessions) if kind == "bare" else _our_app(sessions)
-    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", access_log=False)
-    server = uvicorn.Server(config)
+    SIGUSR1 prints one JSON line: the process's RSS after `gc.collect()` and the tokens its forests hold;
+    SIGUSR2 prints its CPU seconds so far (all threads, microsecond resolution, unlike /proc's clock ticks).
+    """
+    asyncio.run(_serve(kind, sessions))
 
-    async def main() -> None:
-        task = asyncio.create_task(server.serve())
-        while not server.started:
-            await asyncio.sleep(0.01)
+
+async def _serve(kind: str, sessions: int) -> None:
+    store = None
+    if kind == "ours":
+        server, store = await _start_ours()
+        port, ids = server.port, [_open_session(store, i) for i in range(sessions)]
+    else:
+        server, ids = await _start_bare(), [f"s{i}" for i in range(sessions)]
         port = server.servers[0].sockets[0].getsockname()[1]
-        print(json.dumps({"port": port, "ids": ids}), flush=True)
-        await task
+    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, _report_memory_use, store)
+    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR2, _report_cpu)
+    print(json.dumps({"port": port, "ids": ids}), flush=True)
+    await asyncio.Event().wait()
 
-    asyncio.run(main())
 
-
-def _our_app(sessions: int):  # noqa: ANN202
+async def _start_ours() -> tuple[Any, Any]:
+    """The gateway as `run.py` serves it: `create_app` under `GatewayServer.start()` in this loop."""
     from transformers import AutoTokenizer
 
     from relax_pipeline.engine.parsers import OutputParser
     from relax_pipeline.engine.template import ChatTemplate
     from relax_pipeline.gateway.app import create_app
+    from relax_pipeline.gateway.server import GatewayServer
     from relax_pipeline.models.tiny import build_tiny
     from relax_pipeline.testing.engines import ScriptedEngine
     from relax_pipeline.turn.service import SamplingDefaults, TurnService
-    from relax_pipeline.turn.sessions import ForestStore, Status
+    from relax_pipeline.turn.sessions import ForestStore
 
     tokenizer = AutoTokenizer.from_pretrained(build_tiny(Path(tempfile.gettempdir()) / "relax-bench"))
-    template = ChatTemplate(tokenizer)
-    turns = TurnService(template, ScriptedEngine(tokenizer, [ANSWER], record_prompts=False), OutputParser(),
+    engine = ScriptedEngine(tokenizer, [ANSWER], record_prompts=False)
+    turns = TurnService(ChatTemplate(tokenizer), engine, OutputParser(),
                         SamplingDefaults(max_context_len=1 << 20, max_response_len=256))
     store = ForestStore()
-    ids = []
-    for i in range(sessions):
-        session = store.open("g", i, 0, "train", {})
-        store.set_status(session, Status.RUNNING)
-        ids.append(session.id)
-    return create_app(store, turns, prefix="/agentic_api"), ids
+    server = GatewayServer(create_app(store, turns, prefix=PREFIX), prefix=PREFIX)
+    await server.start()
+    return server, store
 
 
-def _bare_app(sessions: int):  # noqa: ANN202
+def _open_session(store: Any, index: int) -> str:
+    from relax_pipeline.turn.sessions import Status
+
+    session = store.open("g", index, 0, "train", {})
+    store.set_status(session, Status.RUNNING)
+    return session.id
+
+
+async def _start_bare() -> Any:
+    import uvicorn
+
+    config = uvicorn.Config(_bare_app(), host="127.0.0.1", port=0, log_level="warning", lifespan="off",
+                            access_log=False, timeout_keep_alive=30, backlog=2048)
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        if task.done():
+            task.result()
+        await asyncio.sleep(0.01)
+    return server
+
+
+def _bare_app() -> FastAPI:
     app = FastAPI()
     reply = {"id": "x", "object": "chat.completion", "created": 0, "model": "m", "choices": [
         {"index": 0, "message": {"role": "assistant", "content": ANSWER}, "finish_reason": "stop"}],
         "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
 
-    @app.post("/agentic_api/v1/chat/completions")
+    @app.post(CHAT_PATH)
     async def chat(request: Request) -> JSONResponse:
         json.loads(await request.body())
         return JSONResponse(reply)
 
-    return app, [f"s{i}" for i in range(sessions)]
+    return app
 
 
-async def drive(port: int, ids: list[str], turns: int) -> int:
-    """Every session replays its growing history for `turns` turns; returns the number of requests."""
-    limits = httpx.Limits(max_connections=len(ids), max_keepalive_connections=len(ids))
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}/agentic_api/v1/", limits=limits,
-                                 timeout=60) as client:
-        counts = await asyncio.gather(*(_session(client, sid, turns) for sid in ids))
-    return sum(counts)
+def _report_cpu() -> None:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    print(json.dumps({"cpu": usage.ru_utime + usage.ru_stime}), flush=True)
 
 
-async def _session(client: httpx.AsyncClient, session_id: str, turns: int) -> int:
+def _report_memory_use(store: Any) -> None:
+    gc.collect()
+    rss = int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    tokens = sum(len(node.token_ids) for session in store for node in session.forest.nodes) if store else 0
+    print(json.dumps({"rss": rss, "tokens": tokens}), flush=True)
+
+
+# --- load process -----------------------------------------------------------------------------------
+
+
+class Connection:
+    """One keep-alive HTTP/1.1 connection that POSTs JSON and reads Content-Length responses."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+
+    @classmethod
+    async def open(cls, port: int) -> Connection:
+        return cls(*await asyncio.open_connection("127.0.0.1", port))
+
+    async def post(self, path: str, token: str, body: bytes) -> bytes:
+        head = (f"POST {path} HTTP/1.1\r\nhost: 127.0.0.1\r\nauthorization: Bearer {token}\r\n"
+                f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n")
+        self.writer.write(head.encode() + body)
+        lines = (await self.reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+        headers = dict(line.lower().split(": ", 1) for line in lines[1:] if line)
+        payload = await self.reader.readexactly(int(headers["content-length"]))
+        if lines[0].split()[1] != "200":
+            raise RuntimeError(f"{lines[0]}: {payload[:500]!r}")
+        return payload
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+@dataclass
+class Load:
+    """What the clients of one phase saw: per-request latencies and the last request's body size."""
+
+    latencies: list[float] = field(default_factory=list)
+    body_bytes: int = 0
+
+
+async def _session(conn: Connection, session_id: str, turns: int, load: Load) -> None:
     messages = [{"role": "system", "content": "You are a careful agent."},
                 {"role": "user", "content": f"Session {session_id}: find the census numbers."}]
     for i in range(turns):
-        response = await client.post("chat/completions", headers={"Authorization": f"Bearer {session_id}"},
-                                     json={"model": "m", "messages": messages, "tools": TOOLS})
-        response.raise_for_status()
-        messages += [response.json()["choices"][0]["message"],
+        body = json.dumps({"model": "m", "messages": messages, "tools": TOOLS}).encode()
+        start = time.perf_counter()
+        reply = await conn.post(CHAT_PATH, session_id, body)
+        load.latencies.append(time.perf_counter() - start)
+        load.body_bytes = len(body)
+        messages += [json.loads(reply)["choices"][0]["message"],
                      {"role": "user", "content": RESULT.format(i=i, n=1000 + i)}]
-    return turns
 
 
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def measure(kind: str, sessions: int, turns: int) -> tuple[float, float]:
-    """Requests/s and server CPU ms per request for one server kind."""
-    server = subprocess.Popen([sys.executable, __file__, "--serve", kind, "--sessions", str(sessions)],
-                              stdout=subprocess.PIPE, text=True)
+async def _client(port: int, session_ids: list[str], turns: int, load: Load) -> None:
+    conn = await Connection.open(port)
     try:
-        info = json.loads(server.stdout.readline())
-        cpu0, wall0 = cpu_seconds(server.pid), time.perf_counter()
-        requests = asyncio.run(drive(info["port"], info["ids"], turns))
-        wall, cpu = time.perf_counter() - wall0, cpu_seconds(server.pid) - cpu0
+        for session_id in session_ids:
+            await _session(conn, session_id, turns, load)
     finally:
-        server.terminate()
-        server.wait()
-    return requests / wall, cpu / requests * 1e3
+        conn.close()
+
+
+async def drive(port: int, session_ids: list[str], clients: int, turns: int) -> Load:
+    """`clients` connections at once, each recording its share of the sessions one after another."""
+    load = Load()
+    await asyncio.gather(*(_client(port, session_ids[i::clients], turns, load) for i in range(clients)))
+    return load
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One server under one concurrency: the server's CPU and the clients' view, over the same interval."""
+
+    wall_s: float
+    cpu_s: float
+    load: Load
+
+    @property
+    def rate(self) -> float:
+        return len(self.load.latencies) / self.wall_s
+
+    @property
+    def cpu_ms(self) -> float:
+        return self.cpu_s / len(self.load.latencies) * 1e3
+
+
+class Server:
+    """A `--serve` process: its port, its unused session ids, and its answers to SIGUSR1 / SIGUSR2."""
+
+    def __init__(self, kind: str, sessions: int) -> None:
+        self.process = subprocess.Popen([sys.executable, __file__, "--serve", kind, "--sessions", str(sessions)],
+                                        stdout=subprocess.PIPE, text=True)
+        info = json.loads(self.process.stdout.readline())
+        self.port: int = info["port"]
+        self.ids: list[str] = info["ids"]
+
+    def take(self, count: int) -> list[str]:
+        taken, self.ids = self.ids[:count], self.ids[count:]
+        return taken
+
+    def ask(self, sig: signal.Signals) -> dict[str, float]:
+        self.process.send_signal(sig)
+        return json.loads(self.process.stdout.readline())
+
+    def run(self, sessions: int, clients: int, turns: int) -> Phase:
+        cpu0, wall0 = self.ask(signal.SIGUSR2)["cpu"], time.perf_counter()
+        load = asyncio.run(drive(self.port, self.take(sessions), clients, turns))
+        wall = time.perf_counter() - wall0
+        return Phase(wall, self.ask(signal.SIGUSR2)["cpu"] - cpu0, load)
+
+    def stop(self) -> None:
+        self.process.kill()
+        self.process.wait()
+
+
+@dataclass
+class Result:
+    """Each server's phases per concurrency (one per repeat), and our RSS and stored tokens around them."""
+
+    phases: dict[str, dict[int, list[Phase]]]
+    before: dict[str, float] = field(default_factory=dict)
+    after: dict[str, float] = field(default_factory=dict)
+
+
+def measure(args: argparse.Namespace) -> Result:
+    """Both servers up at once; every repeat runs each phase on bare, then on ours, back to back."""
+    plan = [(1, args.serial), (args.clients, args.clients * args.rounds)]
+    total = WARMUP_SESSIONS + args.repeats * sum(sessions for _, sessions in plan)
+    servers = {kind: Server(kind, total) for kind in KINDS}
+    result = Result({kind: {clients: [] for clients, _ in plan} for kind in KINDS})
+    try:
+        for server in servers.values():
+            server.run(WARMUP_SESSIONS, WARMUP_SESSIONS, args.turns)
+        result.before = servers["ours"].ask(signal.SIGUSR1)
+        for _ in range(args.repeats):
+            for clients, sessions in plan:
+                for kind, server in servers.items():
+                    result.phases[kind][clients].append(server.run(sessions, clients, args.turns))
+        result.after = servers["ours"].ask(signal.SIGUSR1)
+    finally:
+        for server in servers.values():
+            server.stop()
+    return result
+
+
+def percentile_ms(phases: list[Phase], q: int) -> float:
+    latencies = [latency for phase in phases for latency in phase.load.latencies]
+    return statistics.quantiles(latencies, n=100, method="inclusive")[q - 1] * 1e3
+
+
+def report(result: Result, args: argparse.Namespace) -> None:
+    body_kib = result.phases["ours"][args.clients][-1].load.body_bytes / 1024
+    print(f"sessions of {args.turns} turns on keep-alive connections (last request body {body_kib:.1f} KiB); "
+          f"{args.repeats} repeats, bare and ours back to back; requests/s and CPU: median of repeats")
+    print(f"{'server':<7} {'clients':>7} {'requests':>8} {'requests/s':>10} {'CPU ms/request':>14} "
+          f"{'p50 ms':>7} {'p99 ms':>7}")
+    for kind, by_clients in result.phases.items():
+        for clients, phases in by_clients.items():
+            rate = statistics.median(p.rate for p in phases)
+            cpu = statistics.median(p.cpu_ms for p in phases)
+            print(f"{kind:<7} {clients:>7} {sum(len(p.load.latencies) for p in phases):>8} {rate:>10.0f} "
+                  f"{cpu:>14.3f} {percentile_ms(phases, 50):>7.2f} {percentile_ms(phases, 99):>7.2f}")
+    _report_ratios(result, args)
+    _report_memory(result)
+
+
+def _report_ratios(result: Result, args: argparse.Namespace) -> None:
+    ours, bare = result.phases["ours"], result.phases["bare"]
+    parts = []
+    for clients in ours:
+        ratios = sorted(o.cpu_ms / b.cpu_ms for o, b in zip(ours[clients], bare[clients], strict=True))
+        parts.append(f"{statistics.median(ratios):.2f}x ({ratios[0]:.2f}-{ratios[-1]:.2f}) at {clients} client(s)")
+    print(f"ours / bare CPU per request, median (range) of the repeats: {', '.join(parts)}; target <= 1.8x")
+    rates = {kind: statistics.median(p.rate for p in result.phases[kind][args.clients]) for kind in KINDS}
+    print(f"requests/s at {args.clients} clients: ours {rates['ours']:.0f}, bare {rates['bare']:.0f}, "
+          f"ours / bare {rates['ours'] / rates['bare']:.2f}; target >= 500")
+
+
+def _report_memory(result: Result) -> None:
+    grown = result.after["rss"] - result.before["rss"]
+    tokens = result.after["tokens"] - result.before["tokens"]
+    print(f"ours memory: RSS +{grown / 2**20:.1f} MiB for {tokens:.0f} tokens stored during the phases: "
+          f"{grown / max(tokens, 1):.0f} bytes per stored token (RSS {result.after['rss'] / 2**20:.0f} MiB, "
+          f"{result.after['tokens']:.0f} tokens in the forests)")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sessions", type=int, default=32)
-    parser.add_argument("--turns", type=int, default=32)
+    parser.add_argument("--turns", type=int, default=32, help="turns per session")
+    parser.add_argument("--clients", type=int, default=32, help="concurrent clients in phase two")
+    parser.add_argument("--rounds", type=int, default=2, help="sessions per client in phase two")
+    parser.add_argument("--serial", type=int, default=8, help="sessions one after another in phase one")
+    parser.add_argument("--repeats", type=int, default=3, help="times each phase runs on each server")
     parser.add_argument("--serve", choices=("ours", "bare"))
+    parser.add_argument("--sessions", type=int, default=0, help="sessions a --serve process opens")
     args = parser.parse_args()
     if args.serve:
         return serve(args.serve, args.sessions)
-    rows = {kind: measure(kind, args.sessions, args.turns) for kind in ("bare", "ours")}
-    print(f"{args.sessions} sessions x {args.turns} turns, histories replayed in full")
-    print(f"{'server':<8} {'requests/s':>11} {'server CPU ms/request':>22}")
-    for kind, (rate, cpu) in rows.items():
-        print(f"{kind:<8} {rate:>11.0f} {cpu:>22.2f}")
-    print(f"ours / bare: throughput {rows['ours'][0] / rows['bare'][0]:.2f}, "
-          f"CPU per request {rows['ours'][1] / rows['bare'][1]:.1f}x (targets: >= 500 requests/s, <= 2 ms CPU)")
+    report(measure(args), args)
 
 
 if __name__ == "__main__":

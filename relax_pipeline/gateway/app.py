@@ -6,8 +6,10 @@ and `{prefix}/<resource>` (the OpenAI SDKs append the bare resource to a base UR
 session that is not running (not started, finished, failed, dropped) → 404. A request can only read and
 write its own session's forest. Bodies are parsed with `orjson.loads` on the raw bytes (no pydantic on
 the hot path); errors are shaped per protocol. JSON and Buffered SSE share one path up to rendering; a
-client that disconnects mid-generation aborts its generation, and nothing is committed. This module does
-not start a server (`server.py`) and holds no turn logic (`turn.py`).
+client that disconnects mid-generation aborts its generation, and nothing is committed. Every model
+request writes one access line (`relax_pipeline.gateway.access`: api, session, status, tokens, ms) to
+run.log, and every 4xx/5xx is a WARNING with its message. This module does
+not start a server (`server.py`) and holds no turn logic (`turn/service.py`).
 """
 
 from __future__ import annotations
@@ -29,11 +31,13 @@ from relax_pipeline.protocol.base import Frontend, TurnMeta
 from relax_pipeline.protocol.chat import ChatFrontend
 from relax_pipeline.protocol.errors import ProtocolError, anthropic_body, openai_body
 from relax_pipeline.protocol.messages import MessagesFrontend, count_tokens
+from relax_pipeline.tracking.logs import ACCESS_LOGGER
 from relax_pipeline.turn.records import TurnRequest, TurnResult
-from relax_pipeline.turn.service import TurnService
+from relax_pipeline.turn.service import PreparedTurn, TurnService
 from relax_pipeline.turn.sessions import ForestStore, Session, Status
 
 log = logging.getLogger(__name__)
+access_log = logging.getLogger(ACCESS_LOGGER)
 DISCONNECT_POLL_S = 0.5
 
 
@@ -64,6 +68,7 @@ def _http_error_handler(resources: str):  # noqa: ANN202 - a Starlette exception
         message = f"{request.method} {request.url.path}: {getattr(error, 'detail', 'error')}"
         if status == 404:
             message += f"; this gateway serves {resources} and models"
+        access_log.warning("%s %s status=%d error=%s", request.method, request.url.path, status, message)
         return JSONResponse(openai_body(ProtocolError(status, message)), status_code=status)
 
     return handle
@@ -108,35 +113,46 @@ class _Gateway:
         return handle
 
     async def turn(self, frontend: Frontend, request: Request) -> Response:
-        """Authenticate, parse, then answer as JSON or Buffered SSE; every error in protocol shape."""
+        """Authenticate, parse and match, then answer as JSON or Buffered SSE; every error in protocol shape.
+
+        The prompt is matched and its length checked before any stream opens, so a request over the
+        context limit gets a 400 in the provider's shape, never a 200 with an in-stream error."""
+        started, session = time.perf_counter(), None
         try:
             session = self._session(request)
             body = _json(await request.body())
             turn = frontend.parse(body, session.memo)
-            self.turns.check_media(turn)  # a text-only model answers images with a 400 before any stream opens
             stream = frontend.wants_stream(body)
-        except CanonicalError as error:
-            return _error(frontend.error_body(ProtocolError.from_canonical(error)), 400)
-        except ProtocolError as error:
-            return _error(frontend.error_body(error), error.status)
+            prepared = self._prepare(session, turn)
+        except (CanonicalError, ProtocolError) as error:
+            return self._refuse(frontend, _protocol_error(error), session, started)
         meta = self._meta(body, frontend)
         if stream:
-            events = self._sse(frontend, session, turn, meta, request)
+            events = self._sse(frontend, session, prepared, meta, request, started)
             return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         try:
-            result = await self._generate(session, turn, request)
+            result = await self._generate(session, prepared, request)
         except ProtocolError as error:
-            return _error(frontend.error_body(error), error.status)
+            return self._refuse(frontend, error, session, started)
+        _access(frontend.name, session.id, 200, started, result)
         return JSONResponse(frontend.render(result, meta))
+
+    def _prepare(self, session: Session, turn: TurnRequest) -> PreparedTurn:
+        """Match the request and build its prompt (400s: bad media, context too long) without generating."""
+        return self.turns.prepare(session.forest, turn, session.turn_seed())
+
+    def _refuse(self, frontend: Frontend, error: ProtocolError, session: Session | None, started: float) -> Response:
+        _access(frontend.name, session.id if session else None, error.status, started, error=error)
+        return _error(frontend.error_body(error), error.status)
 
     def _meta(self, body: Any, frontend: Frontend) -> TurnMeta:
         model = body.get("model") if isinstance(body.get("model"), str) else self.model_name
         token_text = self._token_text if body.get("logprobs") is True else None
         return TurnMeta(f"{frontend.name}-{secrets.token_hex(12)}", int(time.time()), model, token_text)
 
-    async def _generate(self, session: Session, turn: TurnRequest, request: Request) -> TurnResult:
+    async def _generate(self, session: Session, prepared: PreparedTurn, request: Request) -> TurnResult:
         """Run the turn; abort it (499, nothing committed) when the client goes away first."""
-        task = asyncio.ensure_future(self._run(session, turn))
+        task = asyncio.ensure_future(self._run(session, prepared))
         while not task.done():
             await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
             if not task.done() and await request.is_disconnected():
@@ -144,10 +160,10 @@ class _Gateway:
                 raise ProtocolError(499, "client disconnected; the generation was aborted and nothing committed")
         return task.result()
 
-    async def _run(self, session: Session, turn: TurnRequest) -> TurnResult:
+    async def _run(self, session: Session, prepared: PreparedTurn) -> TurnResult:
         try:
             with self.store.serving(session):
-                return await self.turns.run(session.forest, turn, seed=session.turn_seed(), session=session)
+                return await self.turns.run_prepared(session.forest, prepared, session=session)
         except (ProtocolError, asyncio.CancelledError):
             raise
         except CanonicalError as error:
@@ -156,14 +172,14 @@ class _Gateway:
             log.exception("turn failed")
             raise ProtocolError(500, f"internal error: {type(error).__name__}: {error}") from None
 
-    async def _sse(self, frontend: Frontend, session: Session, turn: TurnRequest, meta: TurnMeta,
-                   request: Request) -> AsyncIterator[bytes]:
+    async def _sse(self, frontend: Frontend, session: Session, prepared: PreparedTurn, meta: TurnMeta,
+                   request: Request, started: float) -> AsyncIterator[bytes]:
         """Open frames at once, heartbeats while generating, then the whole terminal sequence.
 
         When the client disconnects, Starlette cancels this generator; the turn task is cancelled with it,
         which aborts the engine's generation, and nothing is committed.
         """
-        task = asyncio.ensure_future(self._run(session, turn))
+        task = asyncio.ensure_future(self._run(session, prepared))
         try:
             for frame in frontend.stream_open(meta):
                 yield frame.encode()
@@ -171,12 +187,17 @@ class _Gateway:
                 await asyncio.wait({task}, timeout=self.heartbeat_s)
                 if not task.done():
                     yield frontend.heartbeat().encode()
-            frames = frontend.stream_result(task.result(), meta)
+            result = task.result()
+            frames = frontend.stream_result(result, meta)
+            _access(frontend.name, session.id, 200, started, result, streamed=True)
         except ProtocolError as error:
             frames = frontend.stream_error(error, meta)
+            _access(frontend.name, session.id, error.status, started, error=error, streamed=True)
         finally:
             if not task.done():
                 task.cancel()
+                _access(frontend.name, session.id, 499, started, error=ProtocolError(499, "client disconnected"),
+                        streamed=True)
         for frame in frames:
             yield frame.encode()
 
@@ -214,3 +235,20 @@ def _json(raw: bytes) -> Any:
 
 def _error(body: dict[str, Any], status: int) -> JSONResponse:
     return JSONResponse(body, status_code=status)
+
+
+def _protocol_error(error: CanonicalError | ProtocolError) -> ProtocolError:
+    return ProtocolError.from_canonical(error) if isinstance(error, CanonicalError) else error
+
+
+def _access(api: str, session_id: str | None, status: int, started: float, result: TurnResult | None = None,
+            error: ProtocolError | None = None, streamed: bool = False) -> None:
+    """One access line per model request in run.log; 4xx/5xx at WARNING with the error's message."""
+    ms = (time.perf_counter() - started) * 1000
+    prompt, completion = (result.prompt_tokens, len(result.output.output_ids)) if result else (0, 0)
+    line = (f"api={api} session={session_id or '-'} status={status} stream={str(streamed).lower()} "
+            f"prompt_tokens={prompt} completion_tokens={completion} ms={ms:.1f}")
+    if error is None:
+        access_log.info(line)
+    else:
+        access_log.warning("%s error=%s%s", line, f"{error.param}: " if error.param else "", error.message)

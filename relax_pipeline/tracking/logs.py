@@ -14,6 +14,12 @@ from pathlib import Path
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 QUIET = ("httpx", "httpcore", "uvicorn.access", "urllib3", "filelock")
+ACCESS_LOGGER = "relax_pipeline.gateway.access"
+"""The gateway's one line per model request: in run.log always, on the console only at WARNING."""
+
+
+def _not_access_info(record: logging.LogRecord) -> bool:
+    return record.name != ACCESS_LOGGER or record.levelno >= logging.WARNING
 
 
 @contextlib.contextmanager
@@ -25,6 +31,7 @@ def run_logging(output_dir: Path) -> Iterator[Path]:
     for handler in handlers:
         handler.setFormatter(logging.Formatter(FORMAT))
         root.addHandler(handler)
+    handlers[1].addFilter(_not_access_info)
     previous = root.level
     root.setLevel(logging.INFO)
     for name in QUIET:

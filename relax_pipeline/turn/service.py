@@ -134,8 +134,8 @@ class TurnService:
         if room <= 0:
             raise ProtocolError(
                 400,
-                f"the prompt has {length} tokens but the context limit is {d.max_context_len} "
-                "(rollout.max_context_len); shorten the history",
+                f"prompt is too long: {length} tokens > {d.max_context_len} maximum (the context limit, "
+                "rollout.max_context_len); shorten the history",
                 "messages",
                 "context_length_exceeded",
             )
@@ -151,7 +151,11 @@ class TurnService:
         With a `session` whose group holds a `GroupLease`, the generation waits for the lease and is
         resumed after every preemption (partial rollout) until it finishes: one normal answer.
         """
-        prepared = self.prepare(forest, request, seed)
+        return await self.run_prepared(forest, self.prepare(forest, request, seed), rid, session)
+
+    async def run_prepared(self, forest: SessionForest, prepared: PreparedTurn, rid: str | None = None,
+                           session: Session | None = None) -> TurnResult:
+        """`run` for a request already matched by `prepare` (the gateway checks it before a stream opens)."""
         rid = rid or _rid()
         lease = session.lease if session is not None else None
         if lease is None:

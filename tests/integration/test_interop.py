@@ -6,6 +6,7 @@ real SDK against a real gateway; only the engine is scripted.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -19,6 +20,8 @@ from relax_pipeline.protocol.chat import ChatFrontend
 from relax_pipeline.protocol.messages import MessagesFrontend
 from relax_pipeline.protocol.responses import ResponsesFrontend
 from relax_pipeline.testing.engines import ScriptedEngine
+from relax_pipeline.tracking.logs import ACCESS_LOGGER
+from relax_pipeline.turn.records import SamplingDefaults
 from relax_pipeline.turn.sessions import Session
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(30)]
@@ -89,3 +92,44 @@ async def test_developer_role_is_a_system_message(gw: Gateway) -> None:
     await gw.sdk(session).chat.completions.create(model="m", messages=messages)
     root_messages = session.forest.nodes[1].messages
     assert [m.role for m in root_messages] == ["system", "user"]
+
+
+# ---- 6. over the context limit: a 400 in the provider's shape, before any stream opens ---------------------
+
+LONG = "word " * 200
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+async def test_context_limit_is_a_400_before_the_stream_opens(template: ChatTemplate, tokenizer: Any,
+                                                             stream: bool) -> None:
+    frontends = [ChatFrontend(), ResponsesFrontend(), MessagesFrontend()]
+    async with running_gateway(template, ScriptedEngine(tokenizer, ["hi"]), SamplingDefaults(max_context_len=64),
+                               frontends=frontends) as small:
+        session = small.open_session()
+        chat = await small.post(session, {"messages": [{"role": "user", "content": LONG}], "stream": stream})
+        responses = await small.post(session, {"input": LONG, "stream": stream}, "v1/responses")
+        messages = await small.post(session, {"max_tokens": 8, "stream": stream,
+                                              "messages": [{"role": "user", "content": LONG}]}, "v1/messages")
+    for reply in (chat, responses):
+        assert reply.status_code == 400 and reply.headers["content-type"].startswith("application/json")
+        assert reply.json()["error"]["code"] == "context_length_exceeded"
+    assert messages.status_code == 400
+    assert messages.json()["error"]["type"] == "invalid_request_error"
+    assert "prompt is too long" in messages.json()["error"]["message"]
+
+
+# ---- 7. every request has an access line; errors are warnings ---------------------------------------------
+
+async def test_every_request_writes_one_access_line(gw: Gateway, caplog: pytest.LogCaptureFixture) -> None:
+    session = gw.open_session()
+    caplog.set_level(logging.INFO, logger=ACCESS_LOGGER)
+    await gw.sdk(session).chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}])
+    await gw.post(session, {"messages": []})
+    await gw.post(session, {"messages": [{"role": "user", "content": "Hi"}], "stream": True})
+    lines = [r for r in caplog.records if r.name == ACCESS_LOGGER]
+    assert [r.levelname for r in lines] == ["INFO", "WARNING", "INFO"]
+    assert all(f"session={session.id}" in r.getMessage() for r in lines)
+    ok, refused, streamed = (r.getMessage() for r in lines)
+    assert "status=200" in ok and "completion_tokens=" in ok
+    assert "status=400" in refused and "messages: messages must be a non-empty list" in refused
+    assert "stream=true" in streamed

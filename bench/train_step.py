@@ -25,7 +25,7 @@ import torch  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 from relax_pipeline.models.tiny import build_tiny  # noqa: E402
-from relax_pipeline.train.batching import TrainSample  # noqa: E402
+from relax_pipeline.train.batching import BatchSettings, TrainSample  # noqa: E402
 from relax_pipeline.train.torch_backend import TorchTrainer  # noqa: E402
 
 
@@ -87,7 +87,8 @@ def main() -> None:
     args = parser.parse_args()
     path = build_tiny(seed=0)
     samples = synthetic_samples(args.samples, args.length)
-    trainer = TorchTrainer(model_path=str(path), use_dynamic_batch_size=True, max_tokens_per_gpu=1 << 20)
+    packing = BatchSettings(use_dynamic_batch_size=True, max_tokens_per_gpu=1 << 20)
+    trainer = TorchTrainer(model_path=str(path), batching=packing)
     bare = BareStep(path, samples)
     ours_times, bare_times = [], []
     for rep in range(args.reps + 2):  # two warm-up reps each

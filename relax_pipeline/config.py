@@ -9,9 +9,10 @@ express are checked by `validate`, which names the key and the allowed values.
 
 from __future__ import annotations
 
+import logging
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,14 @@ from hydra.core.config_store import ConfigStore
 from hydra.errors import InstantiationException
 from hydra.utils import get_class, instantiate
 from omegaconf import MISSING, DictConfig, OmegaConf
+
+from relax_pipeline.train.advantages import AdvantageSettings
+from relax_pipeline.train.base import Trainer
+from relax_pipeline.train.batching import BatchSettings
+from relax_pipeline.train.losses import LossSettings
+from relax_pipeline.train.optim import OptimSettings
+
+log = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONF_DIR = Path(__file__).resolve().parent / "conf"
@@ -99,40 +108,12 @@ class TrainerConfig:
     _target_: str = "relax_pipeline.train.torch_backend.TorchTrainer"
     device: str = "cpu"
     """torch device of the policy being trained."""
-    lr: float = 1e-3
-    """AdamW learning rate."""
-    weight_decay: float = 0.0
-    """AdamW weight decay."""
-    grad_clip: float = 1.0
-    """Max global gradient norm; 0 disables clipping."""
-    global_batch_size: int | None = None
-    """Samples per optimizer step; None means one optimizer step over the whole rollout batch."""
-    micro_batch_size: int = 8
-    """Samples per forward/backward when dynamic batching is off."""
-    use_dynamic_batch_size: bool = False
-    """Pack micro-batches by token count (required when a session exports several contexts)."""
-    max_tokens_per_gpu: int = 8192
-    """Token budget of one packed micro-batch under dynamic batching."""
-    eps_clip_low: float = 0.2
-    """PPO clip range below 1."""
-    eps_clip_high: float = 0.28
-    """PPO clip range above 1."""
-    use_rollout_logprobs: bool = True
-    """Ratio against the engine's logprobs (True) or logprobs recomputed by the trainer before the step."""
-    tis_cap: float | None = None
-    """Truncated importance sampling cap on exp(old - rollout) logprobs; None disables TIS."""
-    opsm_delta: float | None = None
-    """Off-policy sequence masking: drop negative-advantage sequences whose KL to the rollout exceeds this."""
-    entropy_coef: float = 0.0
-    """Entropy bonus coefficient."""
-    use_kl_loss: bool = False
-    """Add a reference-KL loss against a frozen copy of the initial policy."""
-    kl_loss_coef: float = 0.0
-    """Weight of the reference-KL loss."""
-    kl_loss_type: str = "k3"
-    """KL estimator: k1, k2 or k3."""
-    loss_reduction: str = "token_mean"
-    """token_mean, seq_mean_token_sum or seq_mean_token_mean."""
+    loss: LossSettings = field(default_factory=LossSettings)
+    """The policy loss (train/losses.py): PPO clipping, off-policy corrections, entropy bonus, reference KL."""
+    batching: BatchSettings = field(default_factory=BatchSettings)
+    """Optimizer steps and micro-batches (train/batching.py)."""
+    optim: OptimSettings = field(default_factory=OptimSettings)
+    """AdamW and gradient clipping (train/optim.py)."""
     zero_stage: int = 0
     """DeepSpeed ZeRO stage (trainer=deepspeed only)."""
     save_interval: int | None = None
@@ -141,6 +122,51 @@ class TrainerConfig:
     """Continue from the latest checkpoint in checkpoint_dir."""
     checkpoint_dir: str | None = None
     """Where checkpoints are written and resumed from; None means <output folder>/checkpoints."""
+    # Deprecated flat aliases, kept for one release (FLAT_TRAINER_KEYS): a value set here moves into its
+    # nested node at start, where it wins over the nested value, and the run logs a deprecation line.
+    lr: float | None = None
+    """Deprecated alias of trainer.optim.lr."""
+    weight_decay: float | None = None
+    """Deprecated alias of trainer.optim.weight_decay."""
+    grad_clip: float | None = None
+    """Deprecated alias of trainer.optim.grad_clip."""
+    global_batch_size: int | None = None
+    """Deprecated alias of trainer.batching.global_batch_size."""
+    micro_batch_size: int | None = None
+    """Deprecated alias of trainer.batching.micro_batch_size."""
+    use_dynamic_batch_size: bool | None = None
+    """Deprecated alias of trainer.batching.use_dynamic_batch_size."""
+    max_tokens_per_gpu: int | None = None
+    """Deprecated alias of trainer.batching.max_tokens_per_gpu."""
+    eps_clip_low: float | None = None
+    """Deprecated alias of trainer.loss.eps_clip_low."""
+    eps_clip_high: float | None = None
+    """Deprecated alias of trainer.loss.eps_clip_high."""
+    use_rollout_logprobs: bool | None = None
+    """Deprecated alias of trainer.loss.use_rollout_logprobs."""
+    tis_cap: float | None = None
+    """Deprecated alias of trainer.loss.tis_cap."""
+    opsm_delta: float | None = None
+    """Deprecated alias of trainer.loss.opsm_delta."""
+    entropy_coef: float | None = None
+    """Deprecated alias of trainer.loss.entropy_coef."""
+    use_kl_loss: bool | None = None
+    """Deprecated alias of trainer.loss.use_kl_loss."""
+    kl_loss_coef: float | None = None
+    """Deprecated alias of trainer.loss.kl_loss_coef."""
+    kl_loss_type: str | None = None
+    """Deprecated alias of trainer.loss.kl_loss_type."""
+    loss_reduction: str | None = None
+    """Deprecated alias of trainer.loss.loss_reduction."""
+
+
+TRAINER_NODES: dict[str, type] = {"loss": LossSettings, "batching": BatchSettings, "optim": OptimSettings}
+"""The nested trainer nodes and the record each one is (what the trainer class takes)."""
+FLAT_TRAINER_KEYS: dict[str, str] = {f.name: f"{node}.{f.name}" for node, record in TRAINER_NODES.items()
+                                     for f in fields(record)}
+"""Deprecated flat key → its nested key (`lr` → `optim.lr`), both under `trainer.`; removed next release."""
+LOOP_TRAINER_KEYS: tuple[str, ...] = ("save_interval", "resume", "checkpoint_dir")
+"""Trainer keys the step loop's checkpoint schedule reads (run.py); the trainer class does not take them."""
 
 
 @dataclass
@@ -184,12 +210,13 @@ class AgentConfig:
     timeout: float | None = 120.0
     """Active-time budget in seconds; None means no limit."""
     multi_context: bool = False
-    """Sessions export several training contexts; needs credit=custom_advantage and trainer.use_dynamic_batch_size."""
+    """Sessions export several training contexts; needs credit=custom_advantage and dynamic batching
+    (trainer.batching.use_dynamic_batch_size)."""
 
 
 @dataclass
 class TrackingConfig:
-    _target_: str = "relax_pipeline.tracking.logger.NullTracker"
+    _target_: str = "relax_pipeline.tracking.tracker.NullTracker"
     project: str = "relax_pipeline"
     """W&B project."""
     entity: str | None = None
@@ -290,20 +317,58 @@ def register() -> None:
 
 
 def build(node: DictConfig | Any, **kwargs: Any) -> Any:
-    """Instantiate one group node; plain Python containers, never OmegaConf ones, reach our classes.
+    """Instantiate one group node; plain Python containers, never OmegaConf ones, reach our classes
+    (`_convert_="object"`: nested nodes typed by a dataclass arrive as that dataclass).
 
     A constructor's own error (which names the key and the fix) is raised as it is, not wrapped.
     """
+    kwargs.setdefault("_convert_", "all")
     try:
-        return instantiate(node, _convert_="all", **kwargs)
+        return instantiate(node, **kwargs)
     except InstantiationException as error:
         if error.__cause__ is not None:
             raise error.__cause__ from None
         raise
 
 
+def build_trainer(cfg: DictConfig, model_path: str) -> Trainer:
+    """The `trainer` group's object: `trainer_node` with its nested nodes as records, plus `trainer_context`."""
+    return build(trainer_node(cfg.trainer), _convert_="object", model_path=model_path, **trainer_context(cfg))
+
+
+def trainer_node(trainer: DictConfig) -> DictConfig:
+    """The trainer node as its class takes it: flat aliases moved into their nodes and dropped, and the
+    checkpoint keys the loop reads (LOOP_TRAINER_KEYS) left out."""
+    move_flat_trainer_keys(trainer)
+    skip = {*FLAT_TRAINER_KEYS, *LOOP_TRAINER_KEYS}
+    return OmegaConf.masked_copy(trainer, [key for key in trainer if key not in skip])
+
+
+def trainer_context(cfg: DictConfig) -> dict[str, Any]:
+    """What the trainer must agree on with the other groups: seed, the rollout's temperature, the credit keys."""
+    credit = cfg.credit
+    return {"seed": cfg.seed, "temperature": cfg.rollout.temperature,
+            "advantages": AdvantageSettings(credit.estimator, credit.kl_coef, credit.normalize_advantages)}
+
+
+def move_flat_trainer_keys(trainer: DictConfig) -> None:
+    """Move each deprecated flat key that is set (`trainer.lr`) into its nested node (`trainer.optim.lr`),
+    where it wins, and null the flat key; logs one deprecation line per key. Calling it again does nothing."""
+    for flat, nested in FLAT_TRAINER_KEYS.items():
+        value = trainer.get(flat)
+        if value is None:
+            continue
+        log.warning("trainer.%s is deprecated and goes away in the next release; use trainer.%s", flat, nested)
+        OmegaConf.update(trainer, nested, value)
+        trainer[flat] = None
+
+
 def validate(cfg: DictConfig) -> None:
-    """Cross-key checks a schema cannot express; each error names the key and the allowed values."""
+    """Cross-key checks a schema cannot express; each error names the key and the allowed values.
+
+    First moves the deprecated flat trainer keys into their nested nodes (`move_flat_trainer_keys`).
+    """
+    move_flat_trainer_keys(cfg.trainer)
     if cfg.job not in JOBS:
         raise ValueError(f"job={cfg.job!r} is not a job; choose one of {list(JOBS)}")
     for key in ("num_steps", "batch_size", "n_samples_per_prompt", "max_response_len", "max_context_len"):
@@ -326,8 +391,8 @@ def multi_context_missing(cfg: DictConfig) -> list[str]:
     missing = []
     if not getattr(get_class(cfg.credit._target_), "several_contexts", False):
         missing.append("credit=custom_advantage")
-    if not cfg.trainer.use_dynamic_batch_size:
-        missing.append("trainer.use_dynamic_batch_size=true")
+    if not cfg.trainer.batching.use_dynamic_batch_size:
+        missing.append("trainer.batching.use_dynamic_batch_size=true")
     return missing
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from relax_pipeline.config import build, multi_context_missing, register, validate
+from relax_pipeline.config import build, build_trainer, multi_context_missing, register, validate
 from relax_pipeline.data.dataset import DataSource
 from relax_pipeline.engine.template import ChatTemplate
 from relax_pipeline.gateway.app import create_app
@@ -34,6 +34,7 @@ from relax_pipeline.stages.runtime import Runtime
 from relax_pipeline.stages.transfer import Transfer
 from relax_pipeline.tracking.dump import RolloutDump
 from relax_pipeline.tracking.logs import run_logging
+from relax_pipeline.train.base import Trainer
 from relax_pipeline.turn.service import SamplingDefaults, TurnService
 from relax_pipeline.turn.sessions import ForestStore
 
@@ -93,11 +94,9 @@ class _Parts:
             await self._serve()
         return self
 
-    def _trainer(self) -> Any:
-        cfg = self.cfg
-        return build(cfg.trainer, model_path=str(self.model_path), seed=cfg.seed, temperature=cfg.rollout.temperature,
-                     estimator=cfg.credit.estimator, kl_coef=cfg.credit.kl_coef,
-                     normalize_advantages=cfg.credit.normalize_advantages)
+    def _trainer(self) -> Trainer:
+        """The `trainer` group's records plus the seed, rollout temperature and credit keys (`config.build_trainer`)."""
+        return build_trainer(self.cfg, model_path=str(self.model_path))
 
     async def _serve(self) -> None:
         cfg = self.cfg

@@ -1,10 +1,11 @@
 """Training samples and how a rollout batch is cut into optimizer steps and micro-batches.
 
 `TrainSample` is the trainer's input record: one exported context as tokens with its response-aligned
-loss mask, rollout logprobs and base advantage. `global_batches` splits a rollout batch into optimizer
-steps of `global_batch_size` samples in the given order (None: one step; a short remainder is its own,
-smaller step, never dropped). `micro_batches` packs one global batch into forward/backward passes:
-fixed-size chunks in order, or, with dynamic batching, first-fit-decreasing by token count.
+loss mask, rollout logprobs and base advantage. `BatchSettings` is the `trainer.batching` node.
+`global_batches` splits a rollout batch into optimizer steps of `global_batch_size` samples in the given
+order (None: one step; a short remainder is its own, smaller step, never dropped). `micro_batches` packs
+one global batch into forward/backward passes: fixed-size chunks in order, or, with dynamic batching,
+first-fit-decreasing by token count.
 
 The dynamic budget counts PADDED tokens (`rows × longest row`), because the backends run right-padded
 [B, L] batches: that is what a forward pass really costs in memory. Samples are placed longest first
@@ -27,6 +28,31 @@ from dataclasses import dataclass
 from typing import Any
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class BatchSettings:
+    """The `trainer.batching` node; connects the `trainer` config group to `global_batches`/`micro_batches`.
+
+    Not frozen: OmegaConf turns frozen dataclasses into read-only nodes, which overrides could not change.
+    """
+
+    global_batch_size: int | None = None
+    """Samples per optimizer step; None means one optimizer step over the whole rollout batch."""
+    micro_batch_size: int = 8
+    """Samples per forward/backward when dynamic batching is off."""
+    use_dynamic_batch_size: bool = False
+    """Pack micro-batches by token count (required when a session exports several contexts)."""
+    max_tokens_per_gpu: int = 8192
+    """Token budget of one packed micro-batch under dynamic batching."""
+
+    def __post_init__(self) -> None:
+        if self.global_batch_size is not None and self.global_batch_size <= 0:
+            raise ValueError(f"trainer.batching.global_batch_size={self.global_batch_size}; "
+                             "use null or a positive number")
+        for key in ("micro_batch_size", "max_tokens_per_gpu"):
+            if getattr(self, key) <= 0:
+                raise ValueError(f"trainer.batching.{key}={getattr(self, key)}; use a positive number")
 
 
 @dataclass(frozen=True)
@@ -68,26 +94,18 @@ class TrainSample:
         return len(self.tokens) - self.prompt_length
 
 
-def global_batches(samples: Sequence[TrainSample], global_batch_size: int | None) -> list[list[TrainSample]]:
+def global_batches(samples: Sequence[TrainSample], batching: BatchSettings) -> list[list[TrainSample]]:
     """Optimizer steps in input order: chunks of `global_batch_size` (None: one step of everything)."""
-    if global_batch_size is None:
+    if batching.global_batch_size is None:
         return [list(samples)] if samples else []
-    if global_batch_size <= 0:
-        raise ValueError(f"trainer.global_batch_size={global_batch_size}; use null or a positive number")
-    return _chunks(samples, global_batch_size)
+    return _chunks(samples, batching.global_batch_size)
 
 
-def micro_batches(
-    samples: Sequence[TrainSample], micro_batch_size: int, use_dynamic: bool, max_tokens_per_gpu: int
-) -> list[list[TrainSample]]:
+def micro_batches(samples: Sequence[TrainSample], batching: BatchSettings) -> list[list[TrainSample]]:
     """Pack one global batch into micro-batches: fixed-size chunks, or FFD by padded token count."""
-    if not use_dynamic:
-        if micro_batch_size <= 0:
-            raise ValueError(f"trainer.micro_batch_size={micro_batch_size}; use a positive number")
-        return _chunks(samples, micro_batch_size)
-    if max_tokens_per_gpu <= 0:
-        raise ValueError(f"trainer.max_tokens_per_gpu={max_tokens_per_gpu}; use a positive number")
-    return _first_fit_decreasing(samples, max_tokens_per_gpu)
+    if not batching.use_dynamic_batch_size:
+        return _chunks(samples, batching.micro_batch_size)
+    return _first_fit_decreasing(samples, batching.max_tokens_per_gpu)
 
 
 def padded_tokens(samples: Sequence[TrainSample]) -> int:
@@ -123,7 +141,8 @@ def _fits(bin_: list[TrainSample], sample: TrainSample, budget: int) -> bool:
 def _warn_if_oversized(sample: TrainSample, index: int, budget: int) -> None:
     if len(sample.tokens) > budget:
         log.warning(
-            "sample %d has %d tokens, more than trainer.max_tokens_per_gpu=%d; it trains in a micro-batch of its own",
+            "sample %d has %d tokens, more than trainer.batching.max_tokens_per_gpu=%d; it trains in a micro-batch "
+            "of its own",
             index,
             len(sample.tokens),
             budget,

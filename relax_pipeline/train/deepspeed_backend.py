@@ -11,7 +11,7 @@ with `gradient_accumulation_steps=1` and the trainer owns the boundary: before e
 `set_gradient_accumulation_boundary(last)` (False for all but the last micro-batch of the step), calls
 `engine.backward(loss, scale_wrt_gas=False)` (the loss is already divided by the global batch's
 normalizers, so no extra scaling is wanted) and calls `engine.step()` once per global batch. Gradient
-clipping is DeepSpeed's (`gradient_clipping = grad_clip`); the reported grad norm is the engine's
+clipping is DeepSpeed's (`gradient_clipping = trainer.optim.grad_clip`); the reported grad norm is the engine's
 (ZeRO 1-3) or measured before the step (stage 0, where DeepSpeed does not record it).
 
 Weights for the engine: stages 0-2 keep full parameters on every rank, so `engine_weights` copies the
@@ -45,6 +45,7 @@ import torch
 
 from relax_pipeline.models.spec import is_multimodal
 from relax_pipeline.models.tiny import default_cache_dir
+from relax_pipeline.train.optim import adamw
 from relax_pipeline.train.torch_backend import (
     WEIGHTS_FILE,
     TorchTrainer,
@@ -87,8 +88,8 @@ class DeepSpeedTrainer(TorchTrainer):
         self.device = torch.device(get_accelerator().device_name(int(os.environ["LOCAL_RANK"])))
         policy, self.pad_id = load_policy(self.model_path, self.seed, str(self.device))
         self.reference = frozen_copy(policy) if needs_reference else None
-        optimizer = torch.optim.AdamW(policy.parameters(), lr=self.lr, weight_decay=self.weight_decay)
-        config = ds_config(self.zero_stage, self.grad_clip, self.settings.micro_batch_size)
+        optimizer = adamw(policy.parameters(), self.optim)
+        config = ds_config(self.zero_stage, self.optim.grad_clip, self.settings.batching.micro_batch_size)
         self.engine, self.optimizer, _, _ = deepspeed.initialize(model=policy, optimizer=optimizer, config=config)
         self.model: Any = self.engine
         self.policy = self.engine.module

@@ -3,8 +3,8 @@
 Order of operations in `policy_loss` (the contract the trainer backends rely on):
 
 1. ratio = exp(logprobs - old_logprobs); `old_logprobs` are the engine's rollout logprobs or the
-   logprobs the trainer recomputed before the update (the backend chooses, see
-   `trainer.use_rollout_logprobs`).
+   logprobs the trainer recomputed before the update (the step chooses, see
+   `trainer.loss.use_rollout_logprobs`).
 2. PPO clipping with separate epsilons: pg = max(-A * ratio, -A * clip(ratio, 1 - eps_low, 1 + eps_high)).
 3. Off-policy corrections: truncated importance sampling (TIS) multiplies pg by the detached weight
    min(exp(old - rollout), tis_cap); off-policy sequence masking (OPSM) drops whole sequences whose
@@ -18,7 +18,7 @@ NaN or inf padding is harmless. `reduce` divides by the GLOBAL batch's normalize
 losses (and the metrics) of the micro-batches of one optimizer step gives exactly the global-batch loss.
 
 What this module does not do: compute logprobs or entropies from logits, pick micro-batches, step the
-optimizer, or shape rewards with KL (credit/advantage.py does that for the reinforce++ estimators).
+optimizer, or shape rewards with KL (train/advantages.py does that for the reinforce++ estimators).
 """
 
 from __future__ import annotations
@@ -32,19 +32,33 @@ REDUCTIONS: tuple[str, ...] = ("token_mean", "seq_mean_token_sum", "seq_mean_tok
 KL_ESTIMATORS: tuple[str, ...] = ("k1", "k2", "k3")
 
 
-@dataclass(frozen=True)
+@dataclass
 class LossSettings:
-    """Loss hyperparameters; connects the `trainer` config group to `policy_loss`."""
+    """The `trainer.loss` node, as `policy_loss` takes it; connects the `trainer` config group to the loss.
+
+    Not frozen: OmegaConf turns frozen dataclasses into read-only nodes, which overrides could not change.
+    """
 
     eps_clip_low: float = 0.2
+    """PPO clip range below 1."""
     eps_clip_high: float = 0.28
+    """PPO clip range above 1."""
+    use_rollout_logprobs: bool = True
+    """Ratio against the engine's logprobs (True) or logprobs recomputed by the trainer before the step."""
     tis_cap: float | None = None
+    """Truncated importance sampling cap on exp(old - rollout) logprobs; None disables TIS."""
     opsm_delta: float | None = None
+    """Off-policy sequence masking: drop negative-advantage sequences whose KL to the rollout exceeds this."""
     entropy_coef: float = 0.0
+    """Entropy bonus coefficient."""
     use_kl_loss: bool = False
+    """Add a reference-KL loss against a frozen copy of the initial policy."""
     kl_loss_coef: float = 0.0
+    """Weight of the reference-KL loss."""
     kl_loss_type: str = "k3"
+    """KL estimator: k1, k2 or k3."""
     loss_reduction: str = "token_mean"
+    """token_mean, seq_mean_token_sum or seq_mean_token_mean."""
 
     def __post_init__(self) -> None:
         _check_range("eps_clip_low", self.eps_clip_low, 0.0, 1.0, "a number in [0, 1)")
@@ -52,7 +66,7 @@ class LossSettings:
         _check_range("entropy_coef", self.entropy_coef, 0.0, math.inf, "a number >= 0")
         _check_range("kl_loss_coef", self.kl_loss_coef, 0.0, math.inf, "a number >= 0")
         if self.tis_cap is not None and not (math.isfinite(self.tis_cap) and self.tis_cap > 0):
-            raise ValueError(f"trainer.tis_cap={self.tis_cap}; use null (TIS off) or a number > 0")
+            raise ValueError(f"trainer.loss.tis_cap={self.tis_cap}; use null (TIS off) or a number > 0")
         if self.opsm_delta is not None:
             _check_range("opsm_delta", self.opsm_delta, 0.0, math.inf, "null (OPSM off) or a number >= 0")
         _check_choice("kl_loss_type", self.kl_loss_type, KL_ESTIMATORS)
@@ -60,14 +74,14 @@ class LossSettings:
 
 
 def _check_range(key: str, value: float, low: float, high: float, allowed: str) -> None:
-    """Half-open [low, high) check for finite numbers; the error names trainer.<key>."""
+    """Half-open [low, high) check for finite numbers; the error names trainer.loss.<key>."""
     if not (isinstance(value, int | float) and math.isfinite(value) and low <= value < high):
-        raise ValueError(f"trainer.{key}={value!r}; use {allowed}")
+        raise ValueError(f"trainer.loss.{key}={value!r}; use {allowed}")
 
 
 def _check_choice(key: str, value: str, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
-        raise ValueError(f"trainer.{key}={value!r}; choose one of {list(allowed)}")
+        raise ValueError(f"trainer.loss.{key}={value!r}; choose one of {list(allowed)}")
 
 
 @dataclass(kw_only=True)
@@ -156,9 +170,9 @@ def policy_loss(batch: LossBatch, settings: LossSettings) -> tuple[torch.Tensor,
 
 def _check_inputs(batch: LossBatch, settings: LossSettings) -> None:
     if settings.use_kl_loss and batch.ref_logprobs is None:
-        raise ValueError("trainer.use_kl_loss=true needs LossBatch.ref_logprobs (the frozen reference's logprobs)")
+        raise ValueError("trainer.loss.use_kl_loss=true needs LossBatch.ref_logprobs (the frozen reference's logprobs)")
     if settings.entropy_coef > 0 and batch.entropy is None:
-        raise ValueError(f"trainer.entropy_coef={settings.entropy_coef} needs LossBatch.entropy")
+        raise ValueError(f"trainer.loss.entropy_coef={settings.entropy_coef} needs LossBatch.entropy")
 
 
 def _clean(tensor: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:

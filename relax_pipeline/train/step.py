@@ -27,8 +27,8 @@ from typing import Any, Literal, Protocol
 
 import torch
 
-from relax_pipeline.credit.advantage import token_advantages, whiten
-from relax_pipeline.train.batching import TrainSample, micro_batches
+from relax_pipeline.train.advantages import AdvantageSettings, token_advantages, whiten
+from relax_pipeline.train.batching import BatchSettings, TrainSample, micro_batches
 from relax_pipeline.train.losses import LossBatch, LossSettings, policy_loss
 
 Model = Callable[..., object]
@@ -48,17 +48,13 @@ class Backend(Protocol):
 
 @dataclass(frozen=True)
 class StepSettings:
-    """Everything one optimizer step needs besides the model; connects the trainer's config to `optimizer_step`."""
+    """Everything one optimizer step needs besides the model; connects a trainer backend to `optimizer_step`."""
 
     loss: LossSettings
+    batching: BatchSettings
+    advantages: AdvantageSettings
     temperature: float = 1.0
-    estimator: str = "grpo"
-    kl_coef: float = 0.0
-    normalize_advantages: bool = False
-    use_rollout_logprobs: bool = True
-    micro_batch_size: int = 8
-    use_dynamic_batch_size: bool = False
-    max_tokens_per_gpu: int = 8192
+    """The rollout's sampling temperature: logprobs are computed as the engine computed them."""
 
 
 @dataclass(frozen=True)
@@ -160,9 +156,7 @@ def optimizer_step(
     device: torch.device | str,
 ) -> dict[str, float]:
     """One optimizer step over `samples` (a global batch); returns its metrics (without the `train/` prefix)."""
-    groups = micro_batches(
-        samples, settings.micro_batch_size, settings.use_dynamic_batch_size, settings.max_tokens_per_gpu
-    )
+    groups = micro_batches(samples, settings.batching)
     prepared = _prepare(model, ref_model, [collate(g, pad_id, device) for g in groups], settings)
     tokens = max(1.0, float(sum(p.batch.loss_mask.sum() for p in prepared)))
     metrics: dict[str, float] = {}
@@ -202,13 +196,13 @@ def _prepare(model: Model, ref_model: Model | None, batches: list[Collated], set
         olds = [_old_logprobs(model, b, settings) for b in batches]
         refs = [_logprobs(ref_model, b, settings) if ref_model is not None else None for b in batches]
     advantages = [_token_advantages(b, o, r, settings) for b, o, r in zip(batches, olds, refs, strict=True)]
-    if settings.normalize_advantages:
+    if settings.advantages.normalize_advantages:
         advantages = _whiten_all(advantages, [b.loss_mask for b in batches])
     return [_Prepared(*parts) for parts in zip(batches, olds, refs, advantages, strict=True)]
 
 
 def _old_logprobs(model: Model, batch: Collated, settings: StepSettings) -> torch.Tensor:
-    return batch.rollout_logprobs if settings.use_rollout_logprobs else _logprobs(model, batch, settings)
+    return batch.rollout_logprobs if settings.loss.use_rollout_logprobs else _logprobs(model, batch, settings)
 
 
 def _logprobs(model: Model, batch: Collated, settings: StepSettings) -> torch.Tensor:
@@ -219,11 +213,11 @@ def _token_advantages(
     batch: Collated, old: torch.Tensor, ref: torch.Tensor | None, settings: StepSettings
 ) -> torch.Tensor:
     """Base scalars over tokens; the KL handed to reinforce++ shaping is the old policy's k1 to the reference."""
-    shaping = ref is not None and settings.kl_coef > 0
+    credit = settings.advantages
+    shaping = ref is not None and credit.kl_coef > 0
     kl = (old - ref) if shaping else None
-    return token_advantages(
-        batch.base, batch.loss_mask, settings.estimator, kl=kl, kl_coef=settings.kl_coef if shaping else 0.0
-    )
+    return token_advantages(batch.base, batch.loss_mask, credit.estimator, kl=kl,
+                            kl_coef=credit.kl_coef if shaping else 0.0)
 
 
 def _whiten_all(advantages: list[torch.Tensor], masks: list[torch.Tensor]) -> list[torch.Tensor]:

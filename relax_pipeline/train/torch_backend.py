@@ -1,10 +1,12 @@
 """`trainer=torch`: single-process GRPO-family training of a Hugging Face causal LM on recorded samples.
 
-`TorchTrainer` is built by `hydra.utils.instantiate(cfg.trainer, model_path=..., seed=..., temperature=...,
-estimator=..., kl_coef=..., normalize_advantages=...)`: its keyword arguments are the `TrainerConfig`
-fields plus the run-level values the trainer must agree on with the engine (sampling temperature) and
-the credit stage (estimator, KL shaping, whitening). Construction seeds torch, loads the policy in
-float32 on `device`, builds AdamW and, only when a KL term needs one, a frozen reference copy.
+`TorchTrainer` implements the `Trainer` protocol (train/base.py). `config.build_trainer` builds it from
+the `trainer` node: `device`, `zero_stage` and the records of the nested nodes (`loss`: `LossSettings`,
+`batching`: `BatchSettings`, `optim`: `OptimSettings`), plus the run-level values the trainer must agree
+on with the engine (the sampling `temperature`) and the credit stage (`AdvantageSettings`: estimator, KL
+shaping, whitening). Each record checks its own keys, so a mistake fails before any model is loaded.
+Construction seeds torch, loads the policy in float32 on `device`, builds AdamW and, only when a KL term
+needs one, a frozen reference copy.
 
 Contract: `train(samples)` runs one optimizer step per global batch (`step.optimizer_step`) and returns
 metrics averaged over those steps (`train/...`, `perf/train_time`, `perf/tokens_per_s`); each call that
@@ -15,8 +17,8 @@ python and torch RNG states and the caller's `extra`, so a resumed run equals an
 exactly on CPU. The model runs in eval mode (dropout off) so its logprobs match the engine's.
 
 What it does not do: save a Hugging Face folder with tokenizer (the model path has it), learning-rate
-schedules, mixed precision, or more than one process (`trainer=deepspeed` does ZeRO).
-`save_interval`, `resume` and `checkpoint_dir` are kept as attributes for the caller (run.py).
+schedules, mixed precision, or more than one process (`trainer=deepspeed` does ZeRO). It does not
+decide when to checkpoint: `trainer.save_interval`, `resume` and `checkpoint_dir` are the loop's.
 """
 
 from __future__ import annotations
@@ -32,9 +34,10 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from relax_pipeline.credit.advantage import check_estimator, token_advantages
-from relax_pipeline.train.batching import TrainSample, global_batches
+from relax_pipeline.train.advantages import AdvantageSettings
+from relax_pipeline.train.batching import BatchSettings, TrainSample, global_batches
 from relax_pipeline.train.losses import LossSettings
+from relax_pipeline.train.optim import OptimSettings, adamw, clip_and_step
 from relax_pipeline.train.step import StepSettings, mean_metrics, optimizer_step
 
 WEIGHTS_FILE = "model.safetensors"
@@ -48,63 +51,24 @@ class TorchTrainer:
     def __init__(
         self,
         model_path: str,
-        device: str = "cpu",
-        lr: float = 1e-3,
-        weight_decay: float = 0.0,
-        grad_clip: float = 1.0,
-        global_batch_size: int | None = None,
-        micro_batch_size: int = 8,
-        use_dynamic_batch_size: bool = False,
-        max_tokens_per_gpu: int = 8192,
-        eps_clip_low: float = 0.2,
-        eps_clip_high: float = 0.28,
-        use_rollout_logprobs: bool = True,
-        tis_cap: float | None = None,
-        opsm_delta: float | None = None,
-        entropy_coef: float = 0.0,
-        use_kl_loss: bool = False,
-        kl_loss_coef: float = 0.0,
-        kl_loss_type: str = "k3",
-        loss_reduction: str = "token_mean",
-        zero_stage: int = 0,
-        save_interval: int | None = None,
-        resume: bool = False,
-        checkpoint_dir: str | None = None,
         seed: int = 0,
+        device: str = "cpu",
+        loss: LossSettings | None = None,
+        batching: BatchSettings | None = None,
+        optim: OptimSettings | None = None,
+        advantages: AdvantageSettings | None = None,
         temperature: float = 1.0,
-        estimator: str = "grpo",
-        kl_coef: float = 0.0,
-        normalize_advantages: bool = False,
+        zero_stage: int = 0,
     ) -> None:
-        loss = LossSettings(
-            eps_clip_low=eps_clip_low,
-            eps_clip_high=eps_clip_high,
-            tis_cap=tis_cap,
-            opsm_delta=opsm_delta,
-            entropy_coef=entropy_coef,
-            use_kl_loss=use_kl_loss,
-            kl_loss_coef=kl_loss_coef,
-            kl_loss_type=kl_loss_type,
-            loss_reduction=loss_reduction,
-        )
-        self.settings = StepSettings(
-            loss=loss,
-            temperature=temperature,
-            estimator=estimator,
-            kl_coef=kl_coef,
-            normalize_advantages=normalize_advantages,
-            use_rollout_logprobs=use_rollout_logprobs,
-            micro_batch_size=micro_batch_size,
-            use_dynamic_batch_size=use_dynamic_batch_size,
-            max_tokens_per_gpu=max_tokens_per_gpu,
-        )
-        _check(self.settings, grad_clip, global_batch_size)
+        if temperature < 0:
+            raise ValueError(f"rollout.temperature={temperature} must be >= 0 (0 is greedy)")
         self.check_zero_stage(zero_stage)
-        self.model_path, self.seed, self.lr, self.weight_decay = model_path, seed, lr, weight_decay
-        self.grad_clip, self.global_batch_size, self.zero_stage = grad_clip, global_batch_size, zero_stage
-        self.save_interval, self.resume, self.checkpoint_dir = save_interval, resume, checkpoint_dir
+        self.settings = StepSettings(loss or LossSettings(), batching or BatchSettings(),
+                                     advantages or AdvantageSettings(), temperature)
+        self.optim = optim or OptimSettings()
+        self.model_path, self.seed, self.zero_stage = model_path, seed, zero_stage
         self.version = 0
-        self._setup(device, needs_reference=use_kl_loss or kl_coef > 0)
+        self._setup(device, needs_reference=self.settings.loss.use_kl_loss or self.settings.advantages.kl_coef > 0)
 
     def check_zero_stage(self, zero_stage: int) -> None:
         """The torch backend has no ZeRO: any stage but 0 is a config mistake."""
@@ -116,7 +80,7 @@ class TorchTrainer:
         self.policy, self.pad_id = load_policy(self.model_path, self.seed, device)
         self.device = torch.device(device)
         self.reference = frozen_copy(self.policy) if needs_reference else None
-        self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=self.lr, weight_decay=self.weight_decay)
+        self.optimizer = adamw(self.policy.parameters(), self.optim)
         self.model: Any = self.policy
 
     # ---- training -------------------------------------------------------------------------------
@@ -128,7 +92,7 @@ class TorchTrainer:
         started = time.perf_counter()
         steps = [
             optimizer_step(self.model, self.reference, self, batch, self.settings, self.pad_id, self.device)
-            for batch in global_batches(samples, self.global_batch_size)
+            for batch in global_batches(samples, self.settings.batching)
         ]
         self.version += 1
         elapsed = time.perf_counter() - started
@@ -141,13 +105,8 @@ class TorchTrainer:
         loss.backward()
 
     def step(self) -> float:
-        """Clip to `grad_clip` (0: no clipping, norm still measured), AdamW step, zero the gradients."""
-        params = [p for p in self.policy.parameters() if p.grad is not None]
-        limit = self.grad_clip if self.grad_clip > 0 else float("inf")
-        norm = float(torch.nn.utils.clip_grad_norm_(params, limit)) if params else 0.0
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return norm
+        """Clip to `trainer.optim.grad_clip`, AdamW step, zero the gradients; the norm before clipping."""
+        return clip_and_step(self.policy, self.optimizer, self.optim.grad_clip)
 
     # ---- weights and checkpoints ----------------------------------------------------------------
 
@@ -177,19 +136,6 @@ class TorchTrainer:
 
     def close(self) -> None:
         """Nothing to release in a single process (the DeepSpeed backend destroys its process group)."""
-
-
-def _check(settings: StepSettings, grad_clip: float, global_batch_size: int | None) -> None:
-    """Config errors at construction, each naming its key; the credit checks are advantage.py's own."""
-    check_estimator(settings.estimator)
-    probe = torch.zeros(1, 1)
-    token_advantages(torch.zeros(1), probe, settings.estimator, kl=probe, kl_coef=settings.kl_coef)
-    if settings.temperature < 0:
-        raise ValueError(f"rollout.temperature={settings.temperature} must be >= 0 (0 is greedy)")
-    if grad_clip < 0:
-        raise ValueError(f"trainer.grad_clip={grad_clip}; use 0 (off) or a positive number")
-    if global_batch_size is not None and global_batch_size <= 0:
-        raise ValueError(f"trainer.global_batch_size={global_batch_size}; use null or a positive number")
 
 
 def load_policy(model_path: str, seed: int, device: str) -> tuple[torch.nn.Module, int]:

@@ -11,6 +11,8 @@ import inspect
 import itertools
 import subprocess
 import sys
+import typing
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
@@ -19,17 +21,25 @@ from hydra.errors import ConfigCompositionException
 from hydra.utils import get_class
 from omegaconf import OmegaConf
 
-from relax_pipeline.config import CONF_DIR, build, register
+from relax_pipeline.config import (
+    CONF_DIR,
+    FLAT_TRAINER_KEYS,
+    TRAINER_NODES,
+    TrainerConfig,
+    build,
+    build_trainer,
+    register,
+    trainer_context,
+    trainer_node,
+)
 from relax_pipeline.run import run
 
 CONF = CONF_DIR
 GROUPS = ("protocol", "runtime", "credit", "engine", "trainer", "model", "dataset", "agent", "tracking")
-TRAINER_ARGS = {"seed": 0, "temperature": 1.0, "estimator": "grpo", "kl_coef": 0.0, "normalize_advantages": False}
 BUILD_ARGS = {
     "engine": {"model_path": "unused", "seed": 0, "max_context_len": 128},
     "model": {"seed": 0},
     "tracking": {"output_dir": "unused"},
-    "trainer": {"model_path": "unused", **TRAINER_ARGS},
 }
 
 
@@ -60,10 +70,47 @@ def test_a_misspelt_key_fails_at_compose_time() -> None:
 def test_every_combination_binds_every_target(protocol: str, runtime: str, credit: str) -> None:
     cfg = composed(f"protocol={protocol}", f"runtime={runtime}", f"credit={credit}")
     for group in GROUPS:
-        node = OmegaConf.to_container(cfg[group], resolve=True)
+        node = OmegaConf.to_container(trainer_node(cfg.trainer) if group == "trainer" else cfg[group], resolve=True)
         target = get_class(node.pop("_target_"))
         assert target.__module__.startswith("relax_pipeline."), f"{group} must target our own class"
-        inspect.signature(target).bind(**node, **BUILD_ARGS.get(group, {}))
+        extra = {"model_path": "unused", **trainer_context(cfg)} if group == "trainer" else BUILD_ARGS.get(group, {})
+        inspect.signature(target).bind(**node, **extra)
+
+
+@pytest.mark.parametrize("trainer", options("trainer"))
+def test_trainer_nodes_are_the_records_their_class_takes(trainer: str) -> None:
+    cfg = composed(f"trainer={trainer}")
+    hints = typing.get_type_hints(get_class(cfg.trainer._target_).__init__)
+    for name, record in TRAINER_NODES.items():
+        assert OmegaConf.get_type(cfg.trainer[name]) is record and record in typing.get_args(hints[name])
+
+
+def test_every_nested_trainer_key_keeps_a_flat_alias_for_one_release() -> None:
+    declared = {f.name: f.default for f in fields(TrainerConfig)}
+    nested = {f"{name}.{f.name}" for name, record in TRAINER_NODES.items() for f in fields(record)}
+    assert set(FLAT_TRAINER_KEYS.values()) == nested
+    assert all(declared[flat] is None for flat in FLAT_TRAINER_KEYS)
+
+
+def test_flat_trainer_aliases_take_effect_and_log_a_deprecation(tmp_path: Path, tiny_path: Path,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    cfg = composed("job=check", f"output_dir={tmp_path}", f"model.cache_dir={tiny_path.parent}",
+                   "trainer.lr=5e-3", "trainer.micro_batch_size=2", "trainer.loss.entropy_coef=0.01")
+    run(cfg)
+    log = (tmp_path / "run.log").read_text()
+    for flat, nested in (("lr", "optim.lr"), ("micro_batch_size", "batching.micro_batch_size")):
+        assert log.count(f"trainer.{flat} is deprecated") == 1 and f"use trainer.{nested}" in log
+    assert "trainer.entropy_coef is deprecated" not in log
+    caplog.clear()
+    trainer = build_trainer(cfg, model_path=str(tiny_path))
+    assert trainer.optimizer.param_groups[0]["lr"] == 5e-3 and trainer.settings.batching.micro_batch_size == 2
+    assert trainer.settings.loss.entropy_coef == 0.01 and trainer.settings.loss.eps_clip_high == 0.28
+    assert "deprecated" not in caplog.text, "the aliases were moved once, at validate"
+
+
+def test_a_trainer_mistake_fails_at_build_naming_the_nested_key(tiny_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"trainer\.loss\.loss_reduction='sum'; choose one of"):
+        build_trainer(composed("trainer.loss.loss_reduction=sum"), model_path=str(tiny_path))
 
 
 CPU_SAFE = [(g, o) for g in GROUPS if g not in ("engine", "trainer") for o in options(g)]
@@ -108,9 +155,9 @@ def test_bad_setups_fail_at_start_naming_the_key(tmp_path: Path, tiny_path: Path
 @pytest.mark.parametrize(
     "overrides, keys",
     [
-        ((), "needs credit=custom_advantage and trainer.use_dynamic_batch_size=true;"),
-        (("credit=custom_advantage",), "needs trainer.use_dynamic_batch_size=true;"),
-        (("trainer.use_dynamic_batch_size=true",), "needs credit=custom_advantage;"),
+        ((), "needs credit=custom_advantage and trainer.batching.use_dynamic_batch_size=true;"),
+        (("credit=custom_advantage",), "needs trainer.batching.use_dynamic_batch_size=true;"),
+        (("trainer.batching.use_dynamic_batch_size=true",), "needs credit=custom_advantage;"),
     ],
 )
 @pytest.mark.parametrize("job", ["check", "train"])
@@ -126,7 +173,8 @@ def test_a_multi_context_setup_without_custom_advantage_or_dynamic_batching_refu
 
 def test_a_complete_multi_context_setup_passes_the_check(tmp_path: Path, tiny_path: Path) -> None:
     cfg = composed("job=check", f"output_dir={tmp_path}", f"model.cache_dir={tiny_path.parent}",
-                   "agent.multi_context=true", "credit=custom_advantage", "trainer.use_dynamic_batch_size=true")
+                   "agent.multi_context=true", "credit=custom_advantage",
+                   "trainer.batching.use_dynamic_batch_size=true")
     assert run(cfg)["check/problems"] == 0
 
 

@@ -17,7 +17,11 @@ import pytest
 import torch
 
 from relax_pipeline.engine.sampling import full_logprobs
-from relax_pipeline.train.batching import TrainSample, global_batches, micro_batches, padded_tokens
+from relax_pipeline.train.advantages import AdvantageSettings
+from relax_pipeline.train.base import Trainer
+from relax_pipeline.train.batching import BatchSettings, TrainSample, global_batches, micro_batches, padded_tokens
+from relax_pipeline.train.losses import LossSettings
+from relax_pipeline.train.optim import OptimSettings
 from relax_pipeline.train.step import collate, response_logprobs
 from relax_pipeline.train.torch_backend import TorchTrainer
 
@@ -54,6 +58,10 @@ def trainer(tiny_path: Path, **kwargs: object) -> TorchTrainer:
     return TorchTrainer(model_path=str(tiny_path), **kwargs)  # type: ignore[arg-type]
 
 
+def micro(size: int) -> BatchSettings:
+    return BatchSettings(micro_batch_size=size)
+
+
 def weights(t: TorchTrainer) -> dict[str, torch.Tensor]:
     return t.engine_weights()
 
@@ -72,26 +80,27 @@ def assert_weights(
 
 def test_global_batches_keep_order_and_the_short_remainder() -> None:
     samples = make_samples(7)
-    assert global_batches(samples, None) == [samples]
-    assert global_batches(samples, 3) == [samples[0:3], samples[3:6], samples[6:7]]
-    assert global_batches([], None) == []
+    assert global_batches(samples, BatchSettings()) == [samples]
+    assert global_batches(samples, BatchSettings(global_batch_size=3)) == [samples[0:3], samples[3:6], samples[6:7]]
+    assert global_batches([], BatchSettings()) == []
 
 
 def test_fixed_micro_batches_are_chunks_in_order() -> None:
     samples = make_samples(5)
-    assert micro_batches(samples, 2, False, 0) == [samples[0:2], samples[2:4], samples[4:5]]
+    assert micro_batches(samples, micro(2)) == [samples[0:2], samples[2:4], samples[4:5]]
 
 
 def test_dynamic_micro_batches_pack_by_padded_tokens_and_never_drop(caplog: pytest.LogCaptureFixture) -> None:
     samples = make_samples(40, seed=3)
     long = TrainSample(tuple(range(10, 110)), 50, (1,) * 50, (-1.0,) * 50, 0.5)
-    packed = micro_batches([*samples, long], 0, True, 80)
+    dynamic = BatchSettings(use_dynamic_batch_size=True, max_tokens_per_gpu=80)
+    packed = micro_batches([*samples, long], dynamic)
     flat = [s for batch in packed for s in batch]
     assert sorted(map(id, flat)) == sorted(map(id, [*samples, long]))
-    assert [long] in packed and "more than trainer.max_tokens_per_gpu=80" in caplog.text
+    assert [long] in packed and "more than trainer.batching.max_tokens_per_gpu=80" in caplog.text
     assert all(padded_tokens(b) <= 80 for b in packed if b != [long])
     assert len(packed) < len(samples) / 2, "first-fit-decreasing should fill micro-batches"
-    assert packed == micro_batches([*samples, long], 0, True, 80), "packing must be deterministic"
+    assert packed == micro_batches([*samples, long], dynamic), "packing must be deterministic"
 
 
 def test_train_sample_checks_its_lengths() -> None:
@@ -103,7 +112,8 @@ def test_train_sample_checks_its_lengths() -> None:
 
 
 def test_one_train_call_moves_the_weights_with_finite_sane_metrics(tiny_path: Path) -> None:
-    t = trainer(tiny_path, micro_batch_size=3)
+    t = trainer(tiny_path, batching=micro(3))
+    assert isinstance(t, Trainer)
     before = weights(t)
     metrics = t.train(make_samples(8))
     assert set(METRICS) <= set(metrics) and all(math.isfinite(v) for v in metrics.values())
@@ -116,7 +126,7 @@ def test_one_train_call_moves_the_weights_with_finite_sane_metrics(tiny_path: Pa
 
 
 def test_zero_advantage_gives_zero_gradient(tiny_path: Path) -> None:
-    t = trainer(tiny_path, micro_batch_size=3, use_rollout_logprobs=False)
+    t = trainer(tiny_path, batching=micro(3), loss=LossSettings(use_rollout_logprobs=False))
     before = weights(t)
     samples = [TrainSample(s.tokens, s.prompt_length, s.loss_mask, s.rollout_logprobs, 0.0) for s in make_samples(6)]
     metrics = t.train(samples)
@@ -139,7 +149,7 @@ def test_trainer_logprobs_equal_the_engine_computation(tiny_path: Path) -> None:
 
 
 def test_on_policy_ratio_is_one_when_old_logprobs_are_recomputed(tiny_path: Path) -> None:
-    t = trainer(tiny_path, micro_batch_size=2, use_rollout_logprobs=False)
+    t = trainer(tiny_path, batching=micro(2), loss=LossSettings(use_rollout_logprobs=False))
     metrics = t.train(make_samples(6))
     assert metrics["train/ppo_kl"] == 0.0 and metrics["train/clipfrac"] == 0.0
 
@@ -161,12 +171,8 @@ def record_gradients(t: TorchTrainer) -> dict[str, torch.Tensor]:
 def test_accumulation_over_micro_batches_gives_the_same_update(tiny_path: Path, reduction: str) -> None:
     samples = make_samples(8, seed=2)
     results = []
-    for packing in (
-        {"micro_batch_size": 1},
-        {"micro_batch_size": 4},
-        {"use_dynamic_batch_size": True, "max_tokens_per_gpu": 64},
-    ):
-        t = trainer(tiny_path, loss_reduction=reduction, entropy_coef=0.01, **packing)
+    for packing in (micro(1), micro(4), BatchSettings(use_dynamic_batch_size=True, max_tokens_per_gpu=64)):
+        t = trainer(tiny_path, loss=LossSettings(loss_reduction=reduction, entropy_coef=0.01), batching=packing)
         grads = record_gradients(t)
         results.append((t.train(samples), grads, weights(t)))
     for metrics, grads, state in results[1:]:
@@ -180,7 +186,7 @@ def test_accumulation_over_micro_batches_gives_the_same_update(tiny_path: Path, 
 
 def test_global_batches_take_one_optimizer_step_each(tiny_path: Path) -> None:
     samples = make_samples(6, seed=4)
-    one, two = trainer(tiny_path), trainer(tiny_path, global_batch_size=3)
+    one, two = trainer(tiny_path), trainer(tiny_path, batching=BatchSettings(global_batch_size=3))
     one.train(samples)
     two.train(samples)
     assert one.optimizer.state_dict()["state"][0]["step"] == 1
@@ -189,13 +195,13 @@ def test_global_batches_take_one_optimizer_step_each(tiny_path: Path) -> None:
 
 def test_save_load_train_equals_uninterrupted(tiny_path: Path, tmp_path: Path) -> None:
     first, second = make_samples(6, seed=5), make_samples(6, seed=6)
-    straight = trainer(tiny_path, micro_batch_size=4)
+    straight = trainer(tiny_path, batching=micro(4))
     straight.train(first)
     straight.save(tmp_path / "ckpt", {"step": 1, "data": [3, 4]})
     straight.save(tmp_path / "ckpt", {"step": 1, "data": [3, 4]})  # replacing a checkpoint is atomic too
     after_save = (torch.rand(3), random.random())
     straight.train(second)
-    resumed = trainer(tiny_path, micro_batch_size=4)
+    resumed = trainer(tiny_path, batching=micro(4))
     assert resumed.load(tmp_path / "ckpt") == {"step": 1, "data": [3, 4]} and resumed.version == 1
     assert torch.equal(torch.rand(3), after_save[0]) and random.random() == after_save[1]
     resumed.train(second)
@@ -204,38 +210,40 @@ def test_save_load_train_equals_uninterrupted(tiny_path: Path, tmp_path: Path) -
 
 
 def test_kl_shaping_whitening_and_kl_loss_run(tiny_path: Path) -> None:
-    shaped = trainer(tiny_path, estimator="reinforce_plus_plus", kl_coef=0.05, normalize_advantages=True)
+    credit = AdvantageSettings(estimator="reinforce_plus_plus", kl_coef=0.05, normalize_advantages=True)
+    shaped = trainer(tiny_path, advantages=credit)
     assert shaped.reference is not None and "train/kl" in shaped.train(make_samples(4))
-    with_loss = trainer(tiny_path, use_kl_loss=True, kl_loss_coef=0.1, tis_cap=2.0, opsm_delta=0.5)
+    with_loss = trainer(tiny_path, loss=LossSettings(use_kl_loss=True, kl_loss_coef=0.1, tis_cap=2.0, opsm_delta=0.5))
     metrics = with_loss.train(make_samples(4))
     assert metrics["train/kl"] == pytest.approx(0.0, abs=1e-6), "the policy starts equal to the reference"
     assert all(math.isfinite(v) for v in metrics.values())
 
 
 @pytest.mark.parametrize(
-    "kwargs, fragment",
+    "make, fragment",
     [
-        ({"zero_stage": 2}, "trainer.zero_stage=2 needs trainer=deepspeed"),
-        ({"kl_coef": 0.1}, "credit.kl_coef=0.1"),
-        ({"estimator": "ppo"}, "credit.estimator='ppo'"),
-        ({"loss_reduction": "sum"}, "trainer.loss_reduction='sum'"),
-        ({"global_batch_size": 0}, "trainer.global_batch_size=0"),
+        (lambda: TorchTrainer(model_path="unused", zero_stage=2), "trainer.zero_stage=2 needs trainer=deepspeed"),
+        (lambda: TorchTrainer(model_path="unused", temperature=-1.0), "rollout.temperature=-1.0"),
+        (lambda: AdvantageSettings(kl_coef=0.1), "credit.kl_coef=0.1"),
+        (lambda: AdvantageSettings(estimator="ppo"), "credit.estimator='ppo'"),
+        (lambda: LossSettings(loss_reduction="sum"), "trainer.loss.loss_reduction='sum'"),
+        (lambda: BatchSettings(global_batch_size=0), "trainer.batching.global_batch_size=0"),
+        (lambda: BatchSettings(micro_batch_size=0), "trainer.batching.micro_batch_size=0"),
+        (lambda: OptimSettings(grad_clip=-1.0), "trainer.optim.grad_clip=-1.0"),
     ],
 )
-def test_config_mistakes_fail_at_construction_naming_the_key(kwargs: dict, fragment: str) -> None:
+def test_config_mistakes_fail_before_any_model_loads_naming_the_key(make: object, fragment: str) -> None:
     with pytest.raises(ValueError, match=fragment.replace("(", r"\(")):
-        TorchTrainer(model_path="unused", **kwargs)
+        make()  # type: ignore[operator]
 
 
 # ---- DeepSpeed backend ---------------------------------------------------------------------------------
 
+RICH_OPTIM = OptimSettings(lr=5e-3)
 RICH = {
-    "micro_batch_size": 2,
-    "use_rollout_logprobs": False,
-    "entropy_coef": 0.01,
-    "use_kl_loss": True,
-    "kl_loss_coef": 0.1,
-    "lr": 5e-3,
+    "batching": micro(2),
+    "loss": LossSettings(use_rollout_logprobs=False, entropy_coef=0.01, use_kl_loss=True, kl_loss_coef=0.1),
+    "optim": RICH_OPTIM,
 }
 """Accumulation over 3 micro-batches, recomputed old logprobs, an entropy bonus and a reference-KL loss."""
 DEEPSPEED_WARNINGS = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::DeprecationWarning")
@@ -266,7 +274,7 @@ def test_deepspeed_zero_stage_trains_like_the_torch_backend(tiny_path: Path, tor
     assert any(not torch.equal(before[k], after[k]) for k in before)
     # Adam's first step is lr*g/(|g|+eps): where a gradient is near 0, float-order noise moves a weight by a
     # visible share of lr (8e-5 seen at lr 5e-3), so the weights are compared at lr/10; the gradients match.
-    assert_weights(torch_update, after, atol=RICH["lr"] / 10)
+    assert_weights(torch_update, after, atol=RICH_OPTIM.lr / 10)
 
 
 @DEEPSPEED_WARNINGS
@@ -275,7 +283,7 @@ def test_deepspeed_zero3_resume_equals_uninterrupted(tiny_path: Path, tmp_path: 
     from relax_pipeline.train.deepspeed_backend import DeepSpeedTrainer
 
     first, second = make_samples(4, seed=8), make_samples(4, seed=9)
-    straight = DeepSpeedTrainer(model_path=str(tiny_path), zero_stage=3, micro_batch_size=2)
+    straight = DeepSpeedTrainer(model_path=str(tiny_path), zero_stage=3, batching=micro(2))
     try:
         straight.train(first)
         straight.save(tmp_path / "ckpt", {"step": 1})
@@ -283,7 +291,7 @@ def test_deepspeed_zero3_resume_equals_uninterrupted(tiny_path: Path, tmp_path: 
         expected = straight.engine_weights()
     finally:
         straight.close()
-    resumed = DeepSpeedTrainer(model_path=str(tiny_path), zero_stage=3, micro_batch_size=2)
+    resumed = DeepSpeedTrainer(model_path=str(tiny_path), zero_stage=3, batching=micro(2))
     try:
         assert resumed.load(tmp_path / "ckpt") == {"step": 1} and resumed.version == 1
         resumed.train(second)

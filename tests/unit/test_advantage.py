@@ -10,7 +10,8 @@ import math
 import pytest
 import torch
 
-from relax_pipeline.credit.advantage import ESTIMATORS, base_advantages, token_advantages, whiten
+from relax_pipeline.credit.advantage import base_advantages
+from relax_pipeline.train.advantages import ESTIMATORS, token_advantages, whiten
 
 
 def test_estimator_names() -> None:
@@ -81,7 +82,7 @@ def test_group_estimators_broadcast_base_onto_mask_one_tokens(estimator: str) ->
 
 @pytest.mark.parametrize("estimator", ["grpo", "rloo"])
 def test_group_estimators_refuse_kl_shaping(estimator: str) -> None:
-    with pytest.raises(ValueError, match=r"credit\.kl_coef.*trainer\.use_kl_loss"):
+    with pytest.raises(ValueError, match=r"credit\.kl_coef.*trainer\.loss\.use_kl_loss"):
         token_advantages(torch.tensor([0.5, -1.0]), MASK, estimator, kl=torch.zeros(2, 6), kl_coef=0.1)
 
 

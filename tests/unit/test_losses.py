@@ -120,7 +120,7 @@ def test_entropy_bonus_lowers_the_loss() -> None:
 
 
 def test_entropy_coef_needs_entropy() -> None:
-    with pytest.raises(ValueError, match=r"trainer\.entropy_coef"):
+    with pytest.raises(ValueError, match=r"trainer\.loss\.entropy_coef"):
         policy_loss(make_batch([[-1.0]], [[1.0]]), LossSettings(entropy_coef=0.1))
 
 
@@ -143,7 +143,7 @@ def test_reference_kl_loss_is_added() -> None:
 
 
 def test_kl_loss_needs_reference_logprobs() -> None:
-    with pytest.raises(ValueError, match=r"trainer\.use_kl_loss.*ref_logprobs"):
+    with pytest.raises(ValueError, match=r"trainer\.loss\.use_kl_loss.*ref_logprobs"):
         policy_loss(make_batch([[-1.0]], [[1.0]]), LossSettings(use_kl_loss=True, kl_loss_coef=0.1))
 
 
@@ -229,16 +229,16 @@ def test_mask_zero_tokens_never_reach_loss_or_gradient() -> None:
     ("kl_loss_coef", math.nan),
 ])
 def test_settings_validation_names_the_key(field: str, value: object) -> None:
-    with pytest.raises(ValueError, match=rf"trainer\.{field}"):
+    with pytest.raises(ValueError, match=rf"trainer\.loss\.{field}"):
         LossSettings(**{field: value})  # type: ignore[arg-type]
 
 
 def test_choice_errors_list_allowed_values() -> None:
     with pytest.raises(ValueError, match="token_mean.*seq_mean_token_sum.*seq_mean_token_mean"):
         LossSettings(loss_reduction="sum")
-    with pytest.raises(ValueError, match=r"trainer\.kl_loss_type.*k1.*k2.*k3"):
+    with pytest.raises(ValueError, match=r"trainer\.loss\.kl_loss_type.*k1.*k2.*k3"):
         kl_estimate(torch.zeros(1), torch.zeros(1), "mse")
-    with pytest.raises(ValueError, match=r"trainer\.loss_reduction"):
+    with pytest.raises(ValueError, match=r"trainer\.loss\.loss_reduction"):
         reduce(torch.zeros(1, 1), torch.ones(1, 1), "mean", 1.0, 1.0)
 
 

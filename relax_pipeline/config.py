@@ -307,11 +307,18 @@ class Config:
     """Where run.log and dumps go; None means Hydra's output folder (or ./outputs/<time> in-process)."""
 
 
+def examples_root() -> Path:
+    """The folder holding `examples/`: the package itself when installed from a wheel (setup.py ships the
+    examples inside it), else the repository checkout."""
+    package = Path(__file__).resolve().parent
+    return package if (package / "examples").is_dir() else REPO_ROOT
+
+
 def register() -> None:
     ConfigStore.instance().store(name="base_config", node=Config)
     """Register the schema and the resolvers `${relax_root:}` (repo folder) and `${relax_python:}`."""
     if not OmegaConf.has_resolver("relax_root"):
-        OmegaConf.register_new_resolver("relax_root", lambda: str(REPO_ROOT))
+        OmegaConf.register_new_resolver("relax_root", lambda: str(examples_root()))
     if not OmegaConf.has_resolver("relax_python"):
         OmegaConf.register_new_resolver("relax_python", lambda: sys.executable)
 

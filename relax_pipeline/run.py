@@ -24,9 +24,9 @@ from relax_pipeline.engine.template import ChatTemplate
 from relax_pipeline.gateway.app import create_app
 from relax_pipeline.gateway.server import GatewayServer
 from relax_pipeline.loop import Checkpoints, StepLoop
-from relax_pipeline.scheduling.base import Binding, resident_capacity
-from relax_pipeline.stages.capacity import EvalLoad, SlotPlan, check_slots
-from relax_pipeline.stages.evaluate import Evaluator, eval_sets
+from relax_pipeline.scheduling.base import Binding
+from relax_pipeline.stages.capacity import Capacity, EvalLoad, SlotPlan, check_slots
+from relax_pipeline.stages.evaluate import EvalSet, Evaluator
 from relax_pipeline.stages.pipeline import Pipeline
 from relax_pipeline.stages.prepare import Prepare
 from relax_pipeline.stages.reward import Reward
@@ -82,7 +82,8 @@ class _Parts:
         self.agent = build(cfg.agent)
         self.dataset = build(cfg.dataset)
         self.credit = build(cfg.credit)
-        self.eval_sets = eval_sets(cfg)
+        self.capacity = capacity_of(cfg)
+        self.eval_sets = eval_sets(cfg, self.capacity)
         self.strategy = build(cfg.runtime)
         check_slots(self.slot_plan(), cfg.runtime.external_slots)
         self.tracker = build(cfg.tracking, output_dir=str(output_dir))
@@ -116,7 +117,7 @@ class _Parts:
         cfg, store = self.cfg, self.store
         io_root = self.output_dir / "sessions"
         prepare = Prepare(store, self.agent, io_root, self.server.base_url, cfg.rollout.n_samples_per_prompt,
-                          OmegaConf.to_container(cfg.rollout.chat_template_kwargs), cfg.seed)
+                          OmegaConf.to_container(cfg.rollout.chat_template_kwargs), cfg.seed, self.model.name)
         dump = RolloutDump(cfg.debug.save_rollout_data, self.output_dir)
         reward = Reward(store, self.credit, multi_context_missing(cfg))
         return Pipeline(DataSource(self.dataset, cfg.seed), prepare, Runtime(store), reward,
@@ -125,8 +126,7 @@ class _Parts:
     def loop(self) -> StepLoop:
         cfg = self.cfg
         r = cfg.rollout
-        capacity = resident_capacity(cfg.runtime.concurrency, r.over_sampling_batch_size, r.batch_size)
-        self.strategy.bind(Binding(capacity, self.engine, r.over_sampling_batch_size, r.num_steps))
+        self.strategy.bind(Binding(self.capacity.groups, self.engine, r.over_sampling_batch_size, r.num_steps))
         self.tracker.start(OmegaConf.to_container(cfg, resolve=True))
         folder = Path(cfg.trainer.checkpoint_dir or self.output_dir / "checkpoints").expanduser()
         checkpoints = Checkpoints(folder, cfg.trainer.save_interval, cfg.trainer.resume)
@@ -144,20 +144,15 @@ class _Parts:
 
     def slot_plan(self) -> SlotPlan:
         """Agent slots this run needs at its peak (`stages/capacity.py`)."""
-        r = self.cfg.rollout
-        train = resident_capacity(self.cfg.runtime.concurrency, r.over_sampling_batch_size, r.batch_size)
         evals = tuple(EvalLoad(s.name, s.n_samples, s.concurrency) for s in self.eval_sets)
-        return SlotPlan(train * r.n_samples_per_prompt, evals, self.strategy.retains_train_sessions)
+        return SlotPlan(self.capacity.sessions, evals, self.strategy.retains_train_sessions)
 
     def check(self) -> dict[str, float]:
         """Findings of job=check: what would run, and anything that would stop it."""
-        cfg = self.cfg
-        capacity = resident_capacity(cfg.runtime.concurrency, cfg.rollout.over_sampling_batch_size,
-                                     cfg.rollout.batch_size)
         findings = {
             "model": str(self.model_path), "dataset_rows": len(self.dataset),
-            "agent_command": self.agent.command, "resident_groups": capacity,
-            "resident_sessions": capacity * cfg.rollout.n_samples_per_prompt,
+            "agent_command": self.agent.command, "resident_groups": self.capacity.groups,
+            "resident_sessions": self.capacity.sessions,
             "eval_datasets": {s.name: len(s.dataset) for s in self.eval_sets},
         }
         problems = _agent_problems(self.agent)
@@ -184,6 +179,32 @@ class _Parts:
             if self.trainer is not None:
                 self.trainer.close()
             self.tracker.finish()
+
+
+def capacity_of(cfg: DictConfig) -> Capacity:
+    """The run's resident capacity, computed once (`stages/capacity.py`)."""
+    r = cfg.rollout
+    return Capacity.resolve(cfg.runtime.concurrency, r.over_sampling_batch_size, r.batch_size, r.n_samples_per_prompt,
+                            cfg.runtime.eval_concurrency)
+
+
+def eval_sets(cfg: DictConfig, capacity: Capacity) -> list[EvalSet]:
+    """Every `eval.datasets` entry, built with the train dataset's class (unshuffled, with the entry's own path
+    and keys) and resolved: group size `n_samples_per_prompt` (default `eval.n_samples_per_prompt`) and
+    groups in flight (`Capacity.eval_groups`). Errors name the entry (`eval.datasets[i]`)."""
+    return [_eval_set(cfg, i, entry, capacity) for i, entry in enumerate(cfg.eval.datasets)]
+
+
+def _eval_set(cfg: DictConfig, index: int, entry: DictConfig, capacity: Capacity) -> EvalSet:
+    n_samples = entry.n_samples_per_prompt or cfg.eval.n_samples_per_prompt
+    keys = OmegaConf.to_container(entry, resolve=True)
+    name = keys.pop("name")
+    keys.pop("n_samples_per_prompt")
+    try:
+        dataset = build(cfg.dataset, **keys, shuffle=False)
+    except (ValueError, FileNotFoundError) as error:
+        raise ValueError(f"eval.datasets[{index}] name={name!r}: {error}") from None
+    return EvalSet(name, dataset, n_samples, capacity.eval_groups(n_samples))
 
 
 def _agent_problems(agent: Any) -> list[str]:

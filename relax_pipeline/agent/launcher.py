@@ -3,8 +3,12 @@
 `AgentProcess.start` runs `bash -c <command>` in `cwd`, in a new session (so its own process group),
 with stdin from /dev/null and stdout and stderr appended to one file, `<io_dir>/agent.log`. The
 environment is the parent's, minus any inherited `RELAX_*` variable, plus `AgentSpec.env`, plus the
-session's `RELAX_*` variables passed by the caller. The `RELAX_` prefix is reserved: `AgentSpec.env`
-may not use it and the session variables must.
+session's `RELAX_*` variables passed by the caller, plus the variables real harnesses read for their
+endpoint (`harness_variables`: `OPENAI_BASE_URL`, `OPENAI_API_KEY`, `ANTHROPIC_BASE_URL`,
+`ANTHROPIC_API_KEY`, derived from `RELAX_BASE_URL` and `RELAX_API_KEY`, each unless `AgentSpec.env` sets
+it), so a harness configured by its own variables needs no wrapper and never reaches a real provider
+with a key inherited from the parent. The `RELAX_` prefix is reserved: `AgentSpec.env` may not use it
+and the session variables must.
 
 `AgentProcess.wait` counts an `ActiveTimer`: time spent paused (for example while the agent's request
 waits for the engine) does not count against `AgentSpec.timeout`. When the budget runs out, or when the
@@ -129,6 +133,15 @@ class AgentExit:
     """Seconds counted by the active timer."""
 
 
+def harness_variables(session_env: Mapping[str, str]) -> dict[str, str]:
+    """The endpoint variables the OpenAI and Anthropic SDKs (and harnesses built on them) read themselves."""
+    base, key = session_env.get("RELAX_BASE_URL"), session_env.get("RELAX_API_KEY")
+    if not base or not key:
+        return {}
+    return {"OPENAI_BASE_URL": base.rstrip("/") + "/v1", "OPENAI_API_KEY": key,
+            "ANTHROPIC_BASE_URL": base.rstrip("/"), "ANTHROPIC_API_KEY": key}
+
+
 class AgentFailure(Exception):
     """The agent exited non-zero, died by a signal, or ran out of active time."""
 
@@ -187,6 +200,7 @@ class AgentProcess:
             raise ValueError(f"session env {foreign} lacks the RELAX_ prefix; put user variables in "
                              "agent.env")
         env = {k: v for k, v in os.environ.items() if not k.startswith(RESERVED_PREFIX)}
+        env.update(harness_variables(session_env))
         env.update({str(k): str(v) for k, v in self.spec.env.items()})
         env.update({k: str(v) for k, v in session_env.items()})
         return env

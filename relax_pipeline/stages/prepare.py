@@ -23,7 +23,8 @@ class Prepare:
     """Creates sessions and launches one agent process per session."""
 
     def __init__(self, store: ForestStore, agent: AgentSpec, io_root: Path, base_url: str,
-                 n_samples: int, chat_template_kwargs: dict[str, Any] | None = None, seed: int = 0) -> None:
+                 n_samples: int, chat_template_kwargs: dict[str, Any] | None = None, seed: int = 0,
+                 model_name: str = "relax") -> None:
         self.store = store
         self.agent = agent
         self.io_root = io_root
@@ -31,6 +32,8 @@ class Prepare:
         self.n_samples = n_samples
         self.chat_template_kwargs = chat_template_kwargs or {}
         self.seed = seed
+        self.model_name = model_name
+        """The served model name (`RELAX_MODEL`); requests may name any model, it is echoed."""
 
     def open_group(self, prompt: Prompt, rollout_id: int, mode: str = "train", n_samples: int | None = None) -> Group:
         """A group of `n_samples` sessions (default `rollout.n_samples_per_prompt`; eval datasets set their own)."""
@@ -72,6 +75,8 @@ class Prepare:
             "RELAX_SESSION_IO_DIR": str(folder),
             "RELAX_BASE_URL": self.base_url,
             "RELAX_SESSION_ID": session.id,
+            "RELAX_API_KEY": session.id,
+            "RELAX_MODEL": self.model_name,
             "RELAX_ROLLOUT_MODE": group.mode,
             "RELAX_GROUP_ID": group.id,
         }

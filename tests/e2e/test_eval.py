@@ -111,7 +111,7 @@ def test_rollout_job_records_failed_eval_sessions_and_undeclared_multi_context_s
     train = read(tmp_path / "dump" / "r_0.jsonl")
     assert {r["status"] for r in train} == {"failed"} and metrics["rollout/dropped_groups"] == len(train)
     assert all("exported 2 contexts ['main', 'searcher']; several contexts per session need credit=custom_advantage "
-               "and trainer.use_dynamic_batch_size=true" in r["error"] for r in train)
+               "and trainer.batching.use_dynamic_batch_size=true" in r["error"] for r in train)
 
 
 def test_eval_sets_resolve_group_size_and_concurrency(tmp_path: Path) -> None:

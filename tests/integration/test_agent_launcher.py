@@ -29,13 +29,15 @@ SESSION_ENV_KEYS = ("RELAX_INPUT_JSON", "RELAX_OUTPUT_JSON", "RELAX_SESSION_IO_D
 
 
 def session_env(io_dir: Path) -> dict[str, str]:
-    """The seven RELAX_* variables a session passes."""
+    """The nine RELAX_* variables a session passes."""
     return {
         "RELAX_INPUT_JSON": str(io_dir / "input.json"),
         "RELAX_OUTPUT_JSON": str(io_dir / "output.json"),
         "RELAX_SESSION_IO_DIR": str(io_dir),
         "RELAX_BASE_URL": "http://127.0.0.1:9/agentic_api/",
         "RELAX_SESSION_ID": "s-1",
+        "RELAX_API_KEY": "s-1",
+        "RELAX_MODEL": "relax",
         "RELAX_ROLLOUT_MODE": "train",
         "RELAX_GROUP_ID": "g-1",
     }
@@ -86,6 +88,19 @@ async def test_environment_arrives(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         assert seen[key] == value
     assert seen["USER_VAR"] == "ü-value" and seen["PARENT_VAR"] == "from-parent"
     assert "RELAX_STALE" not in seen
+
+
+@pytest.mark.asyncio
+async def test_harness_variables_point_at_the_gateway_unless_agent_env_sets_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "a-real-key-from-the-parent")
+    command = 'env > "$RELAX_SESSION_IO_DIR/env.txt"'
+    await run_agent(tmp_path, command, env={"ANTHROPIC_BASE_URL": "http://mine/"})
+    seen = dict(line.split("=", 1) for line in (tmp_path / "env.txt").read_text().splitlines() if "=" in line)
+    assert seen["OPENAI_BASE_URL"] == "http://127.0.0.1:9/agentic_api/v1"
+    assert seen["OPENAI_API_KEY"] == seen["ANTHROPIC_API_KEY"] == "s-1"
+    assert seen["ANTHROPIC_BASE_URL"] == "http://mine/"
+    assert seen["RELAX_MODEL"] == "relax"
 
 
 def test_reserved_prefix_rejected_in_spec_env() -> None:

@@ -9,6 +9,7 @@ express are checked by `validate`, which names the key and the allowed values.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import re
 import sys
@@ -50,6 +51,10 @@ class ProtocolConfig:
     """URL path the gateway serves under; RELAX_BASE_URL keeps it."""
     sse_heartbeat_s: float = 15.0
     """Seconds between Buffered SSE heartbeats."""
+
+
+CAPACITY_KEYS = ("concurrency", "eval_concurrency", "external_slots")
+"""`runtime.*` keys that size the run (`stages.capacity.Capacity`), not the strategy."""
 
 
 @dataclass
@@ -336,6 +341,24 @@ def build(node: DictConfig | Any, **kwargs: Any) -> Any:
         if error.__cause__ is not None:
             raise error.__cause__ from None
         raise
+
+
+def build_runtime(cfg: DictConfig) -> Any:
+    """The `runtime` group's strategy, from `runtime_node`."""
+    return build(runtime_node(cfg.runtime))
+
+
+def runtime_node(runtime: DictConfig) -> DictConfig:
+    """The runtime node as its strategy takes it: the capacity keys (`CAPACITY_KEYS`, read once into
+    `Capacity` by run.py) left out. A key this mode does not take must stay null: setting it is an error
+    naming the key (`runtime.max_staleness` means something only under `runtime=fully_async`)."""
+    taken = inspect.signature(get_class(runtime._target_)).parameters
+    unused = [k for k in runtime if k != "_target_" and k not in CAPACITY_KEYS and k not in taken]
+    for key in unused:
+        if runtime[key] is not None:
+            raise ValueError(f"runtime.{key}={runtime[key]!r} is not used by {runtime._target_.rpartition('.')[2]}; "
+                             "unset it or choose the runtime mode that uses it")
+    return OmegaConf.masked_copy(runtime, [k for k in runtime if k not in CAPACITY_KEYS and k not in unused])
 
 
 def build_trainer(cfg: DictConfig, model_path: str) -> Trainer:

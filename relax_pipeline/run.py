@@ -18,7 +18,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from relax_pipeline.config import build, build_trainer, multi_context_missing, register, validate
+from relax_pipeline.config import build, build_runtime, build_trainer, multi_context_missing, register, validate
 from relax_pipeline.data.dataset import DataSource
 from relax_pipeline.engine.template import ChatTemplate
 from relax_pipeline.gateway.app import create_app
@@ -84,7 +84,7 @@ class _Parts:
         self.credit = build(cfg.credit)
         self.capacity = capacity_of(cfg)
         self.eval_sets = eval_sets(cfg, self.capacity)
-        self.strategy = build(cfg.runtime)
+        self.strategy = build_runtime(cfg)
         check_slots(self.slot_plan(), cfg.runtime.external_slots)
         self.tracker = build(cfg.tracking, output_dir=str(output_dir))
         self.engine = build(cfg.engine, model_path=str(self.model_path), seed=cfg.seed,

@@ -31,6 +31,12 @@ class FullyAsyncRuntime(SyncRuntime):
     retains_train_sessions = True
     """Train sessions stay alive while eval runs (the capacity check adds their slots)."""
 
+    def __init__(self, max_aborted_count: int = 2, barrier_warn_s: float = 60.0, max_staleness: int | None = 2
+                 ) -> None:
+        super().__init__(max_aborted_count, barrier_warn_s)
+        self.max_staleness = max_staleness
+        """Drop groups whose first token is more than this many weight versions old; None: no bound."""
+
     def bind(self, binding: Binding) -> None:
         super().bind(binding)
         # the step new groups belong to, groups a step takes, new groups start leased, the last step drains

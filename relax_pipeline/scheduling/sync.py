@@ -28,20 +28,15 @@ SURPLUS = "surplus: the step already had rollout.batch_size groups"
 
 
 class SyncRuntime:
-    """The baseline strategy; every mode takes the same `runtime.*` keys."""
+    """The baseline strategy. It takes the `runtime.*` keys it uses; the capacity keys (`concurrency`,
+    `eval_concurrency`, `external_slots`) reach it once resolved, through `bind`."""
 
     retains_train_sessions = False
     """Train sessions end with their step, so eval never runs beside them (see `runtime.capacity`)."""
 
-    def __init__(self, concurrency: int | None = None, eval_concurrency: int | None = None,
-                 max_aborted_count: int = 2, barrier_warn_s: float = 60.0, max_staleness: int | None = None,
-                 external_slots: int | None = None) -> None:
-        self.concurrency = concurrency
-        self.eval_concurrency = eval_concurrency
+    def __init__(self, max_aborted_count: int = 2, barrier_warn_s: float = 60.0) -> None:
         self.max_aborted_count = max_aborted_count
         self.barrier_warn_s = barrier_warn_s
-        self.max_staleness = max_staleness
-        self.external_slots = external_slots
         self.binding: Binding | None = None
         self.pool: GroupPool | None = None
 

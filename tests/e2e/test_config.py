@@ -29,6 +29,7 @@ from relax_pipeline.config import (
     build,
     build_trainer,
     register,
+    runtime_node,
     trainer_context,
     trainer_node,
 )
@@ -63,6 +64,10 @@ def test_a_misspelt_key_fails_at_compose_time() -> None:
         composed("rollout.batch_sise=3")
 
 
+NODES = {"trainer": trainer_node, "runtime": runtime_node}
+"""Groups whose node is narrowed before it is built (aliases and capacity keys are read elsewhere)."""
+
+
 @pytest.mark.parametrize(
     "protocol, runtime, credit",
     list(itertools.product(options("protocol"), options("runtime"), options("credit"))),
@@ -70,7 +75,7 @@ def test_a_misspelt_key_fails_at_compose_time() -> None:
 def test_every_combination_binds_every_target(protocol: str, runtime: str, credit: str) -> None:
     cfg = composed(f"protocol={protocol}", f"runtime={runtime}", f"credit={credit}")
     for group in GROUPS:
-        node = OmegaConf.to_container(trainer_node(cfg.trainer) if group == "trainer" else cfg[group], resolve=True)
+        node = OmegaConf.to_container(NODES.get(group, lambda n: n)(cfg[group]), resolve=True)
         target = get_class(node.pop("_target_"))
         assert target.__module__.startswith("relax_pipeline."), f"{group} must target our own class"
         extra = {"model_path": "unused", **trainer_context(cfg)} if group == "trainer" else BUILD_ARGS.get(group, {})
@@ -120,7 +125,7 @@ CPU_SAFE = [(g, o) for g in GROUPS if g not in ("engine", "trainer") for o in op
 def test_cpu_safe_groups_instantiate(group: str, option: str, tmp_path: Path) -> None:
     cfg = composed(f"{group}={option}")
     args = {"output_dir": str(tmp_path)} if group == "tracking" else BUILD_ARGS.get(group, {})
-    built = build(cfg[group], **args)
+    built = build(NODES.get(group, lambda n: n)(cfg[group]), **args)
     assert type(built).__name__ == cfg[group]._target_.rsplit(".", 1)[1]
 
 
@@ -206,3 +211,10 @@ def test_multirun_sweep_runs_each_job_in_its_own_folder(tmp_path: Path, tiny_pat
     for job in ("0", "1"):
         assert (tmp_path / job / "r_0.jsonl").read_text().strip()
         assert "accounting_end" in (tmp_path / job / "run.log").read_text()
+
+
+def test_a_runtime_key_the_mode_does_not_use_is_refused_naming_it() -> None:
+    with pytest.raises(ValueError, match=r"runtime.max_staleness=3 is not used by SyncRuntime"):
+        build(runtime_node(composed("runtime=sync", "runtime.max_staleness=3").runtime))
+    strategy = build(runtime_node(composed("runtime=fully_async", "runtime.concurrency=5").runtime))
+    assert strategy.max_staleness == 2 and not hasattr(strategy, "concurrency")

@@ -95,6 +95,9 @@ class CreditConfig:
     """Log `passrate` (primary reward == 1)."""
     filter_path: str | None = None
     """module.function(samples) -> bool: keep a scored train group; False filters it and its prompt returns."""
+    truncated_reward: float = 0.0
+    """Reward of a session recorded as truncated by our length limit when the agent then failed (no reward
+    exported); a reward model, when configured, scores it first."""
 
 
 @dataclass
@@ -244,8 +247,12 @@ class RolloutConfig:
     """Groups in flight per step; None means batch_size."""
     max_response_len: int = 64
     """Most tokens generated per turn."""
-    max_context_len: int = 2048
-    """Most tokens in a prompt plus its response."""
+    max_context_len: int | None = None
+    """Most tokens in a prompt plus its response; None: the model's own maximum (`max_position_embeddings`).
+    Real harnesses send long prompts (Codex about 13.6k tokens, Claude Code 7.6k-50k)."""
+    history: str = "tokens"
+    """How a re-sent history is matched: `tokens` (an assistant turn re-sent without fields the harness
+    dropped, such as reasoning_content, reuses its committed tokens) or `render` (re-rendered as sent)."""
     temperature: float = 1.0
     """Sampling temperature (requests cannot change it)."""
     top_p: float = 1.0
@@ -291,6 +298,13 @@ class DebugConfig:
 
 
 @dataclass
+class ExportConfig:
+    implicit: str = "leaves"
+    """Implicit export of a forked session: `leaves` (each root-to-leaf chain is a context, dump field
+    `branch`) or `strict` (refuse it, naming the leaves and the forks)."""
+
+
+@dataclass
 class Config:
     job: str = "train"
     """train, rollout or check."""
@@ -306,6 +320,7 @@ class Config:
     agent: AgentConfig = field(default_factory=AgentConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    export: ExportConfig = field(default_factory=ExportConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)
     output_dir: str | None = None
@@ -393,6 +408,13 @@ def move_flat_trainer_keys(trainer: DictConfig) -> None:
         trainer[flat] = None
 
 
+def check_context_len(max_response_len: int, max_context_len: int | None) -> None:
+    """The response limit must leave room for a prompt (checked again once the model's maximum is known)."""
+    if max_context_len is not None and max_response_len >= max_context_len:
+        raise ValueError(f"rollout.max_response_len={max_response_len} must be smaller than "
+                         f"rollout.max_context_len={max_context_len}")
+
+
 def validate(cfg: DictConfig) -> None:
     """Cross-key checks a schema cannot express; each error names the key and the allowed values.
 
@@ -402,10 +424,11 @@ def validate(cfg: DictConfig) -> None:
     if cfg.job not in JOBS:
         raise ValueError(f"job={cfg.job!r} is not a job; choose one of {list(JOBS)}")
     for key in ("num_steps", "batch_size", "n_samples_per_prompt", "max_response_len", "max_context_len"):
-        if cfg.rollout[key] <= 0:
+        if cfg.rollout[key] is not None and cfg.rollout[key] <= 0:
             raise ValueError(f"rollout.{key} must be positive, got {cfg.rollout[key]}")
-    if cfg.rollout.max_response_len >= cfg.rollout.max_context_len:
-        raise ValueError("rollout.max_response_len must be smaller than rollout.max_context_len")
+    check_context_len(cfg.rollout.max_response_len, cfg.rollout.max_context_len)
+    if cfg.rollout.history not in ("tokens", "render"):
+        raise ValueError(f"rollout.history={cfg.rollout.history!r}; choose tokens or render")
     over = cfg.rollout.over_sampling_batch_size
     if over is not None and over < cfg.rollout.batch_size:
         raise ValueError(f"rollout.over_sampling_batch_size={over} must be at least rollout.batch_size "

@@ -85,7 +85,15 @@ class StepLoop:
             self._save(step)
             await self._eval(step + 1)
         self._report()
+        self._check_trained()
         return {**metrics, **self.eval_metrics}
+
+    def _check_trained(self) -> None:
+        """A training run in which no step had a sample to train on failed, whatever else went well."""
+        if self.trainer is None or not self.history or any(m.get("train/samples") for m in self.history):
+            return
+        raise ValueError(f"every one of the {len(self.history)} steps trained on 0 samples (every group was "
+                         "dropped, filtered or unrewarded); the dump and run.log say why for each session")
 
     async def _eval(self, done: int, before_first_step: bool = False) -> None:
         """Eval hook (stages/evaluate.py): before the first step and every `eval.interval` steps."""
@@ -105,9 +113,11 @@ class StepLoop:
     async def _train(self, result: StepResult) -> dict[str, float]:
         samples = train_samples(result.groups)
         if not samples:
-            log.warning("step %d: no sample has credit (all groups dropped or unrewarded); not training",
-                        result.rollout_id)
-            return {}
+            message = (f"step {result.rollout_id}: trained on 0 samples (every group dropped, filtered or "
+                       "unrewarded); see the dump rows' status and error")
+            log.warning(message)
+            tqdm.write(f"WARNING {message}", file=sys.stderr)
+            return {"train/samples": 0.0}
         metrics = await asyncio.to_thread(self.trainer.train, samples)
         await self.strategy.before_weight_update()
         await self.engine.update_weights(self.trainer.engine_weights(), self.trainer.version)

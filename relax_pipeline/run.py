@@ -18,12 +18,21 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from relax_pipeline.config import build, build_runtime, build_trainer, multi_context_missing, register, validate
+from relax_pipeline.config import (
+    build,
+    build_runtime,
+    build_trainer,
+    check_context_len,
+    multi_context_missing,
+    register,
+    validate,
+)
 from relax_pipeline.data.dataset import DataSource
 from relax_pipeline.engine.template import ChatTemplate
 from relax_pipeline.gateway.app import create_app
 from relax_pipeline.gateway.server import GatewayServer
 from relax_pipeline.loop import Checkpoints, StepLoop
+from relax_pipeline.models.spec import context_len
 from relax_pipeline.scheduling.base import Binding
 from relax_pipeline.stages.capacity import Capacity, EvalLoad, SlotPlan, check_slots
 from relax_pipeline.stages.evaluate import EvalSet, Evaluator
@@ -78,6 +87,8 @@ class _Parts:
         self.cfg, self.output_dir = cfg, output_dir
         self.model = build(cfg.model, seed=cfg.seed)
         self.model_path = self.model.resolve()
+        self.context_len = cfg.rollout.max_context_len or context_len(self.model_path)
+        check_context_len(cfg.rollout.max_response_len, self.context_len)
         self.protocol = build(cfg.protocol)
         self.agent = build(cfg.agent)
         self.dataset = build(cfg.dataset)
@@ -88,7 +99,7 @@ class _Parts:
         check_slots(self.slot_plan(), cfg.runtime.external_slots)
         self.tracker = build(cfg.tracking, output_dir=str(output_dir))
         self.engine = build(cfg.engine, model_path=str(self.model_path), seed=cfg.seed,
-                            max_context_len=cfg.rollout.max_context_len)
+                            max_context_len=self.context_len)
         self.trainer = self._trainer() if cfg.job == "train" else None
         self.server: GatewayServer | None = None
         if cfg.job != "check":
@@ -104,9 +115,9 @@ class _Parts:
         await self.engine.start()
         template = ChatTemplate(self.engine.tokenizer, self.model.end_of_turn)
         r = cfg.rollout
-        defaults = SamplingDefaults(r.max_response_len, r.max_context_len, r.temperature, r.top_p, r.top_k)
+        defaults = SamplingDefaults(r.max_response_len, self.context_len, r.temperature, r.top_p, r.top_k)
         self.store = ForestStore()
-        turns = TurnService(template, self.engine, self.protocol.parser(), defaults)
+        turns = TurnService(template, self.engine, self.protocol.parser(), defaults, r.history)
         app = create_app(self.store, turns, self.protocol.service_prefix, self.model.name,
                          self.protocol.frontends(), self.protocol.sse_heartbeat_s)
         self.server = GatewayServer(app, prefix=self.protocol.service_prefix)
@@ -120,7 +131,7 @@ class _Parts:
                           OmegaConf.to_container(cfg.rollout.chat_template_kwargs), cfg.seed, self.model.name)
         dump = RolloutDump(cfg.debug.save_rollout_data, self.output_dir)
         reward = Reward(store, self.credit, multi_context_missing(cfg))
-        return Pipeline(DataSource(self.dataset, cfg.seed), prepare, Runtime(store), reward,
+        return Pipeline(DataSource(self.dataset, cfg.seed), prepare, Runtime(store, cfg.export.implicit), reward,
                         Transfer(store), dump, cfg.rollout.batch_size)
 
     def loop(self) -> StepLoop:
@@ -152,7 +163,7 @@ class _Parts:
         findings = {
             "model": str(self.model_path), "dataset_rows": len(self.dataset),
             "agent_command": self.agent.command, "resident_groups": self.capacity.groups,
-            "resident_sessions": self.capacity.sessions,
+            "resident_sessions": self.capacity.sessions, "max_context_len": self.context_len,
             "eval_datasets": {s.name: len(s.dataset) for s in self.eval_sets},
         }
         problems = _agent_problems(self.agent)

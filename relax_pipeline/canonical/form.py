@@ -106,6 +106,16 @@ class Message:
             parts += ["\x02", str(image.offset), image.digest.hex()]
         return "".join(f"{len(p)}:{p}" for p in parts).encode()
 
+    def visible_key(self) -> bytes:
+        """`key` without `reasoning_content`: what a harness that drops reasoning still replays (role,
+        content, tool calls, images). `rollout.history=tokens` matches re-sent assistant turns by it."""
+        parts = [self.role, self.content]
+        for call in self.tool_calls:
+            parts += [call.name, call.arguments]
+        for image in self.images:
+            parts += ["\x02", str(image.offset), image.digest.hex()]
+        return "".join(f"{len(p)}:{p}" for p in parts).encode()
+
     def content_parts(self, inline: bool = True) -> list[dict[str, Any]]:
         """Text and image parts in order (OpenAI form); used when the message has images."""
         parts: list[dict[str, Any]] = []

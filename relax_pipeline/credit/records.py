@@ -36,6 +36,16 @@ class CreditContext:
     """The primary scalar (`credit.reward_key` of an object)."""
     advantage: float | None = None
     """The base scalar credit, before token expansion and whitening."""
+    branch: int | None = None
+    """Which chain of a forked session's implicit export (they share the session's credit); None otherwise."""
+    truncated_failure: bool = False
+    """The agent failed after our length limit cut its last turn: without a reward it gets
+    `credit.truncated_reward` (a reward model, when configured, scores it first)."""
+
+    @property
+    def unit(self) -> tuple[int, str | None]:
+        """What gets one share of the group's credit: one export of one session (its chains share it)."""
+        return self.slot, self.name
 
     def sample_dict(self) -> dict[str, Any]:
         """What a reward model or filter sees of this context (copies: user code cannot change the dump)."""

@@ -35,8 +35,8 @@ class RewardCredit:
 
     def __init__(self, reward_key: str | None = None, rm_path: str | None = None, advantage_path: str | None = None,
                  estimator: str = "grpo", normalize_std: bool = True, kl_coef: float = 0.0,
-                 normalize_advantages: bool = False, log_passrate: bool = False, filter_path: str | None = None
-                 ) -> None:
+                 normalize_advantages: bool = False, log_passrate: bool = False, filter_path: str | None = None,
+                 truncated_reward: float = 0.0) -> None:
         self._check_paths({"rm_path": rm_path, "advantage_path": advantage_path})
         if estimator not in ESTIMATORS:
             raise ValueError(f"credit.estimator={estimator!r}; choose one of {list(ESTIMATORS)}")
@@ -48,6 +48,8 @@ class RewardCredit:
         self.kl_coef = kl_coef
         self.normalize_advantages = normalize_advantages
         self.log_passrate = log_passrate
+        self.truncated_reward = truncated_reward
+        """Reward of a context whose agent failed after our length limit cut its last turn (none exported)."""
         self.user_function = self._load_user_function()
         self.group_filter = load_function(filter_path, "credit.filter_path") if filter_path else None
 
@@ -78,12 +80,20 @@ class RewardCredit:
 
     async def fill_rewards(self, group: CreditGroup) -> None:
         for context in group.contexts:
+            if context.reward_object is None and context.truncated_failure:
+                context.reward_object = self.truncated_reward
             context.reward = self.primary_of(context, context.reward_object)
 
     def fill_advantages(self, group: CreditGroup) -> None:
-        contexts = group.contexts
-        for context, advantage in zip(contexts, self.advantages([c.reward for c in contexts]), strict=True):
-            context.advantage = advantage
+        """The estimator over the group's units (`CreditContext.unit`); the chains of one forked session's
+        implicit export share their unit's credit."""
+        units: dict[tuple[int, str | None], list[CreditContext]] = {}
+        for context in group.contexts:
+            units.setdefault(context.unit, []).append(context)
+        shares = self.advantages([members[0].reward for members in units.values()])
+        for members, advantage in zip(units.values(), shares, strict=True):
+            for context in members:
+                context.advantage = advantage
 
     def primary_of(self, context: CreditContext, reward: Any) -> float | None:
         """`primary`, with errors that fail the context's session."""

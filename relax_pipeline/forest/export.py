@@ -1,7 +1,11 @@
 """Export matching: which committed states of a session become training contexts.
 
-Implicit export (the agent wrote no records) takes the single exportable leaf of a strictly linear
-history; a branched session fails with a message naming every leaf. Explicit records are canonicalized
+Implicit export (the agent wrote no records) takes the single exportable leaf of a linear history. A
+forked session (a harness that rewrote its history) exports every root-to-leaf chain as its own context
+under `export.implicit=leaves` (the default): chains in leaf order, each with its `branch` index, and
+each generated turn trained once, in the first chain that holds it (`Exported.shared` names the response
+nodes an earlier chain already trains). `export.implicit=strict` refuses a forked session with a message
+naming every leaf and every recorded fork. Explicit records are canonicalized
 like requests and must end exactly on a committed state; a record that does not is reported with the
 closest committed state and the first message index where it diverges. Names must be non-empty and
 unique (checked when the output file is read). This module builds no samples (`sample.py`).
@@ -28,6 +32,9 @@ class ExportError(ValueError):
     """An export that matches no committed state; the text says where it diverged."""
 
 
+IMPLICIT_MODES = ("leaves", "strict")
+
+
 @dataclass(frozen=True)
 class Exported:
     """One exported context: the record (None for implicit) and the node it ends on."""
@@ -35,18 +42,38 @@ class Exported:
     name: str | None
     node: Node
     record: ExportRecord | None = None
+    branch: int | None = None
+    """Which root-to-leaf chain of a forked session this is (implicit `leaves` export); None otherwise."""
+    shared: frozenset[int] = frozenset()
+    """Response nodes of this chain that an earlier chain of the same session already trains."""
+
+
+def implicit_exports(forest: SessionForest, mode: str = "leaves") -> list[Exported]:
+    """The implicit contexts of a session: its one leaf, or every chain of a forked session (`leaves`)."""
+    leaves = forest.leaves()
+    if len(leaves) <= 1 or mode == "strict":
+        return [implicit_export(forest)]
+    out: list[Exported] = []
+    trained: set[int] = set()
+    for branch, leaf in enumerate(leaves):
+        responses = {n.id for n in forest.lineage(leaf) if n.kind == "response"}
+        out.append(Exported(None, leaf, None, branch, frozenset(responses & trained)))
+        trained |= responses
+    return out
 
 
 def implicit_export(forest: SessionForest) -> Exported:
-    """The single leaf of a linear history."""
+    """The single leaf of a linear history (`export.implicit=strict`)."""
     leaves = forest.leaves()
     if not leaves:
         raise ExportError("the agent made no model call, so there is nothing to export")
     if len(leaves) > 1:
         described = "; ".join(_describe(forest, leaf) for leaf in leaves)
+        forks = "; ".join(f.describe() for f in forest.forks) or "none recorded"
         raise ExportError(
             f"implicit export needs a linear history but the session has {len(leaves)} leaves: {described}. "
-            "Write one explicit record per branch to RELAX_OUTPUT_JSON (JSONL with name and messages)"
+            f"Forks: {forks}. Use export.implicit=leaves to export every chain, or write one explicit record "
+            "per branch to RELAX_OUTPUT_JSON (JSONL with name and messages)"
         )
     return Exported(None, leaves[0])
 

@@ -54,8 +54,11 @@ class Sample:
         return len(self.tokens) - self.prompt_length
 
 
-def build_sample(forest: SessionForest, node: Node) -> Sample:
-    """Walk the lineage of `node` and lay out its tokens, masks, logprobs and versions."""
+def build_sample(forest: SessionForest, node: Node, shared: frozenset[int] = frozenset()) -> Sample:
+    """Walk the lineage of `node` and lay out its tokens, masks, logprobs and versions.
+
+    Generated tokens of the response nodes in `shared` (trained by an earlier chain of a forked session)
+    keep their logprobs and versions but get loss 0, so each generated token is trained once."""
     path = forest.lineage(node)
     tokens: list[int] = []
     mask: list[int] = []
@@ -68,7 +71,7 @@ def build_sample(forest: SessionForest, node: Node) -> Sample:
         tokens.extend(step.training_ids)
         if prompt_length is None:
             continue
-        _extend_response(step, mask, logprobs, versions)
+        _extend_response(step, mask, logprobs, versions, step.id not in shared)
     responses = [s for s in path if s.kind == "response"]
     return Sample(
         tuple(tokens), len(tokens) if prompt_length is None else prompt_length, tuple(mask), tuple(logprobs),
@@ -89,10 +92,11 @@ def _multimodal(media: list[ImageFeatures]) -> tuple[Any, ...]:
     return inputs, grids, tuple(m.tokens for m in media)
 
 
-def _extend_response(step: Node, mask: list[int], logprobs: list[float], versions: list[int]) -> None:
+def _extend_response(step: Node, mask: list[int], logprobs: list[float], versions: list[int],
+                     trained: bool = True) -> None:
     n = len(step.training_ids)
     if step.kind == "response":
-        mask.extend([1] * n)
+        mask.extend([int(trained)] * n)
         logprobs.extend(step.logprobs)
         versions.extend(step.weight_versions)
         return

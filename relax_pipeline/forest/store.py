@@ -11,6 +11,13 @@ messages form the delta to tokenize. When the request shares a longer prefix wit
 than with committed node ends, or continues past a committed state differently from what was committed
 there, a `ForkEvent` records the message index and what differed.
 
+History policy (`reuse_visible`, `rollout.history=tokens`): many harnesses re-send an assistant turn
+without the `reasoning_content` they were given. A re-sent assistant message that equals a committed
+response in everything a harness can see (`Message.visible_key`: content, tool calls, images) continues
+that response's lineage: the committed message, with its reasoning and tokens, replaces it in the match,
+so the session stays linear and the model sees exactly what it generated. Without it (`render`) such a
+request forks.
+
 Token fields are stored compactly (about 4 bytes a token instead of a tuple's 36): ids and weight
 versions as `array('i')`, logprobs as `array('f')` when every value is exactly a float32 (the engines
 sample in float32, so this is the usual case) and as `array('d')` otherwise, so every logprob reads back
@@ -96,7 +103,16 @@ class ForkEvent:
     """Which fields differed: role, content, reasoning_content, tool_calls, or tools/kwargs."""
     parent_node: int
     """Node the new branch attaches to."""
+    role: str = ""
+    """Role of the request's message at `message_index`."""
     at: float = field(default_factory=time.time)
+
+    def describe(self) -> str:
+        """One line for the log: where the request left the committed history and why."""
+        if self.message_index < 0:
+            return f"a new tree: its {' and '.join(self.differed)} differ from the session's first request"
+        return (f"re-sent {self.role or 'a'} message {self.message_index} differs in {', '.join(self.differed)}; "
+                f"new branch below node {self.parent_node}")
 
 
 @dataclass(frozen=True)
@@ -125,14 +141,20 @@ class SessionForest:
         self._by_state: dict[bytes, int] = {}
         self._by_prefix: dict[bytes, tuple[int, int]] = {}
         self._ids_cache: dict[int, array] = {}
+        self._by_visible: dict[bytes, int] = {}
+        """Observation end state + a response's `visible_key` → that response node."""
         self._turns = 0
 
-    def match(self, context: Context, messages: Sequence[Message], hashes: Sequence[bytes] = ()) -> Match:
+    def match(self, context: Context, messages: Sequence[Message], hashes: Sequence[bytes] = (),
+              reuse_visible: bool = False) -> Match:
         """Find the deepest committed state the request extends (linear in the request size).
 
-        `hashes` may carry the request's chained hashes when the caller already has them.
+        `hashes` may carry the request's chained hashes when the caller already has them. With
+        `reuse_visible`, re-sent assistant turns are matched by what a harness can see (see the module).
         """
         hashes = list(hashes) if len(hashes) == len(messages) + 1 else chain_all(context, messages)
+        if reuse_visible and self._by_visible:
+            messages, hashes = self._reuse_committed(messages, hashes)
         k = next((i for i in range(len(hashes) - 1, -1, -1) if hashes[i] in self._by_state), None)
         if k is None:
             fork = self._root_fork(context)
@@ -165,7 +187,35 @@ class SessionForest:
         committed = self._next_committed(hashes[m])
         if committed is None:
             return None
-        return ForkEvent(m, _differences(messages[m], committed), parent)
+        return ForkEvent(m, _differences(messages[m], committed), parent, messages[m].role)
+
+    def _committed(self, state: bytes) -> bool:
+        return state in self._by_state or state in self._by_prefix
+
+    def _reuse_committed(self, messages: Sequence[Message], hashes: list[bytes]
+                         ) -> tuple[Sequence[Message], list[bytes]]:
+        """Replace re-sent assistant messages that equal a committed response in what is visible by that
+        response's message, and re-chain the hashes after the first replacement (one forward pass)."""
+        i = 0
+        while i < len(messages) and self._committed(hashes[i + 1]):
+            i += 1
+        if i == len(messages):
+            return messages, hashes
+        out, changed = list(messages), False
+        while i < len(out):
+            after = chain(hashes[i], out[i]) if changed else hashes[i + 1]
+            if not self._committed(after) and out[i].role == "assistant":
+                node_id = self._by_visible.get(hashes[i] + out[i].visible_key())
+                if node_id is not None:
+                    out[i], after, changed = self.nodes[node_id].messages[0], self.nodes[node_id].state_hash, True
+            if not self._committed(after):
+                break
+            hashes[i + 1] = after
+            i += 1
+        if changed:
+            for j in range(i, len(out)):
+                hashes[j + 1] = chain(hashes[j], out[j])
+        return out, hashes
 
     def _next_committed(self, prefix: bytes) -> Message | None:
         """The committed message that follows the prefix state `prefix`, if any."""
@@ -234,6 +284,8 @@ class SessionForest:
         self.children.setdefault(node.parent if node.parent is not None else -1, []).append(node.id)
         self._by_state.setdefault(node.state_hash, node.id)
         self._index_prefixes(node)
+        if node.kind == "response" and node.parent is not None:
+            self._by_visible.setdefault(self.nodes[node.parent].state_hash + node.messages[0].visible_key(), node.id)
         return node
 
     def _index_prefixes(self, node: Node) -> None:

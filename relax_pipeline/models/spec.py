@@ -50,6 +50,17 @@ def is_multimodal(model_path: str | Path) -> bool:
     return "vision_config" in config
 
 
+def context_len(model_path: str | Path) -> int:
+    """The model's own maximum sequence length (`max_position_embeddings`, also under `text_config`)."""
+    config = json.loads((Path(model_path) / "config.json").read_text(encoding="utf-8"))
+    for source in (config, config.get("text_config") or {}):
+        for key in ("max_position_embeddings", "n_positions", "max_sequence_length"):
+            if isinstance(source.get(key), int) and source[key] > 0:
+                return source[key]
+    raise ValueError(f"{model_path}/config.json names no maximum length (max_position_embeddings); set "
+                     "rollout.max_context_len")
+
+
 def load_pretrained(model_path: str | Path, dtype: Any) -> Any:
     """The model of a local folder in `dtype`: image-text-to-text for VL folders, else a causal LM."""
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText

@@ -33,6 +33,8 @@ class Group:
     sessions: list[Session] = field(default_factory=list)
     processes: dict[str, AgentProcess] = field(default_factory=dict)
     outputs: dict[str, AgentOutput] = field(default_factory=dict)
+    truncated: dict[str, str] = field(default_factory=dict)
+    """Sessions whose agent failed after our length limit cut its last turn: session id → the failure."""
     contexts: list[CreditContext] = field(default_factory=list)
     """The scored contexts (session order, then export order), filled by the Reward stage."""
     dropped: str | None = None

@@ -58,7 +58,7 @@ class Reward:
         if group.mode != "train" or not self.multi_context_missing:
             return False
         for session in group.sessions:
-            names = [e.name for e in exports.get(session.id, [])]
+            names = list(dict.fromkeys(e.name for e in exports.get(session.id, [])))  # chains share a name
             if len(names) > 1:
                 self._fail(group, session.id, f"the session exported {len(names)} contexts {names}; several "
                            f"contexts per session need {' and '.join(self.multi_context_missing)} (declare such "
@@ -74,8 +74,9 @@ class Reward:
             metadata, raw = record.metadata, record.reward
         else:
             metadata, raw = (output.metadata, output.reward) if output is not None else ({}, None)
-        return CreditContext(slot, session.id, exported.name, build_sample(session.forest, exported.node), metadata,
-                             session.prompt, raw)
+        sample = build_sample(session.forest, exported.node, exported.shared)
+        return CreditContext(slot, session.id, exported.name, sample, metadata, session.prompt, raw,
+                             branch=exported.branch, truncated_failure=session.id in group.truncated)
 
     def _fail(self, group: Group, session_id: str | None, reason: str) -> None:
         failed = next((s for s in group.sessions if s.id == session_id), None)

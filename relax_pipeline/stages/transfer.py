@@ -39,7 +39,8 @@ class Transfer:
         sample, session = context.sample, group.sessions[context.slot]
         row = _base(group, session, "truncated" if sample.truncated else "completed", None)
         row.update(
-            name=context.name, reward=context.reward, advantage=context.advantage, metadata=context.metadata,
+            name=context.name, branch=context.branch, reward=context.reward, advantage=context.advantage,
+            metadata=context.metadata,
             messages=[m.to_openai(inline_media=False) for m in sample.messages],
             tools=[dict(t) for t in sample.context.tools],
             chat_template_kwargs=sample.context.kwargs(), state_hash=sample.state_hash,
@@ -60,7 +61,8 @@ class Transfer:
         error = None if session.status is Status.FILTERED else session.error or group.excluded
         row = _base(group, session, session.status.value, error)
         row.update(
-            name=None, reward=None, advantage=None, metadata=group.prompt.metadata, messages=[], tools=[],
+            name=None, branch=None, reward=None, advantage=None, metadata=group.prompt.metadata, messages=[],
+            tools=[],
             chat_template_kwargs={}, state_hash=None, tokens=[], loss_mask=[], rollout_logprobs=[],
             weight_versions=[], prompt_length=0, response_length=0,
             turn_count=session.forest.turn_count, abort_count=session.abort_count,

@@ -32,7 +32,9 @@ def rollout_metrics(rows: Sequence[dict[str, Any]], groups: Sequence[Any], log_p
     rewards = [r["reward"] for r in scored if isinstance(r["reward"], int | float)]
     filtered = sum(1 for g in groups if g.filtered)
     metrics: dict[str, float] = {"rollout/dropped_groups": float(sum(1 for g in groups if g.dropped)),
-                                 "rollout/filtered_groups": float(filtered)}
+                                 "rollout/filtered_groups": float(filtered),
+                                 "rollout/fork_count": float(sum(len(s.forest.forks) for g in groups
+                                                                 for s in g.sessions))}
     if rewards:
         metrics["rollout/raw_reward"] = statistics.fmean(rewards)
     if scored:

@@ -19,6 +19,7 @@ This module does not render wire responses (the protocol modules do) and does no
 from __future__ import annotations
 
 import dataclasses
+import logging
 import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -41,7 +42,10 @@ from relax_pipeline.turn.leases import LeaseClosed
 from relax_pipeline.turn.records import SamplingDefaults, TurnRequest, TurnResult
 from relax_pipeline.turn.sessions import Lease, Session, derive_seed
 
-__all__ = ["SamplingDefaults", "TurnRequest", "TurnResult", "TurnService"]
+__all__ = ["HISTORY_POLICIES", "SamplingDefaults", "TurnRequest", "TurnResult", "TurnService"]
+
+log = logging.getLogger(__name__)
+HISTORY_POLICIES = ("tokens", "render")
 
 
 @dataclass(frozen=True)
@@ -75,11 +79,16 @@ _NO_MEDIA = _TurnMedia()
 class TurnService:
     """Matches, tokenizes, generates, parses and commits turns for all sessions."""
 
-    def __init__(self, template: ChatTemplate, engine: Engine, parser: OutputParser, defaults: SamplingDefaults):
+    def __init__(self, template: ChatTemplate, engine: Engine, parser: OutputParser, defaults: SamplingDefaults,
+                 history: str = "tokens") -> None:
         self.template = template
         self.engine = engine
         self.parser = parser
         self.defaults = defaults
+        if history not in HISTORY_POLICIES:
+            raise ValueError(f"rollout.history={history!r}; choose one of {list(HISTORY_POLICIES)}")
+        self.reuse_visible = history == "tokens"
+        """`rollout.history=tokens`: a re-sent assistant turn equal in what is visible reuses its tokens."""
         if template.vision is None:
             template.vision = getattr(engine, "vision", None)
         eos = getattr(template.tokenizer, "eos_token_id", None)
@@ -94,7 +103,8 @@ class TurnService:
         request = request if request.seed is not None or seed is None else dataclasses.replace(request, seed=seed)
         _check_last_message(request.messages)
         self.check_media(request)
-        match = _attach_point(forest, forest.match(request.context, request.messages, request.hashes))
+        match = forest.match(request.context, request.messages, request.hashes, self.reuse_visible)
+        match = _attach_point(forest, match)
         parent = match.parent
         if parent is None or parent.kind == "root":
             obs = self.template.prompt_ids(match.delta, match.context)
@@ -164,7 +174,11 @@ class TurnService:
             result = await self._leased(prepared, rid, session, lease)
         if result.finish_reason == "abort":
             raise ProtocolError(499, "generation was aborted before it finished; nothing was committed")
-        return self.commit(forest, prepared, result)
+        turn = self.commit(forest, prepared, result)
+        if prepared.match.fork is not None:
+            log.info("session %s turn %d forked: %s", session.id if session else "-", forest.turn_count,
+                     prepared.match.fork.describe())
+        return turn
 
     async def _leased(self, prepared: PreparedTurn, rid: str, session: Session, lease: Lease) -> GenerateResult:
         """Generate under the lease; a preempted generation resumes with its partial tokens appended."""

@@ -19,7 +19,7 @@ from relax_pipeline.run import run
 from relax_pipeline.testing.engines import RecordingHFEngine
 
 FIELDS = {
-    "rollout_id", "group_id", "session_id", "index", "name", "mode", "status", "error", "reward", "advantage",
+    "rollout_id", "group_id", "session_id", "index", "name", "branch", "mode", "status", "error", "reward", "advantage",
     "metadata", "messages", "tools", "chat_template_kwargs", "state_hash", "tokens", "loss_mask",
     "rollout_logprobs", "weight_versions", "prompt_length", "response_length", "turn_count", "abort_count",
     "timing",

@@ -87,7 +87,7 @@ class Made:
               ) -> list[dict[str, Any]]:
         """Reward then Transfer, as Pipeline.score_group runs them; the dump rows. `missing`: what the run lacks
         for several contexts per session (None: what the credit alone implies)."""
-        monkeypatch.setattr(reward_stage, "build_sample", lambda forest, node: SAMPLE)
+        monkeypatch.setattr(reward_stage, "build_sample", lambda forest, node, shared=frozenset(): SAMPLE)
         asyncio.run(Reward(self.store, credit, missing).run(self.group, self.exports))
         return Transfer(self.store).run(self.group)
 

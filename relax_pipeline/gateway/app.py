@@ -8,7 +8,8 @@ write its own session's forest. Bodies are parsed with `orjson.loads` on the raw
 the hot path); errors are shaped per protocol. JSON and Buffered SSE share one path up to rendering; a
 client that disconnects mid-generation aborts its generation, and nothing is committed. Every model
 request writes one access line (`relax_pipeline.gateway.access`: api, session, status, tokens, ms) to
-run.log, and every 4xx/5xx is a WARNING with its message. This module does
+run.log, and every 4xx/5xx is a WARNING with its message. Each answer's id is recorded against the
+response node it committed (`ForestStore.remember_response`), for Responses' `previous_response_id`. This module does
 not start a server (`server.py`) and holds no turn logic (`turn/service.py`).
 """
 
@@ -19,6 +20,7 @@ import logging
 import secrets
 import time
 from collections.abc import AsyncIterator, Sequence
+from functools import partial
 from typing import Any
 
 import orjson
@@ -27,7 +29,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from relax_pipeline.canonical.form import CanonicalError
-from relax_pipeline.protocol.base import Frontend, TurnMeta
+from relax_pipeline.protocol.base import Frontend, TurnMeta, parse_turn
 from relax_pipeline.protocol.chat import ChatFrontend
 from relax_pipeline.protocol.errors import ProtocolError, anthropic_body, openai_body
 from relax_pipeline.protocol.messages import MessagesFrontend, count_tokens
@@ -121,7 +123,7 @@ class _Gateway:
         try:
             session = self._session(request)
             body = _json(await request.body())
-            turn = frontend.parse(body, session.memo)
+            turn = parse_turn(frontend, body, session.memo, partial(self.store.response_history, session))
             stream = frontend.wants_stream(body)
             prepared = self._prepare(session, turn)
         except (CanonicalError, ProtocolError) as error:
@@ -132,6 +134,7 @@ class _Gateway:
             return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         try:
             result = await self._generate(session, prepared, request)
+            self.store.remember_response(session, meta.response_id, result.node_id)
         except ProtocolError as error:
             return self._refuse(frontend, error, session, started)
         _access(frontend.name, session.id, 200, started, result)
@@ -188,6 +191,7 @@ class _Gateway:
                 if not task.done():
                     yield frontend.heartbeat().encode()
             result = task.result()
+            self.store.remember_response(session, meta.response_id, result.node_id)
             frames = frontend.stream_result(result, meta)
             _access(frontend.name, session.id, 200, started, result, streamed=True)
         except ProtocolError as error:

@@ -5,6 +5,8 @@ everything between parsing and rendering (auth, the turn, abort on disconnect, h
 SSE share one code path up to rendering. Buffered SSE means: `stream_open` frames at once, a
 `heartbeat` frame every `protocol.sse_heartbeat_s` while the engine generates, then the complete terminal
 sequence from `stream_result` (or `stream_error`). Nothing is streamed token by token.
+Every committed response's id names its response node in the session (the gateway records it), so a
+request may continue from an earlier response by id (`Lineage`) instead of replaying the history.
 """
 
 from __future__ import annotations
@@ -14,11 +16,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from relax_pipeline.canonical.form import Message
 from relax_pipeline.canonical.memo import RequestMemo
 from relax_pipeline.protocol.errors import ProtocolError
 from relax_pipeline.turn.records import TurnRequest, TurnResult
 
 TokenText = Callable[[int], str]
+Lineage = Callable[[str], tuple[Message, ...] | None]
+"""The conversation a session's earlier response ended, by the response's id; None for an unknown id."""
 
 
 @dataclass(frozen=True)
@@ -49,7 +54,11 @@ class SSEFrame:
 
 
 class Frontend(Protocol):
-    """One model API."""
+    """One model API.
+
+    A front-end whose requests may continue a response stored in the session (Responses'
+    `previous_response_id`) also has `parse_continued(body, memo, lineage)`; `parse_turn` picks it.
+    """
 
     name: str
     paths: tuple[str, ...]
@@ -78,6 +87,13 @@ class Frontend(Protocol):
 
     def stream_error(self, error: ProtocolError, meta: TurnMeta) -> list[SSEFrame]:
         """The terminal sequence for a turn that failed after the stream opened."""
+
+
+def parse_turn(frontend: Frontend, body: Any, memo: RequestMemo, lineage: Lineage) -> TurnRequest:
+    """`frontend.parse`, or its `parse_continued(body, memo, lineage)` when it has one: an API whose requests
+    may continue a stored response (Responses' `previous_response_id`) reads the session's history there."""
+    continued = getattr(frontend, "parse_continued", None)
+    return frontend.parse(body, memo) if continued is None else continued(body, memo, lineage)
 
 
 def stream_flag(body: Mapping[str, Any]) -> bool:

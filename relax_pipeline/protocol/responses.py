@@ -1,9 +1,10 @@
 """OpenAI Responses front-end: `POST v1/responses` input items → `TurnRequest`, `TurnResult` → response JSON.
 
 Fields used: `instructions` (a leading system message), `input` (a string, or a list of items), `tools`
-(flat function tools; hosted tool types such as `web_search` are ignored) and `max_output_tokens`;
-`model` is echoed. Every other field (`include`, `prompt_cache_key`, `store`, `reasoning`, `text`,
-`tool_choice`, `parallel_tool_calls`, `metadata`, `temperature`, `top_p`, ...) is accepted and ignored.
+(flat function tools; hosted tool types such as `web_search` are ignored), `chat_template_kwargs` (as in
+Chat Completions), `max_output_tokens` and `previous_response_id`; `model` is echoed. Every other field
+(`include`, `prompt_cache_key`, `store`, `reasoning`, `text`, `tool_choice`, `parallel_tool_calls`,
+`metadata`, `temperature`, `top_p`, ...) is accepted and ignored.
 
 Input items: `message` items (or items with a `role` and no `type`) with roles user/assistant/system and
 `developer` (read as system), content a string or text parts, user content also `input_image` parts
@@ -14,11 +15,21 @@ becomes ONE canonical assistant message, so a replayed turn matches the response
 the same conversation sent through Chat Completions lands on the same lineage. A function-call item's
 `call_id` is the canonical `ToolCall.id`.
 
-Not supported: `previous_response_id` (nothing is stored server-side: the client replays the full
-`input`), `item_reference` and hosted-tool items, `input_file` and image `file_id`s, and logprobs.
-`stream=true` gets Buffered SSE: `response.created` and `response.in_progress` at once, comment frames
-while generating, then `response.output_item.added`/`.done` per output item and `response.completed` (or
-`response.incomplete` when the output hit the token limit), all with increasing `sequence_number`s.
+`previous_response_id`: every answer's id names its response node in the session, so a request may send
+only the new items; the conversation is then the stored response's lineage plus the new items (new
+`instructions` replace the lineage's leading system message; without them it is kept). An id that is not
+one of this session's responses is a 400 naming `previous_response_id`.
+
+Not supported: `item_reference` and hosted-tool items, `input_file` and image `file_id`s, and logprobs.
+`stream=true` gets Buffered SSE in the event sequence of the Responses streaming spec: `response.created`
+and `response.in_progress` at once, comment frames while generating, then per output item
+`response.output_item.added` (the item without its content), its content events (reasoning:
+`response.reasoning_summary_part.added`, `response.reasoning_summary_text.delta`/`.done`,
+`response.reasoning_summary_part.done`; message: `response.content_part.added`,
+`response.output_text.delta`/`.done`, `response.content_part.done`; function call:
+`response.function_call_arguments.delta`/`.done`), each text whole in one delta, and
+`response.output_item.done`; finally `response.completed` (or `response.incomplete` when the output hit
+the token limit), all with increasing `sequence_number`s.
 """
 
 from __future__ import annotations
@@ -32,18 +43,21 @@ from relax_pipeline.canonical.form import (
     Message,
     ToolCall,
     canonical_arguments,
+    canonical_template_kwargs,
     canonical_tools,
     content_of,
     make_message,
     text_of,
 )
 from relax_pipeline.canonical.memo import RequestMemo
-from relax_pipeline.protocol.base import SSEFrame, TurnMeta, stream_flag
+from relax_pipeline.protocol.base import Lineage, SSEFrame, TurnMeta, stream_flag
 from relax_pipeline.protocol.errors import ProtocolError, openai_body
 from relax_pipeline.turn.records import TurnRequest, TurnResult
 
 MESSAGE_ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 ITEM_TYPES = ("message", "reasoning", "function_call", "function_call_output")
+STREAM_START = 2
+"""Sequence number of the first terminal event (`response.created` and `response.in_progress` are 0 and 1)."""
 Unit = tuple[str, Any]
 """One canonical message to be: `(field path, raw item)`, or `(path, list of items)` for an assistant turn."""
 
@@ -51,17 +65,36 @@ Unit = tuple[str, Any]
 # --- request ------------------------------------------------------------------------------------
 
 
-def parse_request(body: Any, memo: RequestMemo | None = None) -> TurnRequest:
-    """Validate a Responses body; errors carry the field path (`input[3].content[0]`) in `param`."""
+def parse_request(body: Any, memo: RequestMemo | None = None, lineage: Lineage | None = None) -> TurnRequest:
+    """Validate a Responses body; errors carry the field path (`input[3].content[0]`) in `param`.
+
+    With `previous_response_id`, `lineage` gives the messages that response ended (None: no response is known).
+    """
     if not isinstance(body, Mapping):
         raise CanonicalError("the request body must be a JSON object", None)
-    if body.get("previous_response_id") is not None:
-        raise CanonicalError("previous_response_id is not supported: nothing is stored between requests; "
-                             "send the full conversation in `input` instead", "previous_response_id")
-    context = Context(canonical_tools(body.get("tools")))
+    kwargs = canonical_template_kwargs(body.get("chat_template_kwargs"))
+    context = Context(canonical_tools(body.get("tools")), kwargs)
     units = _instructions(body.get("instructions")) + _units(body.get("input"))
+    max_tokens = _max_tokens(body.get("max_output_tokens"))
+    previous = body.get("previous_response_id")
+    if previous is not None:
+        return TurnRequest(_continued(previous, units, lineage), context, max_tokens)
     messages, hashes = (memo or RequestMemo(0)).canonical(units, context, parse_unit, "input")
-    return TurnRequest(messages, context, _max_tokens(body.get("max_output_tokens")), hashes=hashes)
+    return TurnRequest(messages, context, max_tokens, hashes=hashes)
+
+
+def _continued(previous: Any, units: list[Unit], lineage: Lineage | None) -> tuple[Message, ...]:
+    """The stored response's messages, then the new items; new `instructions` take the place of a leading
+    system message of the stored history (OpenAI does not carry instructions over)."""
+    history = lineage(previous) if isinstance(previous, str) and lineage is not None else None
+    if history is None:
+        raise CanonicalError(f"previous_response_id {previous!r} is not a response of this session; send the id "
+                             "of an earlier response of the same session, or the full conversation in `input`",
+                             "previous_response_id")
+    new = [parse_unit(unit, unit[0]) for unit in units]
+    if units[0][0] != "instructions":
+        return (*history, *new)
+    return (new[0], *history[1 if history and history[0].role == "system" else 0 :], *new[1:])
 
 
 def _instructions(raw: Any) -> list[Unit]:
@@ -207,6 +240,9 @@ class ResponsesFrontend:
     def parse(self, body: Any, memo: RequestMemo) -> TurnRequest:
         return parse_request(body, memo)
 
+    def parse_continued(self, body: Any, memo: RequestMemo, lineage: Lineage) -> TurnRequest:
+        return parse_request(body, memo, lineage)
+
     def wants_stream(self, body: Mapping[str, Any]) -> bool:
         return stream_flag(body)
 
@@ -224,15 +260,11 @@ class ResponsesFrontend:
         return SSEFrame("ping", comment=True)
 
     def stream_result(self, result: TurnResult, meta: TurnMeta) -> list[SSEFrame]:
-        items = output_items(result, meta)
-        frames = []
-        for index, item in enumerate(items):
-            frames.append(_event("response.output_item.added", 2 + 2 * index, output_index=index, item=item))
-            frames.append(_event("response.output_item.done", 3 + 2 * index, output_index=index, item=item))
-        status = _status(result)
-        kind = "response.completed" if status == "completed" else "response.incomplete"
-        frames.append(_event(kind, 2 + len(frames), response=self.render(result, meta)))
-        return frames
+        """Per output item: `.added`, its content events (whole text in one delta), `.done`; then the end."""
+        events = [event for index, item in enumerate(output_items(result, meta)) for event in _item_events(index, item)]
+        kind = "response.completed" if _status(result) == "completed" else "response.incomplete"
+        events.append((kind, {"response": self.render(result, meta)}))
+        return [_event(name, STREAM_START + i, **fields) for i, (name, fields) in enumerate(events)]
 
     def stream_error(self, error: ProtocolError, meta: TurnMeta) -> list[SSEFrame]:
         code = "server_error" if error.status >= 500 else "invalid_prompt"
@@ -240,7 +272,7 @@ class ResponsesFrontend:
         failed = _response(meta, "failed", [], None)
         failed["error"] = {"code": code, "message": message, "param": error.param,
                            "type": openai_body(error)["error"]["type"]}
-        return [_event("response.failed", 2, response=failed)]
+        return [_event("response.failed", STREAM_START, response=failed)]
 
 
 def output_items(result: TurnResult, meta: TurnMeta) -> list[dict[str, Any]]:
@@ -284,3 +316,55 @@ def _response(meta: TurnMeta, status: str, output: list[dict[str, Any]], usage: 
 
 def _event(kind: str, sequence: int, **fields: Any) -> SSEFrame:
     return SSEFrame({"type": kind, "sequence_number": sequence, **fields}, event=kind)
+
+
+# --- streaming events -----------------------------------------------------------------------------
+
+Event = tuple[str, dict[str, Any]]
+"""An SSE event before numbering: its type and its fields."""
+
+
+def _item_events(index: int, item: dict[str, Any]) -> list[Event]:
+    """One output item's events: `.added` with the item before its content, the content events, `.done`."""
+    where = {"item_id": item["id"], "output_index": index}
+    content = {"reasoning": _summary_events, "message": _text_events, "function_call": _argument_events}
+    return [("response.output_item.added", {"output_index": index, "item": _opened(item)}),
+            *content[item["type"]](item, where),
+            ("response.output_item.done", {"output_index": index, "item": item})]
+
+
+def _opened(item: dict[str, Any]) -> dict[str, Any]:
+    """The item as `.added` shows it: no content yet (a streaming client appends the deltas to it)."""
+    if item["type"] == "reasoning":
+        return {**item, "summary": []}
+    if item["type"] == "message":
+        return {**item, "status": "in_progress", "content": []}
+    return {**item, "arguments": "", "status": "in_progress"}
+
+
+def _summary_events(item: dict[str, Any], where: dict[str, Any]) -> list[Event]:
+    events: list[Event] = []
+    for i, part in enumerate(item["summary"]):
+        at = {**where, "summary_index": i}
+        events += [("response.reasoning_summary_part.added", {**at, "part": {**part, "text": ""}}),
+                   ("response.reasoning_summary_text.delta", {**at, "delta": part["text"]}),
+                   ("response.reasoning_summary_text.done", {**at, "text": part["text"]}),
+                   ("response.reasoning_summary_part.done", {**at, "part": part})]
+    return events
+
+
+def _text_events(item: dict[str, Any], where: dict[str, Any]) -> list[Event]:
+    events: list[Event] = []
+    for i, part in enumerate(item["content"]):
+        at = {**where, "content_index": i}
+        events += [("response.content_part.added", {**at, "part": {**part, "text": ""}}),
+                   ("response.output_text.delta", {**at, "delta": part["text"], "logprobs": []}),
+                   ("response.output_text.done", {**at, "text": part["text"], "logprobs": []}),
+                   ("response.content_part.done", {**at, "part": part})]
+    return events
+
+
+def _argument_events(item: dict[str, Any], where: dict[str, Any]) -> list[Event]:
+    return [("response.function_call_arguments.delta", {**where, "delta": item["arguments"]}),
+            ("response.function_call_arguments.done", {**where, "name": item["name"],
+                                                       "arguments": item["arguments"]})]

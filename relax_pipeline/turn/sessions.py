@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
 
+from relax_pipeline.canonical.form import Message
 from relax_pipeline.canonical.memo import RequestMemo
 from relax_pipeline.forest.store import SessionForest
 
@@ -90,6 +91,8 @@ class Session:
     """Base of the sampling seeds of this session's turns (requests without their own seed)."""
     lease: Lease | None = None
     """The group's lease (barrier, hold, preemption); None serves requests at once (tests, eval)."""
+    responses: dict[str, int] = field(default_factory=dict)
+    """Response id → the response node it committed (so a request may continue from it by id)."""
 
     def mark(self, event: str) -> None:
         self.timing[event] = time.time()
@@ -137,6 +140,18 @@ class ForestStore:
 
     def count_abort(self, session: Session) -> None:
         session.abort_count += 1
+
+    def remember_response(self, session: Session, response_id: str, node_id: int) -> None:
+        """`response_id` (as the client saw it) names the response node `node_id` of `session`."""
+        session.responses[response_id] = node_id
+
+    def response_history(self, session: Session, response_id: str) -> tuple[Message, ...] | None:
+        """The conversation up to and including the response `response_id` of `session`; None if unknown."""
+        node_id = session.responses.get(response_id)
+        if node_id is None:
+            return None
+        lineage = session.forest.lineage(session.forest.nodes[node_id])
+        return tuple(message for node in lineage for message in node.messages)
 
     @contextmanager
     def serving(self, session: Session) -> Iterator[None]:

@@ -1,8 +1,9 @@
 """Buffered SSE and disconnects on the Chat front-end: the real openai SDK streaming against the real
-gateway, heartbeats from a slow engine, a golden transcript, and a client that leaves mid-generation.
+gateway, heartbeats from a slow engine, a golden transcript per protocol (reasoning, text and a tool
+call), and a client that leaves mid-generation.
 
 Golden transcripts, one per protocol: `tests/golden/sse_{chat,responses,messages}.txt`, regenerated with
-`RELAX_REGEN_GOLDEN=1 python -m pytest tests/test_gateway_sse.py -k golden`.
+`RELAX_REGEN_GOLDEN=1 python -m pytest tests/integration/test_gateway_sse.py -k golden`.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ REQUESTS = {
     "messages": ("v1/messages", {"model": "m", "max_tokens": 64, "messages": [{"role": "user", "content": "hello"}]}),
 }
 USER = {"role": "user", "content": "hello"}
+GOLDEN_SCRIPT = THINK_AND_CALL.replace("</think>\n\n", "</think>\n\nLet me add.\n")
+"""Reasoning, text and a tool call: every kind of output item/block in each transcript."""
 
 
 async def test_sdk_stream_gets_the_whole_message_in_one_chunk(template: ChatTemplate, tokenizer: Any) -> None:
@@ -62,7 +65,7 @@ async def test_heartbeats_while_a_slow_engine_generates(template: ChatTemplate, 
 
 @pytest.mark.parametrize("protocol", list(REQUESTS))
 async def test_golden_transcript(template: ChatTemplate, tokenizer: Any, protocol: str) -> None:
-    engine = ScriptedEngine(tokenizer, [THINK_AND_CALL])
+    engine = ScriptedEngine(tokenizer, [GOLDEN_SCRIPT])
     frontends = [ChatFrontend(), ResponsesFrontend(), MessagesFrontend()]
     path, body = REQUESTS[protocol]
     async with running_gateway(template, engine, frontends=frontends) as gw:

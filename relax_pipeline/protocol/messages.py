@@ -1,19 +1,29 @@
 """Anthropic Messages front-end: request JSON → `TurnRequest`, `TurnResult` → message JSON or SSE events.
 
 Fields used: `system` (a string or text blocks → a leading system message), `messages` (roles user and
-assistant), `tools`, `max_tokens` (required), `stop_sequences`; `model` is echoed. Every other field
-(`thinking`, `metadata`, `temperature`, `tool_choice`, `context_management`, ...) and every beta query
-parameter is accepted and ignored. Only custom tools (no `type`, or `type: "custom"`) reach the model;
-server tools (`web_search_20250305`, `bash_20250124`, ...) are dropped.
+assistant), `tools`, `max_tokens` (required), `stop_sequences` and `chat_template_kwargs` (as in Chat
+Completions); `model` is echoed. Every other field (`thinking`, `metadata`, `temperature`, `tool_choice`,
+`context_management`, ...), every unknown block field (`cache_control`, `citations`, ...) and every beta
+query parameter is accepted and ignored. Only custom tools (no `type`, or `type: "custom"`) reach the
+model; server tools (`web_search_20250305`, `bash_20250124`, ...) are dropped.
 
 One Anthropic message may become several canonical messages: a user message's blocks are walked in
-order, each `tool_result` becomes a tool message and each run of `text` and `image` blocks a user message. A
+order, each `tool_result` becomes a tool message and each run of other blocks a user message. A
 `tool_result` with `is_error: true` keeps its text, prefixed with "Error: ", since the canonical tool
-message has no error flag. Assistant `thinking` blocks become `reasoning_content`; `redacted_thinking`
-is dropped (its content is opaque). `image` blocks (a `url` source, or a `base64` source, which becomes
-the data URI `data:<media_type>;base64,<data>`, so the same image sent through Chat hashes the same) are
-accepted in user content and in `tool_result` content; whether the model sees them is the turn service's
-decision. `document` blocks are refused.
+message has no error flag. Content blocks, per the Messages spec:
+
+- `text`; `image` (a `url` source, or a `base64` source, which becomes the data URI
+  `data:<media_type>;base64,<data>`, so the same image sent through Chat hashes the same) in user content
+  and in `tool_result` content; whether the model sees it is the turn service's decision;
+- read as text, on lines of their own: `document` with a `text` or `content` source (its title, then its
+  text; PDF, URL and file sources are refused), `search_result` (title, source, content text),
+  `tool_reference` (Claude Code's tool search: "tool_reference: <tool_name>"), and the blocks of tools the
+  provider runs (`server_tool_use`, `web_search_tool_result` and the other `*_tool_result`s, `mcp_tool_use`,
+  `mcp_tool_result`, `container_upload`, and `browser_state` in a tool result) as "[<type>] <readable text>";
+- assistant `thinking` becomes `reasoning_content`; `redacted_thinking` (opaque) is dropped, and so are
+  thinking blocks outside assistant content; `tool_use` becomes a tool call.
+
+Any other type, or a known one where it does not belong, is a 400 naming the type and the field path.
 
 The expanded messages are Chat-form dicts paired with their Anthropic field path, so the session's
 `RequestMemo` reuses the replayed prefix exactly as the Chat front-end does. Responses carry `thinking`
@@ -30,7 +40,14 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from relax_pipeline.canonical.chat import parse_message
-from relax_pipeline.canonical.form import CanonicalError, Context, Message, ToolCall, canonical_tools
+from relax_pipeline.canonical.form import (
+    CanonicalError,
+    Context,
+    Message,
+    ToolCall,
+    canonical_template_kwargs,
+    canonical_tools,
+)
 from relax_pipeline.canonical.memo import RequestMemo
 from relax_pipeline.engine.template import ChatTemplate
 from relax_pipeline.protocol.base import SSEFrame, TurnMeta, stream_flag
@@ -41,7 +58,20 @@ Item = tuple[str, dict[str, Any]]
 """An expanded message: its Anthropic field path and its Chat-form dict."""
 ERROR_PREFIX = "Error: "
 CUSTOM_TOOL_TYPES = (None, "custom")
-MEDIA_BLOCKS = ("document",)
+SERVER_BLOCKS = ("server_tool_use", "web_search_tool_result", "web_fetch_tool_result", "code_execution_tool_result",
+                 "bash_code_execution_tool_result", "text_editor_code_execution_tool_result",
+                 "tool_search_tool_result", "mcp_tool_use", "mcp_tool_result", "container_upload")
+"""Blocks of tools the API provider runs: rendered as text (their results were never our model's output)."""
+READ_BLOCKS = ("text", "document", "search_result", "tool_reference")
+DROPPED_BLOCKS = ("thinking", "redacted_thinking")
+"""Dropped outside assistant content (and `redacted_thinking` everywhere: its content is opaque)."""
+USER_BLOCKS = (*READ_BLOCKS, "image", "tool_result", *DROPPED_BLOCKS, *SERVER_BLOCKS)
+RESULT_BLOCKS = (*READ_BLOCKS, "image", "browser_state")
+ASSISTANT_BLOCKS = (*READ_BLOCKS, "tool_use", *DROPPED_BLOCKS, *SERVER_BLOCKS)
+KNOWN_BLOCKS = frozenset((*USER_BLOCKS, *RESULT_BLOCKS, *ASSISTANT_BLOCKS))
+PLAIN_KEYS = ("title", "url", "text", "tool_name", "file_id", "stdout", "stderr", "error_code", "content",
+              "source", "data", "tool_references", "tabs")
+"""Fields whose text a server tool's result is rendered with (base64 sources and encrypted fields are left out)."""
 
 
 # --- request → canonical ---------------------------------------------------------------------------
@@ -58,7 +88,8 @@ def parse_conversation(body: Any, memo: RequestMemo | None = None
     """The canonical messages, their chained hashes and the context (no `max_tokens` needed)."""
     if not isinstance(body, Mapping):
         raise CanonicalError("the request body must be a JSON object", None)
-    context = Context(canonical_tools(_tools(body.get("tools"))))
+    context = Context(canonical_tools(_tools(body.get("tools"))),
+                      canonical_template_kwargs(body.get("chat_template_kwargs")))
     raw = body.get("messages")
     if not isinstance(raw, list) or not raw:
         raise CanonicalError("messages must be a non-empty list", "messages")
@@ -113,7 +144,7 @@ def _expand(raw: Any, param: str) -> list[Item]:
 
 
 def _user(blocks: list[Any], param: str) -> Iterator[Item]:
-    """Tool results become tool messages; each run of text and image blocks becomes a user message."""
+    """Tool results become tool messages; each run of other blocks becomes a user message."""
     parts: list[dict[str, Any]] = []
     for j, block in enumerate(blocks):
         path = f"{param}.content[{j}]"
@@ -123,7 +154,7 @@ def _user(blocks: list[Any], param: str) -> Iterator[Item]:
                 parts = []
             yield path, _tool_result(block, path)
         else:
-            parts.append(_part(block, path))
+            parts += _parts_of(block, path, USER_BLOCKS, _last_text(parts))
     if parts or not blocks:
         yield param, {"role": "user", "content": parts or ""}
 
@@ -141,15 +172,28 @@ def _tool_result(block: Mapping[str, Any], param: str) -> dict[str, Any]:
 
 def _parts(raw: Any, param: str) -> list[dict[str, Any]]:
     if not isinstance(raw, list):
-        raise CanonicalError("must be a string or a list of text and image blocks", param)
-    return [_part(block, f"{param}[{j}]") for j, block in enumerate(raw)]
+        raise CanonicalError("must be a string or a list of content blocks", param)
+    parts: list[dict[str, Any]] = []
+    for j, block in enumerate(raw):
+        parts += _parts_of(block, f"{param}[{j}]", RESULT_BLOCKS, _last_text(parts))
+    return parts
 
 
-def _part(block: Any, param: str) -> dict[str, Any]:
-    """A text or image block as a Chat content part."""
-    if _kind(block, param) == "image":
-        return {"type": "image_url", "image_url": {"url": _image_url(block.get("source"), f"{param}.source")}}
-    return _chat_text(_text(block, param))
+def _last_text(parts: list[dict[str, Any]]) -> str:
+    return parts[-1].get("text", "") if parts else ""
+
+
+def _parts_of(block: Any, param: str, allowed: tuple[str, ...], before: str) -> list[dict[str, Any]]:
+    """A user or tool-result block as Chat content parts: images stay images, every other block is text
+    (`before`: the text it follows)."""
+    kind = _kind(block, param, allowed)
+    if kind == "image":
+        return [{"type": "image_url", "image_url": {"url": _image_url(block.get("source"), f"{param}.source")}}]
+    if kind == "document" and _source(block, param) == "content" and isinstance(block["source"]["content"], list):
+        return _parts(block["source"]["content"], f"{param}.source.content")
+    if kind in DROPPED_BLOCKS:
+        return []
+    return [_chat_text(_render(block, kind, param, before))]
 
 
 def _chat_text(text: str) -> dict[str, Any]:
@@ -171,13 +215,13 @@ def _assistant(blocks: list[Any], param: str) -> Item:
     texts, thoughts, calls = [], [], []
     for j, block in enumerate(blocks):
         path = f"{param}.content[{j}]"
-        kind = _kind(block, path)
+        kind = _kind(block, path, ASSISTANT_BLOCKS)
         if kind == "thinking" and isinstance(block.get("thinking"), str):
             thoughts.append(block["thinking"])
         elif kind == "tool_use":
             calls.append(_tool_use(block, path))
-        elif kind != "redacted_thinking":
-            texts.append(_text(block, path))
+        elif kind not in DROPPED_BLOCKS:
+            texts.append(_render(block, kind, path, texts[-1] if texts else ""))
     message = {"role": "assistant", "content": "".join(texts), "tool_calls": calls or None,
                "reasoning_content": "".join(thoughts) if thoughts else None}
     return param, message
@@ -191,18 +235,22 @@ def _tool_use(block: Mapping[str, Any], param: str) -> dict[str, Any]:
     return {"id": block.get("id"), "function": {"name": block.get("name"), "arguments": block.get("input", {})}}
 
 
-def _kind(block: Any, param: str) -> Any:
+def _kind(block: Any, param: str, allowed: tuple[str, ...] = ()) -> Any:
+    """The block's type; with `allowed`, a type outside it is a 400 naming the type and the field."""
     if not isinstance(block, Mapping):
         raise CanonicalError("a content block must be an object with a 'type'", param)
-    return block.get("type")
+    kind = block.get("type")
+    if allowed and kind not in allowed:
+        known = "unsupported" if kind not in KNOWN_BLOCKS else "misplaced"
+        raise CanonicalError(f"{known} content block type {kind!r} here; send one of {', '.join(allowed)}",
+                             f"{param}.type")
+    return kind
 
 
 def _text(block: Any, param: str) -> str:
-    kind = _kind(block, param)
-    if kind in MEDIA_BLOCKS:
-        raise CanonicalError(f"{kind} blocks are not supported; send text (or image blocks in user content)", param)
-    if kind != "text" or not isinstance(block.get("text"), str):
-        raise CanonicalError(f"unsupported content block type {kind!r} here; send text blocks", param)
+    _kind(block, param, ("text",))
+    if not isinstance(block.get("text"), str):
+        raise CanonicalError("a text block needs a 'text' string", f"{param}.text")
     return block["text"]
 
 
@@ -210,6 +258,72 @@ def _text_blocks(raw: Any, param: str) -> Iterator[str]:
     if not isinstance(raw, list):
         raise CanonicalError("must be a string or a list of text blocks", param)
     return (_text(block, f"{param}[{j}]") for j, block in enumerate(raw))
+
+
+# --- blocks rendered as text ---------------------------------------------------------------------------------
+
+
+def _render(block: Mapping[str, Any], kind: str, param: str, before: str) -> str:
+    """A block the model reads as text: `text` as it is; every other kind on lines of its own (after a
+    newline unless it starts the content or follows one)."""
+    if kind == "text":
+        return _text(block, param)
+    text = _rendered(block, kind, param)
+    return "\n" + text if before and not before.endswith("\n") else text
+
+
+def _rendered(block: Mapping[str, Any], kind: str, param: str) -> str:
+    if kind == "document":
+        return _lines(block.get("title"), _document_text(block, param))
+    if kind == "search_result":
+        return _lines(block.get("title"), block.get("source"), "".join(_text_blocks(block.get("content"),
+                                                                                     f"{param}.content")))
+    if kind == "tool_reference":
+        return _lines(f"tool_reference: {_name(block, 'tool_name', param)}")
+    if kind in ("server_tool_use", "mcp_tool_use"):
+        arguments = json.dumps(block.get("input"), sort_keys=True, ensure_ascii=False)
+        return _lines(f"[{kind} {_name(block, 'name', param)}] {arguments}")
+    return _lines(f"[{kind}] {_plain(block)}")
+
+
+def _lines(*texts: Any) -> str:
+    return "".join(f"{text}\n" for text in texts if isinstance(text, str) and text)
+
+
+def _source(block: Mapping[str, Any], param: str) -> str:
+    """A document's source type: `text` and `content` are read; PDF, URL and file sources are refused."""
+    source = block.get("source")
+    kind = source.get("type") if isinstance(source, Mapping) else None
+    if kind == "text" and isinstance(source.get("data"), str):
+        return kind
+    if kind == "content" and isinstance(source.get("content"), str | list):
+        return kind
+    raise CanonicalError("a document needs a text source {type: text, data} or a content source {type: content, "
+                         "content}; PDF, URL and file documents are not supported", f"{param}.source")
+
+
+def _document_text(block: Mapping[str, Any], param: str) -> str:
+    if _source(block, param) == "text":
+        return block["source"]["data"]
+    content = block["source"]["content"]
+    return content if isinstance(content, str) else "".join(_text_blocks(content, f"{param}.source.content"))
+
+
+def _name(block: Mapping[str, Any], key: str, param: str) -> str:
+    if not isinstance(block.get(key), str) or not block[key]:
+        raise CanonicalError(f"a {block.get('type')} block needs a non-empty '{key}'", f"{param}.{key}")
+    return block[key]
+
+
+def _plain(value: Any) -> str:
+    """The readable text of a server tool's result: titles, URLs, outputs and errors (encrypted parts left out)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        return " ".join(_plain(v) for v in value)
+    if isinstance(value, Mapping) and value.get("type") != "base64":
+        return " ".join(_plain(value[k]) for k in PLAIN_KEYS if value.get(k) not in (None, "", []))
+    return "" if value is None or isinstance(value, Mapping) else json.dumps(value)
 
 
 def _max_tokens(body: Mapping[str, Any]) -> int:

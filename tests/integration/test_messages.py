@@ -1,7 +1,9 @@
 """The Anthropic Messages front-end over real HTTP: the real `anthropic` SDK against the real gateway.
 
 Only the engine is fake (`ScriptedEngine`; `StopStringEngine` below adds a matched stop string). Covered:
-a thinking + tool_use + tool_result conversation replayed into one linear branch, Buffered SSE through
+a thinking + tool_use + tool_result conversation replayed into one linear branch, every content block type
+of the Messages spec (documents, search results, Claude Code's tool references, server-tool blocks; unknown
+or misplaced types are 400s naming the type), `chat_template_kwargs`, Buffered SSE through
 `messages.stream`, raw SSE frames and heartbeats, `x-api-key` auth, a Messages turn continued through
 Chat Completions, the four stop reasons, `count_tokens`, and bad bodies answered in the Anthropic shape.
 """
@@ -111,6 +113,39 @@ async def test_blocks_expand_to_canonical_messages() -> None:
     assert parse_request(body).hashes == request.hashes
 
 
+DOC = {"type": "document", "title": "Notes", "cache_control": {"type": "ephemeral"},
+       "source": {"type": "text", "media_type": "text/plain", "data": "x is 1."}}
+SEARCH = {"type": "search_result", "title": "Calc docs", "source": "https://docs.example/calc",
+          "content": [{"type": "text", "text": "calc adds one."}], "citations": {"enabled": True}}
+
+
+async def test_every_spec_block_type_is_read() -> None:
+    """Documents, search results, tool references and server-tool blocks are read as text on their own lines;
+    thinking is reasoning, redacted thinking is dropped."""
+    user = {"role": "user", "content": [
+        DOC, {"type": "text", "text": "Add one."}, SEARCH,
+        {"type": "document", "source": {"type": "content", "content": [{"type": "text", "text": "Part."}]}}]}
+    assistant = {"role": "assistant", "content": [
+        {"type": "thinking", "thinking": "Search first.", "signature": "sig"},
+        {"type": "redacted_thinking", "data": "opaque"},
+        {"type": "server_tool_use", "id": "srv_1", "name": "web_search", "input": {"query": "calc"}},
+        {"type": "web_search_tool_result", "tool_use_id": "srv_1", "content": [
+            {"type": "web_search_result", "title": "Calc", "url": "https://calc.example", "encrypted_content": "E"}]},
+        {"type": "text", "text": "Found it."},
+        {"type": "tool_use", "id": "t1", "name": "ToolSearch", "input": {"query": "calc"}}]}
+    result = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [
+        {"type": "tool_reference", "tool_name": "calc"}, {"type": "tool_reference", "tool_name": "Bash"},
+        {"type": "text", "text": "<system-reminder>Be careful.</system-reminder>"}, SEARCH, DOC]}]}
+    request = parse_request({"max_tokens": 9, "messages": [user, assistant, result]})
+    assert request.messages == (
+        Message("user", "Notes\nx is 1.\nAdd one.\nCalc docs\nhttps://docs.example/calc\ncalc adds one.\nPart."),
+        Message("assistant", '[server_tool_use web_search] {"query": "calc"}\n[web_search_tool_result] Calc '
+                'https://calc.example\nFound it.', "Search first.",
+                (ToolCall("ToolSearch", '{"query":"calc"}', "t1"),)),
+        Message("tool", "tool_reference: calc\ntool_reference: Bash\n<system-reminder>Be careful.</system-reminder>"
+                "\nCalc docs\nhttps://docs.example/calc\ncalc adds one.\nNotes\nx is 1.\n", tool_call_id="t1"))
+
+
 # --- happy path ---------------------------------------------------------------------------------
 
 
@@ -139,6 +174,42 @@ async def test_tool_conversation_replays_into_one_branch(template: ChatTemplate,
     assert second.stop_reason == "end_turn" and second.stop_sequence is None
     assert_linear(session, 2)
     assert engine.prompts[1][: len(engine.prompts[0])] == engine.prompts[0]
+
+
+async def test_claude_code_blocks_replay_into_one_branch(template: ChatTemplate, tokenizer: Any) -> None:
+    """A document and cache_control in the prompt, then a tool_result holding tool_reference blocks and an
+    appended system reminder (what Claude Code sends): 200 and one linear branch."""
+    engine = ScriptedEngine(tokenizer, [THINK_AND_CALL, ANSWER])
+    async with messages_gateway(template, engine) as gw:
+        session = gw.open_session()
+        client = gw.client(session)
+        prompt = {"role": "user", "content": [DOC, {"type": "text", "text": USER["content"],
+                                                    "cache_control": {"type": "ephemeral"}}]}
+        first = await client.messages.create(model="m", max_tokens=200, messages=[prompt], tools=TOOLS)
+        reminder = {"type": "text", "text": "<system-reminder>Stay on task.</system-reminder>"}
+        result = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": first.content[1].id,
+                                               "is_error": False, "content": [
+                                                   {"type": "tool_reference", "tool_name": "calc"}, reminder]}]}
+        history = [prompt, {"role": "assistant", "content": [b.to_dict() for b in first.content]}, result]
+        second = await client.messages.create(model="m", max_tokens=200, messages=history, tools=TOOLS)
+    assert second.content[0].text == ANSWER
+    assert_linear(session, 2)
+    assert session.forest.nodes[1].messages[0].content == "Notes\nx is 1.\n" + USER["content"]
+    assert session.forest.nodes[3].messages[0].content == "tool_reference: calc\n" + reminder["text"]
+
+
+async def test_chat_template_kwargs_reach_the_template(template: ChatTemplate, tokenizer: Any) -> None:
+    engine = ScriptedEngine(tokenizer, [ANSWER])
+    kwargs = {"enable_thinking": False}
+    async with messages_gateway(template, engine) as gw:
+        session = gw.open_session()
+        await gw.client(session).messages.create(model="m", max_tokens=20, messages=[USER],
+                                                 extra_body={"chat_template_kwargs": kwargs})
+    root, observation = session.forest.nodes[:2]
+    assert root.context is not None and root.context.template_kwargs == kwargs
+    assert engine.prompts[0] == template.prompt_ids(observation.messages, root.context)
+    assert engine.prompts[0] != template.prompt_ids(observation.messages, dataclasses.replace(root.context,
+                                                                                               template_kwargs=None))
 
 
 async def test_stream_gives_the_final_message(template: ChatTemplate, tokenizer: Any) -> None:
@@ -266,6 +337,12 @@ async def test_x_api_key_auth(template: ChatTemplate, tokenizer: Any) -> None:
      "messages[2].content[0].content[0].source"),
     ({"max_tokens": 5, "messages": [USER], "tools": [{"description": "no name"}]}, "tools[0].name"),
     ({"max_tokens": 5, "messages": [USER], "stop_sequences": "STOP"}, "stop_sequences"),
+    ({"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "document", "source": {
+        "type": "base64", "media_type": "application/pdf", "data": "JVBERi0="}}]}]}, "messages[0].content[0].source"),
+    ({"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "tool_reference"}]}]},
+     "messages[0].content[0].tool_name"),
+    ({"max_tokens": 5, "messages": [USER], "chat_template_kwargs": {"add_generation_prompt": False}},
+     "chat_template_kwargs.add_generation_prompt"),
 ])
 async def test_bad_requests_name_the_field(template: ChatTemplate, tokenizer: Any, body: dict[str, Any],
                                            path: str) -> None:
@@ -273,6 +350,24 @@ async def test_bad_requests_name_the_field(template: ChatTemplate, tokenizer: An
         response = await gw.post(gw.open_session(), body)
     message = assert_anthropic_error(response, 400, "invalid_request_error", path)
     assert "text-only" in message or "needs a source" in message or '"image"' not in json.dumps(body)
+
+
+@pytest.mark.parametrize(("messages", "path", "words"), [
+    ([{"role": "user", "content": [{"type": "hologram"}]}], "messages[0].content[0].type",
+     "unsupported content block type 'hologram'"),
+    ([{"role": "user", "content": [{"type": "tool_use", "id": "t", "name": "calc", "input": {}}]}],
+     "messages[0].content[0].type", "misplaced content block type 'tool_use'"),
+    ([USER, {"role": "assistant", "content": [{"type": "image", "source": {"type": "url", "url": "https://a"}}]}],
+     "messages[1].content[0].type", "misplaced content block type 'image'"),
+    ([USER, {"role": "assistant", "content": "a"}, {"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "thinking", "thinking": "x"}]}]}],
+     "messages[2].content[0].content[0].type", "misplaced content block type 'thinking'"),
+])
+async def test_unknown_or_misplaced_blocks_name_the_type(template: ChatTemplate, tokenizer: Any,
+                                                         messages: list[Any], path: str, words: str) -> None:
+    async with messages_gateway(template, ScriptedEngine(tokenizer, [ANSWER])) as gw:
+        response = await gw.post(gw.open_session(), {"max_tokens": 5, "messages": messages})
+    assert words in assert_anthropic_error(response, 400, "invalid_request_error", path)
 
 
 async def test_sdk_raises_bad_request_with_the_path(template: ChatTemplate, tokenizer: Any) -> None:

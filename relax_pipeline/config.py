@@ -102,6 +102,8 @@ class CreditConfig:
 
 @dataclass
 class EngineConfig:
+    """`engine=hf`: the embedded transformers engine (each engine option has its own schema)."""
+
     _target_: str = "relax_pipeline.engine.hf.HFEngine"
     device: str = "cpu"
     """torch device for the embedded engine."""
@@ -109,6 +111,20 @@ class EngineConfig:
     """Weights dtype: float32, bfloat16 or float16."""
     max_batch_size: int = 32
     """Most sequences decoded together."""
+
+
+@dataclass
+class ScriptedEngineConfig:
+    """`engine=scripted`: a fake engine replaying a JSONL script of assistant turns (testing/script_engine.py)."""
+
+    _target_: str = "relax_pipeline.testing.script_engine.ScriptEngine"
+    script: str = MISSING
+    """JSONL, one assistant turn a line: {"content", "reasoning", "tool_calls": [{"name", "arguments"}],
+    "finish": "stop"|"length"}, all optional; every session replays it from line 1, then answers "done."."""
+
+
+ENGINE_SCHEMAS = {"hf": EngineConfig, "scripted": ScriptedEngineConfig}
+"""The typed schema of each `engine=` option (its yaml names `<option>_schema` in its defaults)."""
 
 
 @dataclass
@@ -313,7 +329,8 @@ class Config:
     protocol: ProtocolConfig = field(default_factory=ProtocolConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     credit: CreditConfig = field(default_factory=CreditConfig)
-    engine: EngineConfig = field(default_factory=EngineConfig)
+    engine: Any = None
+    """Typed by the chosen option's schema (`ENGINE_SCHEMAS`)."""
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
@@ -335,7 +352,10 @@ def examples_root() -> Path:
 
 
 def register() -> None:
-    ConfigStore.instance().store(name="base_config", node=Config)
+    store = ConfigStore.instance()
+    store.store(name="base_config", node=Config)
+    for option, schema in ENGINE_SCHEMAS.items():
+        store.store(group="engine", name=f"{option}_schema", node=schema)
     """Register the schema and the resolvers `${relax_root:}` (repo folder) and `${relax_python:}`."""
     if not OmegaConf.has_resolver("relax_root"):
         OmegaConf.register_new_resolver("relax_root", lambda: str(examples_root()))

@@ -139,7 +139,7 @@ def test_experiment_smoke_cpu_composes_to_a_rollout() -> None:
     [
         ("job=nap", "job='nap' is not a job"),
         ("rollout.batch_size=0", "rollout.batch_size must be positive"),
-        ("rollout.max_response_len=4096", "rollout.max_response_len must be smaller"),
+        ("rollout.max_response_len=4096", "rollout.max_response_len=4096 must be smaller than rollout.max_context_len"),
         ("+agent.env.RELAX_X=x", "the RELAX_ prefix is reserved"),
         ("protocol.tool_call_parser=nope", "protocol.tool_call_parser='nope' is not built in"),
         ("dataset.path=/nonexistent.jsonl", "dataset.path='/nonexistent.jsonl' does not exist"),

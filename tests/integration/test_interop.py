@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import anthropic
+import openai
 import pytest
 import pytest_asyncio
 from test_gateway import TOOLS, Gateway, running_gateway
@@ -133,3 +134,78 @@ async def test_every_request_writes_one_access_line(gw: Gateway, caplog: pytest.
     assert "status=200" in ok and "completion_tokens=" in ok
     assert "status=400" in refused and "messages: messages must be a non-empty list" in refused
     assert "stream=true" in streamed
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def turns(template: ChatTemplate, tokenizer: Any) -> AsyncIterator[Gateway]:
+    """A gateway whose engine answers by the prompt, not by call order: the tool call first, "Done." once a
+    tool result is in the prompt."""
+    def answer(prompt_ids: Any) -> str:
+        return "Done." if "<tool_response>" in tokenizer.decode(prompt_ids) else CALL
+
+    frontends = [ChatFrontend(), ResponsesFrontend(), MessagesFrontend()]
+    async with running_gateway(template, ScriptedEngine(tokenizer, answer), frontends=frontends) as gateway:
+        yield gateway
+
+
+# ---- streamed Responses carry their text (LangChain ChatOpenAI(use_responses_api=True, streaming)) ----------
+
+async def test_streamed_responses_carry_text_and_argument_deltas(turns: Gateway) -> None:
+    session = turns.open_session()
+    client = turns.sdk(session)
+    tools = [{"type": "function", "name": "calc", "parameters": {"type": "object"}}]
+    events = [e async for e in await client.responses.create(model="m", input="Add one to 1.", tools=tools,
+                                                              stream=True)]
+    arguments = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
+    call = next(item for item in events[-1].response.output if item.type == "function_call")
+    assert arguments == call.arguments and events[-1].type == "response.completed"
+    items: list[Any] = [{"role": "user", "content": "Add one to 1."},
+                        *[item.model_dump(exclude_none=True) for item in events[-1].response.output],
+                        {"type": "function_call_output", "call_id": call.call_id, "output": "2"}]
+    async with client.responses.stream(model="m", input=items, tools=tools) as stream:
+        text = "".join([e.delta async for e in stream if e.type == "response.output_text.delta"])
+        final = await stream.get_final_response()
+    assert text == final.output_text == "Done."
+    assert session.forest.turn_count == 2 and len(session.forest.leaves()) == 1
+
+
+# ---- Claude Code's tool_reference blocks inside a tool_result (always streaming, ?beta=true) ----------------
+
+async def test_claude_code_tool_reference_in_a_tool_result(turns: Gateway) -> None:
+    session = turns.open_session()
+    client = claude(turns, session)
+    tools = [{"name": "calc", "input_schema": {"type": "object"}, "cache_control": {"type": "ephemeral"}}]
+    messages: list[Any] = [{"role": "user", "content": [{"type": "text", "text": "Add one to 1."}]}]
+    betas = ["claude-code-20250219", "interleaved-thinking-2025-05-14"]
+    async with client.beta.messages.stream(model="m", max_tokens=64, messages=messages, tools=tools,
+                                           betas=betas) as stream:
+        first = await stream.get_final_message()
+    use = next(block for block in first.content if block.type == "tool_use")
+    found = [{"type": "tool_reference", "tool_name": "calc"},
+             {"type": "text", "text": "<system-reminder>Use the tool.</system-reminder>"}]
+    messages += [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
+                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": found}]}]
+    async with client.beta.messages.stream(model="m", max_tokens=64, messages=messages, tools=tools,
+                                           betas=betas) as stream:
+        second = await stream.get_final_message()
+    assert second.content[0].text == "Done."
+    assert session.forest.turn_count == 2 and session.forest.forks == []
+    assert session.forest.nodes[3].messages[0].content.startswith("tool_reference: calc\n")
+
+
+# ---- previous_response_id: only the new items are sent (openai-agents with server-side conversation state) -
+
+async def test_previous_response_id_sends_only_the_new_items(turns: Gateway) -> None:
+    session = turns.open_session()
+    client = turns.sdk(session)
+    tools = [{"type": "function", "name": "calc", "parameters": {"type": "object"}}]
+    first = await client.responses.create(model="m", instructions="Be brief.", input="Add one to 1.", tools=tools)
+    call = next(item for item in first.output if item.type == "function_call")
+    output = {"type": "function_call_output", "call_id": call.call_id, "output": "2"}
+    second = await client.responses.create(model="m", instructions="Be brief.", previous_response_id=first.id,
+                                           input=[output], tools=tools)
+    assert second.output_text == "Done."
+    assert session.forest.turn_count == 2 and len(session.forest.leaves()) == 1 and session.forest.forks == []
+    with pytest.raises(openai.BadRequestError) as refused:
+        await client.responses.create(model="m", previous_response_id="resp_unknown", input="again")
+    assert refused.value.body["param"] == "previous_response_id"

@@ -1,8 +1,9 @@
 """Anthropic Messages front-end: request JSON → `TurnRequest`, `TurnResult` → message JSON or SSE events.
 
 Fields used: `system` (a string or text blocks → a leading system message), `messages` (roles user and
-assistant), `tools`, `max_tokens` (required), `stop_sequences` and `chat_template_kwargs` (as in Chat
-Completions); `model` is echoed. Every other field (`thinking`, `metadata`, `temperature`, `tool_choice`,
+assistant; a `system` message of text blocks mid-conversation, as Claude Code sends, is a system turn),
+`tools`, `max_tokens` (required), `stop_sequences` and `chat_template_kwargs` (as in Chat Completions);
+`model` is echoed. Every other field (`thinking`, `metadata`, `temperature`, `tool_choice`,
 `context_management`, ...), every unknown block field (`cache_control`, `citations`, ...) and every beta
 query parameter is accepted and ignored. Only custom tools (no `type`, or `type: "custom"`) reach the
 model; server tools (`web_search_20250305`, `bash_20250124`, ...) are dropped.
@@ -134,13 +135,25 @@ def _expand(raw: Any, param: str) -> list[Item]:
     if not isinstance(raw, Mapping):
         raise CanonicalError("a message must be an object with 'role' and 'content'", param)
     role, content = raw.get("role"), raw.get("content")
-    if role not in ("user", "assistant"):
-        raise CanonicalError(f"role must be 'user' or 'assistant', got {role!r}", f"{param}.role")
+    if role not in ("user", "assistant", "system"):
+        raise CanonicalError(f"role must be 'user' or 'assistant' (or 'system'), got {role!r}", f"{param}.role")
     if isinstance(content, str):
         return [(param, {"role": role, "content": content})]
     if not isinstance(content, list):
         raise CanonicalError("content must be a string or a list of content blocks", f"{param}.content")
+    if role == "system":  # Claude Code sends its environment notes as a system message mid-conversation
+        return [(param, {"role": "system", "content": _system_text(content, param)})]
     return [_assistant(content, param)] if role == "assistant" else list(_user(content, param))
+
+
+def _system_text(blocks: list[Any], param: str) -> str:
+    """The text blocks of a system message, joined as one system turn."""
+    texts = []
+    for j, block in enumerate(blocks):
+        if _kind(block, f"{param}.content[{j}]") != "text" or not isinstance(block.get("text"), str):
+            raise CanonicalError("a system message holds text blocks only", f"{param}.content[{j}]")
+        texts.append(block["text"])
+    return "\n\n".join(texts)
 
 
 def _user(blocks: list[Any], param: str) -> Iterator[Item]:

@@ -23,8 +23,7 @@ def test_smolagents_runs_through_the_pipeline(tmp_path: Path, tiny_path: Path, s
     skip_unless("smolagents")
     result = run_harness(tmp_path, tiny_path, "smolagents", SCRIPT, f"agent.env.SMOLAGENTS_STREAM={int(stream)}")
     assert set(apis(result)) == {("chat", stream)}
-    check_run(result, linear=False)
-    if result.metrics["rollout/fork_count"]:
-        pytest.xfail(FORKS)
-    for row in check_run(result):
-        assert row["turn_count"] == 3
+    trained = check_run(result, linear=False)
+    # Forks are not errors: every chain of a forked session is exported and each model call trained once.
+    assert result.metrics["rollout/fork_count"] > 0, FORKS
+    assert {r["branch"] for r in trained} >= {0, 1}

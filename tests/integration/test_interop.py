@@ -209,3 +209,16 @@ async def test_previous_response_id_sends_only_the_new_items(turns: Gateway) -> 
     with pytest.raises(openai.BadRequestError) as refused:
         await client.responses.create(model="m", previous_response_id="resp_unknown", input="again")
     assert refused.value.body["param"] == "previous_response_id"
+
+
+# ---- Claude Code: a system message inside `messages` -----------------------------------------------------
+
+async def test_messages_accepts_a_system_message_mid_conversation(gw: Gateway) -> None:
+    session = gw.open_session()
+    environment = {"role": "system", "content": [{"type": "text", "text": "# Environment\ncwd: /tmp"}]}
+    body = {"model": "m", "max_tokens": 64, "stream": True,
+            "messages": [{"role": "user", "content": "Hi"}, environment]}
+    reply = await gw.post(session, body, "v1/messages?beta=true")
+    assert reply.status_code == 200 and "message_stop" in reply.text
+    roles = [m.role for m in session.forest.nodes[1].messages]
+    assert roles == ["user", "system"]

@@ -331,7 +331,7 @@ async def test_x_api_key_auth(template: ChatTemplate, tokenizer: Any) -> None:
      "messages[0].content[1]"),
     ({"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image", "source": {
         "type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}]}]}, "messages[0].content[0]"),
-    ({"max_tokens": 5, "messages": [{"role": "system", "content": "hi"}]}, "messages[0].role"),
+    ({"max_tokens": 5, "messages": [{"role": "robot", "content": "hi"}]}, "messages[0].role"),
     ({"max_tokens": 5, "messages": [USER, {"role": "assistant", "content": "a"}, {"role": "user", "content": [
         {"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "image"}]}]}]},
      "messages[2].content[0].content[0].source"),

@@ -8,8 +8,14 @@ prefix; only the new items are canonicalized and hashed. The result is identical
 everything, because canonicalization is a pure function of an item; what changes is that a turn's
 Python-level work no longer grows with the number of earlier turns.
 
+The request's context (tools and template kwargs) is reused the same way: when its decoded JSON equals
+the previous request's, the previous `Context` object is returned, so the tools are not copied and
+hashed again and everything keyed by the context (its root hash, the template's per-context checks)
+stays warm.
+
 It keeps references to the decoded items it was given (no copies) and forgets the oldest entry when
-full. It knows nothing about protocols: the caller passes the per-item parse function.
+full. It knows nothing about protocols: the caller passes the per-item parse function and the context
+builder.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from typing import Any
 from relax_pipeline.canonical.form import Context, Message, chain
 
 ParseItem = Callable[[Any, str], Message]
+BuildContext = Callable[[], Context]
 
 
 @dataclass(frozen=True)
@@ -38,6 +45,17 @@ class RequestMemo:
     def __init__(self, size: int = 4) -> None:
         self._entries: deque[_Entry] = deque(maxlen=max(size, 1))
         self._enabled = size > 0
+        self._context: tuple[Any, Context] | None = None
+
+    def context(self, raw: Any, build: BuildContext) -> Context:
+        """`build()`, or the previous request's context when its `raw` equals this one's (the decoded JSON
+        of its tools and kwargs, tagged with the front-end, whose builder may read them its own way)."""
+        if self._context is not None and self._context[0] == raw:
+            return self._context[1]
+        context = build()
+        if self._enabled:
+            self._context = (raw, context)
+        return context
 
     def canonical(self, items: list[Any], context: Context, parse: ParseItem, param: str = "messages"
                   ) -> tuple[tuple[Message, ...], tuple[bytes, ...]]:

@@ -33,11 +33,14 @@ def parse_request(body: Any, memo: RequestMemo | None = None) -> TurnRequest:
     """
     if not isinstance(body, Mapping):
         raise CanonicalError("the request body must be a JSON object", None)
-    context = Context(canonical_tools(body.get("tools")), canonical_template_kwargs(body.get("chat_template_kwargs")))
+    memo = memo or RequestMemo(0)
+    tools, kwargs = body.get("tools"), body.get("chat_template_kwargs")
+    context = memo.context(("chat", tools, kwargs),
+                           lambda: Context(canonical_tools(tools), canonical_template_kwargs(kwargs)))
     raw = body.get("messages")
     if not isinstance(raw, list) or not raw:
         raise CanonicalError("messages must be a non-empty list", "messages")
-    messages, hashes = (memo or RequestMemo(0)).canonical(raw, context, parse_message)
+    messages, hashes = memo.canonical(raw, context, parse_message)
     return TurnRequest(messages, context, _max_tokens(body), _stop(body.get("stop")), _seed(body.get("seed")),
                        hashes)
 

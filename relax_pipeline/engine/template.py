@@ -7,7 +7,9 @@ content, and tokenizes only what follows: the template's glue after an assistant
 and the next generation prompt. The cut text starts with the template's end-of-turn marker; when the
 previous response already ended with it (the usual case) that marker is dropped, otherwise (a response
 cut by the length limit or a stop string) it is kept, so the turn is closed the way the template
-renders it, with loss 0.
+renders it, with loss 0. Deltas of plain observations (tool results, user messages) are rendered once
+per shape and then filled in (`delta_shapes.py`, exact by its probes and markers), so a turn pays for
+no Jinja render.
 
 Images render as `{"type": "image"}` content parts (`Message.to_template`), which a vision-language
 template writes as one unexpanded placeholder (Qwen2-VL: `<|vision_start|><|image_pad|><|vision_end|>`).
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from relax_pipeline.canonical.form import TEXT_ONLY_MESSAGE, CanonicalError, Context, Message
+from relax_pipeline.engine.delta_shapes import DeltaShapes
 from relax_pipeline.engine.render import Codec, Renderer
 
 if TYPE_CHECKING:
@@ -53,6 +56,7 @@ class ChatTemplate:
         self._renderer = Renderer(tokenizer)
         self.codec = Codec(tokenizer)
         self._tools_matter: dict[bytes, bool] = {}
+        self._shapes = DeltaShapes(self._tail, tokenizer)
         self.end_of_turn = end_of_turn or self._detect_end_of_turn()
         self.end_of_turn_ids = tuple(self.encode(self.end_of_turn))
         self.vision: Vision | None = None
@@ -78,13 +82,14 @@ class ChatTemplate:
         """Token ids of a first turn: the full render with the generation prompt."""
         return self.encode(self.render(messages, context, generation_prompt=True))
 
-    def check_media(self, messages: Sequence[Message]) -> None:
-        """A text-only model refuses the first image with a 400 naming its field."""
+    def check_media(self, messages: Sequence[Message], start: int = 0) -> None:
+        """A text-only model refuses the first image with a 400 naming its field (`messages[start]` is the
+        request's message `start`)."""
         if self.vision is not None:
             return
         for i, message in enumerate(messages):
             if message.images:
-                raise CanonicalError(TEXT_ONLY_MESSAGE, message.images[0].param or f"messages[{i}].content")
+                raise CanonicalError(TEXT_ONLY_MESSAGE, message.images[0].param or f"messages[{start + i}].content")
 
     def prompt_length(self, messages: Sequence[Message], context: Context) -> int:
         """Tokens of a first-turn prompt as the model sees it (image placeholders expanded)."""
@@ -101,7 +106,10 @@ class ChatTemplate:
         return self.encode(self.delta_text(messages, context, previous_ended_turn))
 
     def delta_text(self, messages: Sequence[Message], context: Context, previous_ended_turn: bool) -> str:
-        tail = self._tail([m.to_template() for m in messages], context, self._need_tools(context))
+        tools = self._need_tools(context)
+        tail = self._shapes.render(messages, context, tools)
+        if tail is None:
+            tail = self._tail([m.to_template() for m in messages], context, tools)
         if not tail.startswith(self.end_of_turn):
             raise ValueError(f"chat template does not close an assistant turn with {self.end_of_turn!r}")
         return tail[len(self.end_of_turn) :] if previous_ended_turn else tail

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import time
 from array import array
+from bisect import bisect_left
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -192,13 +193,17 @@ class SessionForest:
     def _committed(self, state: bytes) -> bool:
         return state in self._by_state or state in self._by_prefix
 
+    def _first_uncommitted(self, hashes: Sequence[bytes]) -> int:
+        """Index of the first message whose end state is not committed (binary search: committed states
+        are closed under prefixes, since every prefix of a committed lineage is committed)."""
+        return bisect_left(range(len(hashes) - 1), True, key=lambda i: hashes[i + 1] not in self._by_prefix
+                           and hashes[i + 1] not in self._by_state)
+
     def _reuse_committed(self, messages: Sequence[Message], hashes: list[bytes]
                          ) -> tuple[Sequence[Message], list[bytes]]:
         """Replace re-sent assistant messages that equal a committed response in what is visible by that
         response's message, and re-chain the hashes after the first replacement (one forward pass)."""
-        i = 0
-        while i < len(messages) and self._committed(hashes[i + 1]):
-            i += 1
+        i = self._first_uncommitted(hashes)
         if i == len(messages):
             return messages, hashes
         out, changed = list(messages), False

@@ -100,21 +100,24 @@ class TurnService:
 
         `seed` is the session's seed for this turn, used when the request brings none.
         """
-        request = request if request.seed is not None or seed is None else dataclasses.replace(request, seed=seed)
         _check_last_message(request.messages)
-        self.check_media(request)
         match = forest.match(request.context, request.messages, request.hashes, self.reuse_visible)
         match = _attach_point(forest, match)
+        # committed messages hold no image (a text-only model refused them), so only the new ones are checked
+        self.template.check_media(match.delta, len(request.messages) - len(match.delta))
+        seed = request.seed if request.seed is not None else seed
         parent = match.parent
         if parent is None or parent.kind == "root":
             obs = self.template.prompt_ids(match.delta, match.context)
-            return self._prepared(match, obs, obs, request, self._media(forest, match, obs))
+            return self._prepared(match, obs, obs, request, seed, self._media(forest, match, obs))
         if match.full:
-            return self._prepared(match, (), forest.prompt_ids(parent), request, self._media(forest, match, ()))
+            return self._prepared(match, (), forest.prompt_ids(parent), request, seed, self._media(forest, match, ()))
         existing = forest.find_child(parent, match.hashes[-1])
         obs = existing.token_ids if existing else self.template.delta_ids(match.delta, match.context, parent.ends_turn)
         media = self._media(forest, match, obs, existing)
-        return self._prepared(match, obs, forest.prompt_ids(parent) + list(obs), request, media)
+        prompt = forest.prompt_ids(parent)  # a fresh list: extended in place, not copied again
+        prompt += obs
+        return self._prepared(match, obs, prompt, request, seed, media)
 
     def check_media(self, request: TurnRequest) -> None:
         """Refuse images when the model is text-only (400 naming the first image's field)."""
@@ -136,7 +139,7 @@ class TurnService:
                                  "images; image placeholder tokens may not appear in text", "messages")
         return _TurnMedia(new, before + new)
 
-    def _prepared(self, match: Match, obs: list[int] | tuple[int, ...], prompt: list[int], request: TurnRequest,
+    def _prepared(self, match: Match, obs: Sequence[int], prompt: list[int], request: TurnRequest, seed: int | None,
                   media: _TurnMedia = _NO_MEDIA) -> PreparedTurn:
         d = self.defaults
         length = len(prompt) + media.extra_tokens
@@ -150,8 +153,7 @@ class TurnService:
                 "context_length_exceeded",
             )
         limit = min(request.max_tokens or d.max_response_len, d.max_response_len, room)
-        sampling = SamplingParams(limit, d.temperature, d.top_p, d.top_k, request.stop, self.stop_token_ids,
-                                  request.seed)
+        sampling = SamplingParams(limit, d.temperature, d.top_p, d.top_k, request.stop, self.stop_token_ids, seed)
         return PreparedTurn(match, tuple(obs), prompt, sampling, media.lineage, media.new)
 
     async def run(self, forest: SessionForest, request: TurnRequest, rid: str | None = None,

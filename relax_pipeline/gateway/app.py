@@ -1,4 +1,4 @@
-"""The gateway's FastAPI app: model-API routes per session, auth, `/health` and `/v1/models`.
+"""The gateway's ASGI app: model-API routes per session, auth, `/health` and `/v1/models`.
 
 Every front-end resource is served under the service prefix in both forms, `{prefix}/v1/<resource>`
 and `{prefix}/<resource>` (the OpenAI SDKs append the bare resource to a base URL that keeps its path).
@@ -11,6 +11,10 @@ request writes one access line (`relax_pipeline.gateway.access`: api, session, s
 run.log, and every 4xx/5xx is a WARNING with its message. Each answer's id is recorded against the
 response node it committed (`ForestStore.remember_response`), for Responses' `previous_response_id`. This module does
 not start a server (`server.py`) and holds no turn logic (`turn/service.py`).
+
+Model turns are served as raw ASGI routes (`asgi.py`): no FastAPI dependency machinery, one task to
+watch for a disconnect instead of a polled turn task, responses rendered with orjson, and an access
+line formatted only by the handler that writes it. Everything else is a FastAPI route.
 """
 
 from __future__ import annotations
@@ -25,10 +29,13 @@ from typing import Any
 
 import orjson
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Route
+from starlette.types import Receive, Scope
 
 from relax_pipeline.canonical.form import CanonicalError
+from relax_pipeline.gateway.asgi import DisconnectWatch, GatewayApp, TurnRoute, header, json_response, read_body
 from relax_pipeline.protocol.base import Frontend, TurnMeta, parse_turn
 from relax_pipeline.protocol.chat import ChatFrontend
 from relax_pipeline.protocol.errors import ProtocolError, anthropic_body, openai_body
@@ -40,27 +47,29 @@ from relax_pipeline.turn.sessions import ForestStore, Session, Status
 
 log = logging.getLogger(__name__)
 access_log = logging.getLogger(ACCESS_LOGGER)
-DISCONNECT_POLL_S = 0.5
+ACCESS_LINE = "api=%s session=%s status=%d stream=%s prompt_tokens=%d completion_tokens=%d ms=%.1f"
 
 
 def create_app(store: ForestStore, turns: TurnService, prefix: str = "/agentic_api", model_name: str = "relax",
-               frontends: Sequence[Frontend] | None = None, heartbeat_s: float = 15.0) -> FastAPI:
+               frontends: Sequence[Frontend] | None = None, heartbeat_s: float = 15.0) -> GatewayApp:
     """Build the app; `prefix` is the service path that agents' base URLs keep."""
     app = FastAPI(title="relax_pipeline gateway", docs_url=None, redoc_url=None, openapi_url=None)
     prefix = "/" + prefix.strip("/") if prefix.strip("/") else ""
     gateway = _Gateway(store, turns, model_name, heartbeat_s)
     served = list(frontends or [ChatFrontend()])
     app.add_api_route("/health", gateway.health, methods=["GET"])
+    turn_routes: dict[str, TurnRoute] = {}
     for base in (f"{prefix}/v1", prefix):
         for frontend in served:
             for path in frontend.paths:
-                app.add_api_route(f"{base}/{path}", gateway.endpoint(frontend), methods=["POST"])
+                turn_routes[f"{base}/{path}"] = TurnRoute(partial(gateway.turn, frontend))
+                app.router.routes.append(Route(f"{base}/{path}", turn_routes[f"{base}/{path}"], methods=["POST"]))
             if isinstance(frontend, MessagesFrontend):
                 app.add_api_route(f"{base}/messages/count_tokens", gateway.count_tokens, methods=["POST"])
         app.add_api_route(f"{base}/models", gateway.models, methods=["GET"])
     resources = ", ".join(p for f in served for p in f.paths)
     app.add_exception_handler(StarletteHTTPException, _http_error_handler(resources))
-    return app
+    return GatewayApp(app, turn_routes)
 
 
 def _http_error_handler(resources: str):  # noqa: ANN202 - a Starlette exception handler
@@ -71,7 +80,7 @@ def _http_error_handler(resources: str):  # noqa: ANN202 - a Starlette exception
         if status == 404:
             message += f"; this gateway serves {resources} and models"
         access_log.warning("%s %s status=%d error=%s", request.method, request.url.path, status, message)
-        return JSONResponse(openai_body(ProtocolError(status, message)), status_code=status)
+        return json_response(openai_body(ProtocolError(status, message)), status)
 
     return handle
 
@@ -91,38 +100,31 @@ class _Gateway:
 
     async def models(self, request: Request) -> Response:
         try:
-            self._session(request)
+            self._session(request.scope)
         except ProtocolError as error:
-            return _error(openai_body(error), error.status)
+            return json_response(openai_body(error), error.status)
         model = {"id": self.model_name, "object": "model", "created": 0, "owned_by": "relax_pipeline"}
-        return JSONResponse({"object": "list", "data": [model]})
+        return json_response({"object": "list", "data": [model]})
 
     async def count_tokens(self, request: Request) -> Response:
         """Anthropic `messages/count_tokens`: input tokens of the rendered prompt, nothing generated."""
         try:
-            self._session(request)
-            return JSONResponse(count_tokens(_json(await request.body()), self.turns.template))
+            self._session(request.scope)
+            return json_response(count_tokens(_json(await request.body()), self.turns.template))
         except CanonicalError as error:
-            return _error(anthropic_body(ProtocolError.from_canonical(error)), 400)
+            return json_response(anthropic_body(ProtocolError.from_canonical(error)), 400)
         except ProtocolError as error:
-            return _error(anthropic_body(error), error.status)
+            return json_response(anthropic_body(error), error.status)
 
-    def endpoint(self, frontend: Frontend):  # noqa: ANN201 - a FastAPI endpoint
-        async def handle(request: Request) -> Response:
-            return await self.turn(frontend, request)
-
-        handle.__name__ = f"{frontend.name}_turn"
-        return handle
-
-    async def turn(self, frontend: Frontend, request: Request) -> Response:
+    async def turn(self, frontend: Frontend, scope: Scope, receive: Receive) -> Response:
         """Authenticate, parse and match, then answer as JSON or Buffered SSE; every error in protocol shape.
 
         The prompt is matched and its length checked before any stream opens, so a request over the
         context limit gets a 400 in the provider's shape, never a 200 with an in-stream error."""
         started, session = time.perf_counter(), None
         try:
-            session = self._session(request)
-            body = _json(await request.body())
+            session = self._session(scope)
+            body = _json(await read_body(receive))
             turn = parse_turn(frontend, body, session.memo, partial(self.store.response_history, session))
             stream = frontend.wants_stream(body)
             prepared = self._prepare(session, turn)
@@ -130,15 +132,15 @@ class _Gateway:
             return self._refuse(frontend, _protocol_error(error), session, started)
         meta = self._meta(body, frontend)
         if stream:
-            events = self._sse(frontend, session, prepared, meta, request, started)
+            events = self._sse(frontend, session, prepared, meta, started)
             return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         try:
-            result = await self._generate(session, prepared, request)
+            result = await self._generate(session, prepared, receive)
             self.store.remember_response(session, meta.response_id, result.node_id)
         except ProtocolError as error:
             return self._refuse(frontend, error, session, started)
         _access(frontend.name, session.id, 200, started, result)
-        return JSONResponse(frontend.render(result, meta))
+        return json_response(frontend.render(result, meta))
 
     def _prepare(self, session: Session, turn: TurnRequest) -> PreparedTurn:
         """Match the request and build its prompt (400s: bad media, context too long) without generating."""
@@ -146,22 +148,27 @@ class _Gateway:
 
     def _refuse(self, frontend: Frontend, error: ProtocolError, session: Session | None, started: float) -> Response:
         _access(frontend.name, session.id if session else None, error.status, started, error=error)
-        return _error(frontend.error_body(error), error.status)
+        return json_response(frontend.error_body(error), error.status)
 
     def _meta(self, body: Any, frontend: Frontend) -> TurnMeta:
         model = body.get("model") if isinstance(body.get("model"), str) else self.model_name
         token_text = self._token_text if body.get("logprobs") is True else None
         return TurnMeta(f"{frontend.name}-{secrets.token_hex(12)}", int(time.time()), model, token_text)
 
-    async def _generate(self, session: Session, prepared: PreparedTurn, request: Request) -> TurnResult:
-        """Run the turn; abort it (499, nothing committed) when the client goes away first."""
-        task = asyncio.ensure_future(self._run(session, prepared))
-        while not task.done():
-            await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
-            if not task.done() and await request.is_disconnected():
-                task.cancel()
-                raise ProtocolError(499, "client disconnected; the generation was aborted and nothing committed")
-        return task.result()
+    async def _generate(self, session: Session, prepared: PreparedTurn, receive: Receive) -> TurnResult:
+        """Run the turn in this task; abort it (499, nothing committed) when the client goes away first."""
+        task = asyncio.current_task()
+        assert task is not None
+        watch = DisconnectWatch(task, receive)
+        try:
+            return await self._run(session, prepared)
+        except asyncio.CancelledError:
+            if not watch.fired:
+                raise
+            task.uncancel()
+            raise ProtocolError(499, "client disconnected; the generation was aborted and nothing committed") from None
+        finally:
+            watch.stop()
 
     async def _run(self, session: Session, prepared: PreparedTurn) -> TurnResult:
         try:
@@ -176,7 +183,7 @@ class _Gateway:
             raise ProtocolError(500, f"internal error: {type(error).__name__}: {error}") from None
 
     async def _sse(self, frontend: Frontend, session: Session, prepared: PreparedTurn, meta: TurnMeta,
-                   request: Request, started: float) -> AsyncIterator[bytes]:
+                   started: float) -> AsyncIterator[bytes]:
         """Open frames at once, heartbeats while generating, then the whole terminal sequence.
 
         When the client disconnects, Starlette cancels this generator; the turn task is cancelled with it,
@@ -208,9 +215,9 @@ class _Gateway:
     def _token_text(self, token_id: int) -> str:
         return self.turns.template.decode([token_id])
 
-    def _session(self, request: Request) -> Session:
+    def _session(self, scope: Scope) -> Session:
         """Authenticate: Bearer token (or x-api-key) must name a session that is running."""
-        key = _credential(request)
+        key = _credential(scope)
         if not key:
             raise ProtocolError(401, "missing credential: send 'Authorization: Bearer <RELAX_SESSION_ID>'")
         session = self.store.get(key)
@@ -223,22 +230,20 @@ class _Gateway:
         return session
 
 
-def _credential(request: Request) -> str | None:
-    auth = request.headers.get("authorization", "")
+def _credential(scope: Scope) -> str | None:
+    auth = header(scope, b"authorization") or ""
     if auth.lower().startswith("bearer "):
         return auth[7:].strip() or None
-    return request.headers.get("x-api-key") or None
+    return header(scope, b"x-api-key") or None
 
 
-def _json(raw: bytes) -> Any:
+def _json(raw: bytes | None) -> Any:
+    if raw is None:
+        raise ProtocolError(499, "client disconnected before its request body arrived")
     try:
         return orjson.loads(raw)
     except (ValueError, RecursionError) as error:
         raise ProtocolError(400, f"the request body is not valid JSON: {error}") from None
-
-
-def _error(body: dict[str, Any], status: int) -> JSONResponse:
-    return JSONResponse(body, status_code=status)
 
 
 def _protocol_error(error: CanonicalError | ProtocolError) -> ProtocolError:
@@ -248,11 +253,14 @@ def _protocol_error(error: CanonicalError | ProtocolError) -> ProtocolError:
 def _access(api: str, session_id: str | None, status: int, started: float, result: TurnResult | None = None,
             error: ProtocolError | None = None, streamed: bool = False) -> None:
     """One access line per model request in run.log; 4xx/5xx at WARNING with the error's message."""
+    level = logging.INFO if error is None else logging.WARNING
+    if not access_log.isEnabledFor(level):
+        return
     ms = (time.perf_counter() - started) * 1000
     prompt, completion = (result.prompt_tokens, len(result.output.output_ids)) if result else (0, 0)
-    line = (f"api={api} session={session_id or '-'} status={status} stream={str(streamed).lower()} "
-            f"prompt_tokens={prompt} completion_tokens={completion} ms={ms:.1f}")
+    fields = (api, session_id or "-", status, "true" if streamed else "false", prompt, completion, ms)
     if error is None:
-        access_log.info(line)
+        access_log.info(ACCESS_LINE, *fields)
     else:
-        access_log.warning("%s error=%s%s", line, f"{error.param}: " if error.param else "", error.message)
+        access_log.warning(ACCESS_LINE + " error=%s%s", *fields, f"{error.param}: " if error.param else "",
+                           error.message)

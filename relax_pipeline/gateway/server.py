@@ -18,13 +18,13 @@ import asyncio
 import socket
 
 import uvicorn
-from fastapi import FastAPI
+from starlette.types import ASGIApp
 
 
 class GatewayServer:
     """One uvicorn server for one run."""
 
-    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0, prefix: str = "/agentic_api") -> None:
+    def __init__(self, app: ASGIApp, host: str = "127.0.0.1", port: int = 0, prefix: str = "/agentic_api") -> None:
         self.app = app
         self.host = host
         self.port = port

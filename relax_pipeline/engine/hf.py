@@ -6,10 +6,18 @@ abort, weight update, close) and gets results back via `loop.call_soon_threadsaf
 serving HTTP never waits on the model.
 
 Continuous batching: at every step boundary the worker applies queued commands in order, admits waiting
-requests (up to `max_batch_size` active) by prefilling each alone and merging its KV cache into the
-shared left-padded batch cache, then runs one decode step for all active requests (attention mask,
-per-row position ids). Finished requests leave at once and all-padding leading cache columns are
-trimmed. Logits match a solo run up to float rounding of padded attention (tests: greedy identical).
+requests (up to `max_batch_size` active), then runs one decode step for all active requests of all
+sessions (attention mask, per-row positions). Admission prefills the requests that arrived together in
+batched passes (`hf_batch.Prefiller`) through the prefix KV cache (`prefix_cache.py`, a radix tree over
+token ids within `kv_cache_mb`, LRU): prefixes several of them share (a GRPO group's prompt, the chat
+template's preamble) are computed once, and each request prefills only the tokens after its longest cached
+prefix, so a session's next turn (its previous prompt + generated tokens + observation) and a group's
+siblings skip what was computed before. The result merges into the shared padded batch cache. Prompts
+are cached after prefill, and prompt + generated tokens when a request leaves; a weight update clears
+the cache; when memory runs short the cache is released (a prefill pass is then retried once). Finished
+requests leave at once and all-padding leading cache columns are trimmed. Logits match a solo uncached
+run up to float rounding of padded attention (tests: greedy and seeded tokens identical, logprobs within
+1e-4). `threads` sets torch's intra-op thread count (None keeps torch's default).
 
 Contracts: per-request sampling and full-vocabulary float32 logprobs before top-k/top-p (`sampling.py`);
 stop token ids (request's plus engine default) end with "stop" and are kept; stop strings end with
@@ -30,7 +38,8 @@ position is `cached_len + delta`, which is 0 for text prompts, so the text path 
 (the model's image processor, `vision.py`) is loaded at start for the turn service to use.
 
 Not supported: sliding-window attention layers (the padded shared cache treats every layer as full),
-batched prefill, prefix caching, speculative decoding; stop strings never match across the prompt.
+prefix caching of prompts with images (they prefill alone, uncached), speculative decoding; stop strings
+never match across the prompt.
 """
 
 from __future__ import annotations
@@ -54,7 +63,8 @@ from relax_pipeline.engine.base import (
     SamplingParams,
     expand_placeholders,
 )
-from relax_pipeline.engine.hf_batch import Batch, ModelCall, Request
+from relax_pipeline.engine.hf_batch import Batch, ModelCall, Prefilled, Prefiller, Request, memory_short, take
+from relax_pipeline.engine.prefix_cache import PrefixCache
 from relax_pipeline.engine.sampling import (
     StopStringMatcher,
     check_sampling,
@@ -69,6 +79,7 @@ _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch
 
 Command = Callable[[], None]
 _log = logging.getLogger(__name__)
+
 
 
 def _resolve(loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any], value: Any) -> None:
@@ -100,9 +111,13 @@ class _Scheduler:
         self.batch = Batch()
         self.live: dict[str, Request] = {}
         self.stopping = False
+        self.prefix = PrefixCache(engine.kv_cache_mb * 2**20)
+        self.prefiller = Prefiller(self.call, self.prefix, engine.stats)
 
     def run(self) -> None:
         """Thread body: apply commands, admit, decode; abort whatever is left on exit."""
+        if self.engine.threads:
+            torch.set_num_threads(self.engine.threads)
         with torch.inference_mode():
             while not self.stopping:
                 self._drain(block=not (self.waiting or self.batch.rows))
@@ -148,6 +163,7 @@ class _Scheduler:
         if request in self.waiting:
             self.waiting.remove(request)
         else:
+            self.prefiller.remember(self.batch, [i for i, row in enumerate(self.batch.rows) if row is request])
             self.batch.keep([i for i, row in enumerate(self.batch.rows) if row is not request])
         reply(self._finish(request, "abort"))
 
@@ -163,6 +179,7 @@ class _Scheduler:
             raise ValueError(f"update_weights got tensors of the wrong shape for: {wrong[:5]}")
         with torch.inference_mode(False), torch.no_grad():
             model.load_state_dict(state_dict, strict=False)
+        self.prefix.clear()
         self.engine.weight_version = version
 
     def stop(self) -> None:
@@ -170,26 +187,40 @@ class _Scheduler:
         self.stopping = True
 
     def _admit(self) -> None:
-        """Prefill waiting requests while the batch has room."""
-        while self.waiting and not self.stopping and len(self.batch.rows) < self.engine.max_batch_size:
-            request = self.waiting.popleft()
-            try:
-                self._prefill(request)
-            except Exception as error:  # noqa: BLE001 - the failure belongs to this request only
-                self.live.pop(request.rid, None)
-                _resolve(request.loop, request.future, error)
+        """Prefill the waiting requests that fit in the batch, text prompts together, images alone."""
+        room = self.engine.max_batch_size - len(self.batch.rows)
+        group = [self.waiting.popleft() for _ in range(min(room, len(self.waiting)))]
+        for request in group:
+            if request.sampling.stop:
+                request.matcher = StopStringMatcher(self.tokenizer, request.sampling.stop)
+            request.epoch = self.prefix.epoch
+        for request in (r for r in group if r.media):
+            self._guarded([request], lambda rows: self._join(rows, self.prefiller.media(rows[0])))
+        if text := [r for r in group if not r.media]:
+            self._guarded(text, lambda rows: [self._join(part, done) for part, done in self.prefiller.text(rows)])
 
-    def _prefill(self, request: Request) -> None:
-        """Run the prompt alone, sample the first token, and join the batch unless already done."""
-        if request.sampling.stop:
-            request.matcher = StopStringMatcher(self.tokenizer, request.sampling.stop)
-        logits, cache = self.call.prefill(request)
-        self.engine.stats["prefills"] += 1
-        reason = self._sample([request], logits)[0]
-        if reason is not None:
-            self._finish(request, reason)
-        else:
-            self.batch.add(request, cache)
+    def _guarded(self, requests: list[Request], prefill: Callable[[list[Request]], object]) -> None:
+        """Run `prefill`; on failure fail those of `requests` it had not yet prefilled."""
+        try:
+            prefill(requests)
+        except Exception as error:  # noqa: BLE001 - the failure belongs to these requests only
+            if memory_short(error):
+                self.prefix.clear()
+            for request in requests:
+                if not request.output_ids and self.live.pop(request.rid, None) is not None:
+                    _resolve(request.loop, request.future, error)
+
+    def _join(self, rows: list[Request], done: Prefilled) -> None:
+        """Sample each prefilled row's first token; rows not finished by it join the decode batch."""
+        self.engine.stats["prefills"] += len(rows)
+        reasons = self._sample(rows, done.logits)
+        for request, reason in zip(rows, reasons, strict=True):
+            if reason is not None:
+                self._finish(request, reason)
+        keep = [i for i, reason in enumerate(reasons) if reason is None]
+        if keep:
+            cache, mask = (done.cache, done.mask) if len(keep) == len(rows) else take(done.cache, done.mask, keep)
+            self.batch.add([rows[i] for i in keep], cache, mask)
 
     def _step(self) -> None:
         """One decode step for the whole batch; finished rows leave it."""
@@ -199,6 +230,8 @@ class _Scheduler:
         try:
             reasons = self._sample(rows, self.call.decode(self.batch))
         except Exception as error:  # noqa: BLE001 - fail the batch, keep serving new requests
+            if memory_short(error):
+                self.prefix.clear()
             self.batch.keep([])
             for request in rows:
                 self.live.pop(request.rid, None)
@@ -206,6 +239,7 @@ class _Scheduler:
             return
         self.engine.stats["steps"] += 1
         self.engine.stats["max_batch"] = max(self.engine.stats["max_batch"], len(rows))
+        self.prefiller.remember(self.batch, [i for i, reason in enumerate(reasons) if reason is not None])
         for request, reason in zip(rows, reasons, strict=True):
             if reason is not None:
                 self._finish(request, reason)
@@ -247,8 +281,10 @@ def _load(model_path: str, device: str, dtype: str) -> tuple[torch.nn.Module, An
 class HFEngine:
     """Embedded transformers engine: continuous batching in one worker thread, async API outside.
 
-    `stats` counts decode `steps`, `prefills`, sampled `tokens` and the largest decode batch
-    (`max_batch`); it is written by the worker thread and safe to read at any time.
+    `stats` counts decode `steps`, `prefills` (requests), sampled `tokens`, the largest decode batch
+    (`max_batch`), prefill forward passes (`prefill_passes`), tokens computed by prefills
+    (`prefill_tokens`) and prompt tokens taken from the prefix cache instead (`cached_tokens`); it is
+    written by the worker thread and safe to read at any time.
     """
 
     def __init__(
@@ -260,6 +296,8 @@ class HFEngine:
         max_context_len: int = 4096,
         seed: int = 0,
         default_stop_token_ids: tuple[int, ...] = (),
+        threads: int | None = None,
+        kv_cache_mb: int = 1024,
     ) -> None:
         self.model_path = model_path
         self.device = device
@@ -268,8 +306,15 @@ class HFEngine:
         self.max_context_len = max_context_len
         self.seed = seed
         self.default_stop_token_ids = tuple(default_stop_token_ids)
+        if threads is not None and threads < 1:
+            raise ValueError(f"engine.threads={threads} must be >= 1 (or null: torch's default)")
+        if kv_cache_mb < 0:
+            raise ValueError(f"engine.kv_cache_mb={kv_cache_mb} must be >= 0 (0 turns the prefix cache off)")
+        self.threads = threads
+        self.kv_cache_mb = kv_cache_mb
         self.weight_version = 0
-        self.stats: dict[str, int] = {"steps": 0, "prefills": 0, "tokens": 0, "max_batch": 0}
+        self.stats: dict[str, int] = {"steps": 0, "prefills": 0, "tokens": 0, "max_batch": 0,
+                                      "prefill_passes": 0, "prefill_tokens": 0, "cached_tokens": 0}
         self._model: torch.nn.Module | None = None
         self._tokenizer: Any = None
         self.vision: Vision | None = None
@@ -297,6 +342,8 @@ class HFEngine:
         """Load model and tokenizer off the event loop, then start the worker thread."""
         if self._thread is not None:
             return
+        if self.threads:
+            torch.set_num_threads(self.threads)
         model, tokenizer = await asyncio.to_thread(_load, self.model_path, self.device, self.dtype)
         self.vision = await asyncio.to_thread(Vision.load, self.model_path)
         self._model, self._tokenizer = model, tokenizer

@@ -1,22 +1,41 @@
 """The embedded engine's per-request record, its left-padded shared KV-cache batch and its forward calls.
 
 `Request` is one generation from submission to result (owned by the worker thread); `Batch` holds the
-active requests' shared cache, left-padded so every row ends at the same column; `ModelCall` runs prefill
-(one prompt alone, with pixels and mrope positions when it has images) and one decode step for the whole
-batch with per-row positions. Split from `hf.py`, which owns scheduling, threads and the async API.
+active requests' shared cache, padded so every row ends at the same column (a row's tokens are the columns
+its attention mask marks: a prefill from a cached prefix may leave a masked hole between prefix and
+suffix); `ModelCall` runs the batched prefill of `Chunk`s (each a cached prefix from `prefix_cache.py`
+plus the tokens still to compute, left-padded into one forward with per-row positions), the prefill of
+one prompt with images (pixels and mrope positions), and one decode step for the whole batch.
+`row_kv` reads a row's KV back out in the prefix cache's layout. Split from `hf.py`, which owns
+scheduling, threads and the async API.
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache
 
 from relax_pipeline.engine.base import FinishReason, GenerateResult, ImageFeatures, SamplingParams, varying
+from relax_pipeline.engine.prefix_cache import Hit, PrefixCache, Tokens, shared_prefixes
 from relax_pipeline.engine.sampling import StopStringMatcher
+
+MIN_SAVED_TOKENS = 32
+"""A prefix shared by several prompts of one admission round gets its own prefill pass when that saves at
+least this many token computations ((sharers - 1) x its uncached tokens): a pass has a fixed cost."""
+
+_log = logging.getLogger(__name__)
+
+
+def memory_short(error: BaseException) -> bool:
+    """Whether `error` says an allocation failed (CPU or accelerator)."""
+    oom = getattr(torch, "OutOfMemoryError", MemoryError)
+    return isinstance(error, MemoryError | oom) or "can't allocate memory" in str(error)
 
 
 @dataclass(eq=False)
@@ -36,6 +55,8 @@ class Request:
     """Images of the (already expanded) prompt, in order."""
     rope_delta: int = 0
     """Position of the next token minus its cache index (nonzero only after images)."""
+    epoch: int = -1
+    """The prefix cache's epoch when this request was prefilled; its KV is cached only within that epoch."""
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
@@ -81,40 +102,93 @@ def left_pad(tensor: torch.Tensor, length: int, dim: int) -> torch.Tensor:
 
 
 class Batch:
-    """Active requests with one shared KV cache, left-padded so every row ends at the same column."""
+    """Active requests with one shared KV cache, padded so every row ends at the same column.
+
+    `mask` [rows, columns] marks each row's own tokens; every other column of a row is padding that its
+    attention never sees (zeros on the left, or a hole after a cached prefix).
+    """
 
     def __init__(self) -> None:
         self.rows: list[Request] = []
         self.cache: DynamicCache | None = None
         self.mask: torch.Tensor | None = None
 
-    def add(self, request: Request, cache: DynamicCache) -> None:
-        """Append a prefilled request whose single-row `cache` holds exactly its prompt."""
-        ones = torch.ones(1, len(request.prompt), dtype=torch.long, device=cache.layers[0].keys.device)
+    def add(self, rows: Sequence[Request], cache: DynamicCache, mask: torch.Tensor) -> None:
+        """Append prefilled `rows` whose `cache` and `mask` [len(rows), columns] hold exactly their tokens."""
         if self.cache is None or self.mask is None:
-            self.rows, self.cache, self.mask = [request], cache, ones
+            self.rows, self.cache, self.mask = list(rows), cache, mask
             return
-        length = max(self.mask.shape[1], ones.shape[1])
+        length = max(self.mask.shape[1], mask.shape[1])
         for big, small in zip(self.cache.layers, cache.layers, strict=True):
             big.keys = torch.cat([left_pad(big.keys, length, 2), left_pad(small.keys, length, 2)])
             big.values = torch.cat([left_pad(big.values, length, 2), left_pad(small.values, length, 2)])
-        self.mask = torch.cat([left_pad(self.mask, length, 1), left_pad(ones, length, 1)])
-        self.rows.append(request)
+        self.mask = torch.cat([left_pad(self.mask, length, 1), left_pad(mask, length, 1)])
+        self.rows.extend(rows)
 
     def keep(self, keep: list[int]) -> None:
         """Keep only rows `keep` and trim leading columns that are padding in every kept row."""
         if not keep or self.cache is None or self.mask is None:
             self.rows, self.cache, self.mask = [], None, None
             return
-        cut = self.mask.shape[1] - max(self.rows[i].cached_len for i in keep)
-        if len(keep) == len(self.rows) and cut == 0:
+        if len(keep) == len(self.rows):
             return
-        index = torch.tensor(keep, device=self.mask.device)
-        for layer in self.cache.layers:
-            layer.keys = layer.keys[index, :, cut:]
-            layer.values = layer.values[index, :, cut:]
-        self.mask = self.mask[index, cut:]
+        self.cache, self.mask = take(self.cache, self.mask, keep)
         self.rows = [self.rows[i] for i in keep]
+
+
+def take(cache: DynamicCache, mask: torch.Tensor, keep: list[int]) -> tuple[DynamicCache, torch.Tensor]:
+    """Rows `keep` of `cache` (changed in place) and `mask`, without the leading columns all of them pad."""
+    index = torch.tensor(keep, device=mask.device)
+    mask = mask[index]
+    cut = int(torch.argmax(mask.any(0).to(torch.int8)))
+    for layer in cache.layers:
+        layer.keys = layer.keys[index, :, cut:]
+        layer.values = layer.values[index, :, cut:]
+    return cache, mask[:, cut:]
+
+
+def buckets(sizes: Sequence[int], slack: int = 64) -> list[list[int]]:
+    """Indices of `sizes` grouped into forward passes, shortest first, so that left-padding each group to
+    its longest member at most doubles its tokens (plus `slack`)."""
+    groups: list[list[int]] = []
+    total = 0
+    for i in sorted(range(len(sizes)), key=sizes.__getitem__):
+        if groups and (len(groups[-1]) + 1) * sizes[i] <= 2 * (total + sizes[i]) + slack:
+            groups[-1].append(i)
+            total += sizes[i]
+        else:
+            groups.append([i])
+            total = sizes[i]
+    return groups
+
+
+def row_kv(cache: DynamicCache, mask: torch.Tensor, row: int, start: int = 0) -> torch.Tensor:
+    """KV of `row`'s tokens from its `start`-th on, `[layers, 2, heads, tokens, dim]` (the prefix cache's layout)."""
+    columns = mask[row].nonzero().squeeze(1)[start:]
+    return torch.stack([torch.stack([layer.keys[row, :, columns], layer.values[row, :, columns]])
+                        for layer in cache.layers])
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One row of a batched prefill: the KV of a cached prefix (pieces from the prefix cache) and the
+    tokens to compute after it."""
+
+    prefix: int
+    """Tokens already cached; the new tokens take positions prefix, prefix + 1, ..."""
+    pieces: tuple[torch.Tensor, ...]
+    """The prefix's KV, `[layers, 2, heads, tokens, dim]` each, in order; their tokens add up to `prefix`."""
+    tokens: tuple[int, ...]
+    """Tokens to run (at least one)."""
+
+
+@dataclass(frozen=True)
+class Prefilled:
+    """What a batched prefill returns: last-token logits [rows, vocab] and the rows' cache and mask."""
+
+    logits: torch.Tensor
+    cache: DynamicCache
+    mask: torch.Tensor
 
 
 class ModelCall:
@@ -127,15 +201,52 @@ class ModelCall:
         self._cache_key = "cache" if "cache" in params else "past_key_values"
         self._last_only = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
 
-    def prefill(self, request: Request) -> tuple[torch.Tensor, DynamicCache]:
-        """Run one prompt alone; return its last-position logits [1, vocab] and its cache."""
+    def prefill(self, chunks: Sequence[Chunk]) -> Prefilled:
+        """Run every chunk's tokens after its cached prefix in one forward pass.
+
+        Row i holds its prefix right-aligned in the first P columns and its tokens right-aligned in the last
+        S columns (P, S: the largest prefix and token count); the columns in between are masked padding.
+        """
+        width = max(len(c.tokens) for c in chunks)
+        ids = torch.zeros(len(chunks), width, dtype=torch.long)
+        positions = torch.zeros(len(chunks), width, dtype=torch.long)
+        new_mask = torch.zeros(len(chunks), width, dtype=torch.long)
+        for i, chunk in enumerate(chunks):
+            size = len(chunk.tokens)
+            ids[i, width - size :] = torch.tensor(chunk.tokens)
+            positions[i, width - size :] = torch.arange(chunk.prefix, chunk.prefix + size)
+            new_mask[i, width - size :] = 1
+        cache, old_mask = self._prefix_cache(chunks)
+        mask = torch.cat([old_mask, new_mask.to(self.device)], dim=1)
+        kwargs = {self._cache_key: cache, **self._last_only}
+        out = self.model(input_ids=ids.to(self.device), attention_mask=mask, position_ids=positions.to(self.device),
+                         use_cache=True, **kwargs)
+        return Prefilled(out.logits[:, -1], cache, mask)
+
+    def _prefix_cache(self, chunks: Sequence[Chunk]) -> tuple[DynamicCache, torch.Tensor]:
+        """A cache holding each chunk's prefix right-aligned in P columns, and its mask [rows, P]."""
+        width = max(c.prefix for c in chunks)
+        mask = torch.zeros(len(chunks), width, dtype=torch.long, device=self.device)
+        if width == 0:
+            return DynamicCache(), mask
+        sample = next(c.pieces[0] for c in chunks if c.pieces)
+        layers, _, heads, _, dim = sample.shape
+        kv = sample.new_zeros(layers, 2, len(chunks), heads, width, dim)
+        for i, chunk in enumerate(chunks):
+            column = width - chunk.prefix
+            mask[i, column:] = 1
+            for piece in chunk.pieces:
+                kv[:, :, i, :, column : column + piece.shape[3]] = piece
+                column += piece.shape[3]
+        return DynamicCache(ddp_cache_data=[(kv[layer, 0], kv[layer, 1]) for layer in range(layers)]), mask
+
+    def prefill_media(self, request: Request) -> Prefilled:
+        """Run one prompt with images alone (pixels, mrope positions); sets the request's rope delta."""
         cache = DynamicCache()
         ids = torch.tensor([list(request.prompt)], dtype=torch.long, device=self.device)
-        kwargs = {self._cache_key: cache, **self._last_only}
-        if request.media:
-            kwargs.update(self._vision_inputs(ids, request))
+        kwargs = {self._cache_key: cache, **self._last_only, **self._vision_inputs(ids, request)}
         out = self.model(input_ids=ids, use_cache=True, **kwargs)
-        return out.logits[:, -1], cache
+        return Prefilled(out.logits[:, -1], cache, torch.ones_like(ids))
 
     def _vision_inputs(self, ids: torch.Tensor, request: Request) -> dict[str, torch.Tensor]:
         """Pixels, grids and explicit mrope positions of a prompt with images; sets the request's delta."""
@@ -159,3 +270,95 @@ class ModelCall:
             input_ids=ids, attention_mask=batch.mask, position_ids=positions, use_cache=True, **kwargs
         )
         return out.logits[:, -1]
+
+
+class Prefiller:
+    """Prefill through the prefix cache, and cache what was computed.
+
+    `text` first computes, once each, the prefixes that several prompts of the round share beyond what is
+    cached (parents before children, `MIN_SAVED_TOKENS`), then runs every prompt after its longest cached
+    prefix (all but its last token may come from the cache), in left-padded passes of similar lengths
+    (`buckets`); it yields each pass's rows with their result and caches their prompts' KV. `remember`
+    caches a leaving batch row's prompt + generated tokens, unless the weights changed since its prefill
+    (`Request.epoch`). With the cache off (budget 0) every prompt is prefilled whole, still batched.
+    """
+
+    def __init__(self, call: ModelCall, prefix: PrefixCache, stats: dict[str, int]) -> None:
+        self.call = call
+        self.prefix = prefix
+        self.stats = stats
+
+    def text(self, requests: Sequence[Request]) -> Iterator[tuple[list[Request], Prefilled]]:
+        """Prefill text `requests`; yields (rows, result) per forward pass."""
+        self._warm([r.prompt[:-1] for r in requests])
+        chunks = [self._chunk(r.prompt, len(r.prompt) - 1) for r in requests]
+        for part in buckets([len(c.tokens) for c in chunks]):
+            rows, parts = [requests[i] for i in part], [chunks[i] for i in part]
+            done = self._run(lambda parts=parts: self.call.prefill(parts))  # type: ignore[misc]
+            self.stats["cached_tokens"] += sum(c.prefix for c in parts)
+            for i, (request, chunk) in enumerate(zip(rows, parts, strict=True)):
+                self._store(request.prompt, done, i, chunk.prefix)
+            yield rows, done
+
+    def media(self, request: Request) -> Prefilled:
+        """Prefill a prompt with images alone; it neither reads nor feeds the cache (images are not keys)."""
+        self.stats["prefill_tokens"] += len(request.prompt)
+        return self._run(lambda: self.call.prefill_media(request))
+
+    def remember(self, batch: Batch, rows: list[int]) -> None:
+        """Cache the KV of `batch` rows about to leave (prompt + generated tokens) for later requests."""
+        if not self.prefix.enabled or batch.cache is None or batch.mask is None:
+            return
+        for i in rows:
+            request = batch.rows[i]
+            if request.epoch != self.prefix.epoch or request.media:
+                continue
+            tokens = request.prompt + tuple(request.output_ids[:-1])
+            start = self.prefix.match_len(tokens)
+            if start < len(tokens):
+                self.prefix.insert(tokens, row_kv(batch.cache, batch.mask, i, start), start)
+
+    def _warm(self, keys: list[Tokens]) -> None:
+        """Compute (and cache) the prefixes several `keys` share, once each, parents before children."""
+        if not self.prefix.enabled:
+            return
+        pending = shared_prefixes(keys)
+        while pending := [p for p in pending if self._saving(p, keys) >= MIN_SAVED_TOKENS]:
+            level = [p for p in pending if not any(len(q) < len(p) and p[: len(q)] == q for q in pending)]
+            chunks = [self._chunk(p, len(p)) for p in level]
+            for part in buckets([len(c.tokens) for c in chunks]):
+                parts = [chunks[i] for i in part]
+                done = self._run(lambda parts=parts: self.call.prefill(parts))  # type: ignore[misc]
+                for i, index in enumerate(part):
+                    self._store(level[index], done, i, chunks[index].prefix)
+            finished = set(level)
+            pending = [p for p in pending if p not in finished]
+
+    def _saving(self, prefix: Tokens, keys: list[Tokens]) -> int:
+        """Token computations saved by prefilling `prefix` once for every key that starts with it."""
+        sharers = sum(1 for k in keys if k[: len(prefix)] == prefix)
+        return (sharers - 1) * (len(prefix) - self.prefix.match_len(prefix))
+
+    def _chunk(self, tokens: Tokens, limit: int) -> Chunk:
+        """`tokens` split into its longest cached prefix (at most `limit` tokens) and the rest to compute."""
+        hit = self.prefix.match(tokens, limit) if self.prefix.enabled else Hit(0)
+        return Chunk(hit.length, hit.pieces, tokens[hit.length :])
+
+    def _store(self, tokens: Tokens, done: Prefilled, row: int, start: int) -> None:
+        """Cache the KV a prefill computed for `tokens[start:]` (row `row` of `done`)."""
+        self.stats["prefill_tokens"] += len(tokens) - start
+        if self.prefix.enabled:
+            self.prefix.insert(tokens, row_kv(done.cache, done.mask, row, start), start)
+
+    def _run(self, forward: Callable[[], Prefilled]) -> Prefilled:
+        """Run a prefill pass; when memory runs short, release the prefix cache and try once more."""
+        self.stats["prefill_passes"] += 1
+        try:
+            return forward()
+        except Exception as error:
+            if not memory_short(error) or self.prefix.nbytes == 0:
+                raise
+            _log.warning("hf engine: memory ran short (%s); released the prefix cache (%d MB)", error,
+                         self.prefix.nbytes >> 20)
+            self.prefix.clear()
+            return forward()

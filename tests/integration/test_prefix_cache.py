@@ -1,0 +1,129 @@
+"""The embedded engine's prefix KV cache (`engine/prefix_cache.py`) and its batching helpers, on fake KV.
+
+Each fake KV tensor holds, at every token column, that token's id, so the pieces a match returns show which
+tokens (in which order) the tree would hand to a prefill. The engine-level checks (same tokens and
+logprobs with and without the cache, on the real tiny model) are in `test_hf_engine.py`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from relax_pipeline.engine.hf_batch import buckets
+from relax_pipeline.engine.prefix_cache import Hit, PrefixCache, shared_prefixes
+
+LAYERS, HEADS, DIM = 2, 1, 3
+TOKEN_BYTES = LAYERS * 2 * HEADS * DIM * 4
+"""Bytes one token's float32 KV takes in these tests."""
+
+
+def kv(tokens: tuple[int, ...], start: int = 0) -> torch.Tensor:
+    """Fake KV of `tokens[start:]`, `[layers, 2, heads, n, dim]`, every entry of column j = tokens[start + j]."""
+    ids = torch.tensor(tokens[start:], dtype=torch.float32)
+    return ids.view(1, 1, 1, -1, 1).expand(LAYERS, 2, HEADS, -1, DIM).clone()
+
+
+def cached_ids(hit: Hit) -> list[int]:
+    """The token ids the pieces of `hit` stand for, in order."""
+    if not hit.pieces:
+        return []
+    return torch.cat(hit.pieces, dim=3)[0, 0, 0, :, 0].int().tolist()
+
+
+def seq(*parts: range | tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(t for part in parts for t in part)
+
+
+A = seq(range(1, 11))
+B = seq(range(1, 5), range(50, 56))
+
+
+def test_match_returns_the_longest_cached_prefix_and_its_kv() -> None:
+    cache = PrefixCache(10**6)
+    assert cache.match(A) == Hit(0)
+    cache.insert(A, kv(A))
+    assert cached_ids(cache.match(A)) == list(A)
+    assert cache.match(A, limit=7).length == 7 and cached_ids(cache.match(A, limit=7)) == list(A[:7])
+    longer = A + (99, 98)
+    assert cache.match(longer).length == 10
+    assert cache.match((5, 6)).length == 0
+    assert cache.nbytes == 10 * TOKEN_BYTES and len(cache) == 10
+
+
+def test_diverging_sequences_split_an_edge() -> None:
+    cache = PrefixCache(10**6)
+    cache.insert(A, kv(A))
+    cache.insert(B, kv(B))
+    assert cached_ids(cache.match(A)) == list(A)
+    assert cached_ids(cache.match(B)) == list(B)
+    assert cache.match(seq(range(1, 5), (77,))).length == 4
+    assert len(cache) == 16 and cache.nbytes == 16 * TOKEN_BYTES
+    cache.insert(A[:6], kv(A[:6]))
+    assert len(cache) == 16
+
+
+def test_insert_from_a_start_stores_only_what_is_new() -> None:
+    cache = PrefixCache(10**6)
+    cache.insert(A, kv(A))
+    turn2 = A + (11, 12, 13)
+    cache.insert(turn2, kv(turn2, 10), start=10)
+    assert cached_ids(cache.match(turn2)) == list(turn2) and len(cache) == 13
+    cache.insert(turn2 + (14,), kv(turn2 + (14,), 8), start=8)
+    assert cached_ids(cache.match(turn2 + (14,))) == list(turn2 + (14,))
+    gap = seq(range(20, 30))
+    cache.insert(gap, kv(gap, 5), start=5)
+    assert cache.match(gap).length == 0
+
+
+def test_least_recently_used_leaves_go_first() -> None:
+    cache = PrefixCache(25 * TOKEN_BYTES)
+    first, second, third, fourth = (seq(range(start, start + 10)) for start in (100, 200, 300, 400))
+    cache.insert(first, kv(first))
+    cache.insert(second, kv(second))
+    cache.match(first)
+    cache.insert(third, kv(third))
+    assert [cache.match(s).length for s in (first, second, third)] == [10, 5, 10]
+    cache.insert(fourth, kv(fourth))
+    assert [cache.match(s).length for s in (first, second, third, fourth)] == [0, 5, 10, 10]
+    assert cache.nbytes == 25 * TOKEN_BYTES == cache.budget_bytes
+
+
+def test_parents_outlive_their_children() -> None:
+    cache = PrefixCache(13 * TOKEN_BYTES)
+    shared = seq(range(1, 9))
+    left, right = shared + (60, 61, 62), shared + (70, 71, 72)
+    cache.insert(left, kv(left))
+    cache.insert(right, kv(right))
+    assert cache.match(left).length == 10 and cache.match(right).length == 11
+    cache.insert(shared + (80,) * 5, kv(shared + (80,) * 5))
+    assert [cache.match(s).length for s in (left, right)] == [8, 8]
+    assert cached_ids(cache.match(shared + (80,) * 5)) == list(shared) + [80] * 5
+
+
+def test_a_sequence_larger_than_the_budget_keeps_its_head() -> None:
+    cache = PrefixCache(5 * TOKEN_BYTES)
+    cache.insert(A, kv(A))
+    assert cached_ids(cache.match(A)) == list(A[:5]) and cache.nbytes == 5 * TOKEN_BYTES
+
+
+def test_clear_and_a_zero_budget() -> None:
+    cache = PrefixCache(10**6)
+    cache.insert(A, kv(A))
+    cache.clear()
+    assert (cache.match(A).length, cache.nbytes, cache.epoch) == (0, 0, 1)
+    off = PrefixCache(0)
+    off.insert(A, kv(A))
+    assert not off.enabled and off.match(A).length == 0
+
+
+def test_shared_prefixes_are_the_branch_points() -> None:
+    keys = [(1, 2, 3, 4), (1, 2, 3, 5), (1, 2, 9), (7, 8), (7, 8)]
+    assert shared_prefixes(keys) == [(1, 2), (7, 8), (1, 2, 3)]
+    assert shared_prefixes(keys, min_len=3) == [(1, 2, 3)]
+    assert shared_prefixes([(1, 2)]) == [] and shared_prefixes([(1,), (2,)]) == []
+
+
+def test_buckets_keep_padding_bounded() -> None:
+    assert buckets([1, 1, 1, 100], slack=0) == [[0, 1, 2], [3]]
+    assert buckets([30, 28, 31, 29]) == [[1, 3, 0, 2]]
+    assert sorted(i for group in buckets([5, 400, 3, 1, 390, 2]) for i in group) == list(range(6))

@@ -111,6 +111,11 @@ class EngineConfig:
     """Weights dtype: float32, bfloat16 or float16."""
     max_batch_size: int = 32
     """Most sequences decoded together."""
+    threads: int | None = None
+    """torch intra-op threads (`torch.set_num_threads`, process-wide); None keeps torch's default."""
+    kv_cache_mb: int = 1024
+    """Prefix KV cache budget in MiB: sessions' earlier turns and shared prompts are not prefilled again
+    (least recently used entries go first); 0 turns it off."""
 
 
 @dataclass
@@ -208,6 +213,8 @@ class ModelConfig:
 
 @dataclass
 class DatasetConfig:
+    """`dataset=digits|toy`: prompts from a JSONL file (each dataset option has its own schema)."""
+
     _target_: str = "relax_pipeline.data.dataset.JsonlDataset"
     path: str = MISSING
     """JSONL file, one prompt per line."""
@@ -220,6 +227,43 @@ class DatasetConfig:
     add it with `+dataset.multimodal_keys.image=images`)."""
     shuffle: bool = True
     """Shuffle prompt order each epoch with `seed`."""
+
+
+@dataclass
+class ArithDatasetConfig:
+    """`dataset=arith`: generated arithmetic problems with a fixed held-out split (data/arith.py)."""
+
+    _target_: str = "relax_pipeline.data.arith.ArithDataset"
+    split: str = "train"
+    """Which split the run trains on: `train` or `heldout` (eval entries choose theirs with `path: arith:<split>`)."""
+    operations: list[str] = field(default_factory=lambda: ["+"])
+    """Operations drawn from: `+`, `-`, `*`."""
+    low: int = 0
+    """Smallest operand."""
+    high: int = 99
+    """Largest operand (0-99: one- and two-digit numbers)."""
+    heldout_size: int = 200
+    """Problems in the held-out split; it depends only on seed, operations, low, high and this size."""
+    train_size: int | None = None
+    """Problems in the train split, none of them held out; None: every other problem of the space."""
+    seed: int = 0
+    """Seed of the problem set, independent of the run's `seed` (every run sees the same held-out problems)."""
+    prompt: str = "What is {a} {op} {b}? Answer with just the number."
+    """Prompt text; `{a}`, `{op}` and `{b}` are filled in. The answer goes to the row's `metadata.answer`."""
+    path: str | None = None
+    """None generates; `arith:<split>` selects a split; any other path is read as JSONL (what eval entries pass)."""
+    input_key: str = "input"
+    """Row key of the prompt when `path` is a JSONL file."""
+    metadata_key: str | None = "metadata"
+    """Row key of the metadata when `path` is a JSONL file."""
+    multimodal_keys: dict[str, str] = field(default_factory=dict)
+    """As `dataset.multimodal_keys`, when `path` is a JSONL file."""
+    shuffle: bool = True
+    """Shuffle prompt order each epoch with the run's `seed`."""
+
+
+DATASET_SCHEMAS = {"jsonl": DatasetConfig, "arith": ArithDatasetConfig}
+"""The typed schema of each kind of `dataset=` option (its yaml names `<kind>_schema` in its defaults)."""
 
 
 @dataclass
@@ -333,7 +377,8 @@ class Config:
     """Typed by the chosen option's schema (`ENGINE_SCHEMAS`)."""
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
-    dataset: DatasetConfig = field(default_factory=DatasetConfig)
+    dataset: Any = None
+    """Typed by the chosen option's schema (`DATASET_SCHEMAS`)."""
     agent: AgentConfig = field(default_factory=AgentConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
@@ -356,6 +401,8 @@ def register() -> None:
     store.store(name="base_config", node=Config)
     for option, schema in ENGINE_SCHEMAS.items():
         store.store(group="engine", name=f"{option}_schema", node=schema)
+    for kind, schema in DATASET_SCHEMAS.items():
+        store.store(group="dataset", name=f"{kind}_schema", node=schema)
     """Register the schema and the resolvers `${relax_root:}` (repo folder) and `${relax_python:}`."""
     if not OmegaConf.has_resolver("relax_root"):
         OmegaConf.register_new_resolver("relax_root", lambda: str(examples_root()))

@@ -22,6 +22,8 @@ Token fields are stored compactly (about 4 bytes a token instead of a tuple's 36
 versions as `array('i')`, logprobs as `array('f')` when every value is exactly a float32 (the engines
 sample in float32, so this is the usual case) and as `array('d')` otherwise, so every logprob reads back
 exactly as the engine gave it. Readers treat them as read-only sequences; `list(...)` gives plain values.
+Empty fields (most of them: an observation has no logprobs, few nodes have versions that vary or
+training ids of their own) share one empty array, which keeps the collector's work per turn down.
 
 Two token views: `token_ids` are the inference ids (one unexpanded placeholder per image, what the
 engine is given with the images); an observation that brought images also keeps them (`media`, the
@@ -58,6 +60,16 @@ def logprob_array(values: Sequence[float] = ()) -> array:
     return single if single.tolist() == list(values) else array("d", values)
 
 
+NO_IDS = token_array()
+NO_LOGPROBS = logprob_array()
+"""The empty arrays that nodes share (never mutated, like every node array)."""
+
+
+def stored_ids(values: Sequence[int]) -> array:
+    """`token_array(values)`, or the shared empty array."""
+    return token_array(values) if len(values) else NO_IDS
+
+
 @dataclass(frozen=True)
 class Node:
     """One committed step of a conversation; connects the turn service to samples and dumps."""
@@ -73,9 +85,9 @@ class Node:
     """Number of conversation messages from the root to the end of this node."""
     context: Context | None = None
     """Set on roots only."""
-    logprobs: array = field(default_factory=logprob_array)
+    logprobs: array = field(default_factory=lambda: NO_LOGPROBS)
     """One per generated token, exactly as the engine gave it (responses only)."""
-    weight_versions: array = field(default_factory=token_array)
+    weight_versions: array = field(default_factory=lambda: NO_IDS)
     """The producing weight version of every generated token (responses only)."""
     sampling: SamplingParams | None = None
     finish_reason: str | None = None
@@ -85,7 +97,7 @@ class Node:
     created_at: float = field(default_factory=time.time)
     media: tuple[ImageFeatures, ...] = ()
     """Images this observation brought, in order (vision-language models only)."""
-    train_ids: array = field(default_factory=token_array)
+    train_ids: array = field(default_factory=lambda: NO_IDS)
     """Processor-expanded `token_ids` when the node has images; empty means the same as `token_ids`."""
 
     @property
@@ -255,7 +267,7 @@ class SessionForest:
         state = context.root_hash
         if state in self._by_state:
             return self.nodes[self._by_state[state]]
-        return self._add(Node(len(self.nodes), None, "root", (), token_array(), state, 0, context=context))
+        return self._add(Node(len(self.nodes), None, "root", (), NO_IDS, state, 0, context=context))
 
     def add_observation(self, match: Match, token_ids: Sequence[int], media: tuple[ImageFeatures, ...] = (),
                         train_ids: Sequence[int] = ()) -> Node:
@@ -268,7 +280,7 @@ class SessionForest:
         if existing is not None:
             return existing
         node = Node(len(self.nodes), parent.id, "observation", match.delta, token_array(token_ids), state,
-                    parent.depth + len(match.delta), media=media, train_ids=token_array(train_ids))
+                    parent.depth + len(match.delta), media=media, train_ids=stored_ids(train_ids))
         return self._add(node)
 
     def add_response(
@@ -278,7 +290,7 @@ class SessionForest:
         node = Node(
             len(self.nodes), parent.id, "response", (message,), token_array(result.output_ids),
             chain(parent.state_hash, message), parent.depth + 1, logprobs=logprob_array(result.logprobs),
-            weight_versions=token_array(result.token_versions), sampling=sampling,
+            weight_versions=stored_ids(result.token_versions), sampling=sampling,
             finish_reason=result.finish_reason, ends_turn=ends_turn, abort_count=result.abort_count,
         )
         return self._add(node)

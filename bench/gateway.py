@@ -8,7 +8,9 @@ threads, microsecond resolution, where /proc/<pid>/stat counts 10 ms ticks). The
   uvicorn binding its own socket (the floor any Python HTTP gateway pays);
 - ours: `create_app` over a `ForestStore` and a `TurnService` with an engine that answers instantly
   (`ScriptedEngine`), served by `GatewayServer.start()` in an `asyncio.run` loop, exactly as a run
-  serves it, so its socket options are the ones agents see.
+  serves it: its socket options are the ones agents see, it writes its access line per request to a
+  run.log (`run_logging`; the report counts the lines), and the garbage collector is settled as the
+  step loop does before a step (`settle_garbage`).
 
 Every client records sessions of `--turns` turns (default 32) on one keep-alive connection, replaying
 the whole growing history each turn. Phase one runs `--serial` sessions one after another (concurrency
@@ -16,21 +18,27 @@ the whole growing history each turn. Phase one runs `--serial` sessions one afte
 stay up and each repeat runs every phase on bare then on ours, back to back, so load from elsewhere on
 the machine hits both alike. Printed per server and phase: requests/s and server CPU ms per request
 (medians of the repeats), p50 and p99 latency (all requests); the ratio ours/bare of CPU per request
-(DESIGN §5: ≤ 1.8× at 32 turns), requests/s at 32 clients (≥ 500); and our gateway's memory per stored
+(DESIGN §5: ≤ 1.8× at 32 turns), requests/s at 32 clients (≥ 500); our gateway's memory per stored
 token: its RSS growth over the phases divided by the tokens its sessions' forests gained (RSS read
-after `gc.collect()`, so it counts what the forests keep, not garbage).
+after `gc.collect()`, so it counts what the forests keep, not garbage); and the CPU time its garbage
+collector spent during the phases per generation, with the longest full collection (what a p99 pays
+for; measured as thread CPU time, so other load on the machine does not inflate it the way it does
+wall-clock percentiles).
 
 The clients speak minimal HTTP/1.1 over asyncio streams (one write per request, Content-Length bodies
 only): an HTTP library's client costs about as much CPU per request as the bare server, and on a small
 machine it would cap requests/s below what the servers can do.
 
     python bench/gateway.py [--turns 32] [--clients 32] [--rounds 2] [--serial 8] [--repeats 3]
+
+Where the CPU goes inside our server: `py-spy record --pid <server pid>` while the bench runs.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import json
 import os
@@ -62,13 +70,16 @@ RESULT = "Record {i}: the city had about {n} residents at the last census, accor
 # --- server process ---------------------------------------------------------------------------------
 
 
-def serve(kind: str, sessions: int) -> None:
+def serve(kind: str, sessions: int, log_dir: str) -> None:
     """Run one server; print its port and session ids as one JSON line, then serve until killed.
 
     SIGUSR1 prints one JSON line: the process's RSS after `gc.collect()` and the tokens its forests hold;
     SIGUSR2 prints its CPU seconds so far (all threads, microsecond resolution, unlike /proc's clock ticks).
     """
-    asyncio.run(_serve(kind, sessions))
+    from relax_pipeline.tracking.logs import run_logging
+
+    with run_logging(Path(log_dir)) if kind == "ours" else contextlib.nullcontext():
+        asyncio.run(_serve(kind, sessions))
 
 
 async def _serve(kind: str, sessions: int) -> None:
@@ -79,6 +90,7 @@ async def _serve(kind: str, sessions: int) -> None:
     else:
         server, ids = await _start_bare(), [f"s{i}" for i in range(sessions)]
         port = server.servers[0].sockets[0].getsockname()[1]
+    gc.callbacks.append(GC_CLOCK)
     asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, _report_memory_use, store)
     asyncio.get_running_loop().add_signal_handler(signal.SIGUSR2, _report_cpu)
     print(json.dumps({"port": port, "ids": ids}), flush=True)
@@ -86,13 +98,15 @@ async def _serve(kind: str, sessions: int) -> None:
 
 
 async def _start_ours() -> tuple[Any, Any]:
-    """The gateway as `run.py` serves it: `create_app` under `GatewayServer.start()` in this loop."""
+    """The gateway as `run.py` serves it: `create_app` under `GatewayServer.start()` in this loop, garbage
+    settled as before a step (`serve` turned run logging on)."""
     from transformers import AutoTokenizer
 
     from relax_pipeline.engine.parsers import OutputParser
     from relax_pipeline.engine.template import ChatTemplate
     from relax_pipeline.gateway.app import create_app
     from relax_pipeline.gateway.server import GatewayServer
+    from relax_pipeline.loop import settle_garbage
     from relax_pipeline.models.tiny import build_tiny
     from relax_pipeline.testing.engines import ScriptedEngine
     from relax_pipeline.turn.service import SamplingDefaults, TurnService
@@ -105,6 +119,7 @@ async def _start_ours() -> tuple[Any, Any]:
     store = ForestStore()
     server = GatewayServer(create_app(store, turns, prefix=PREFIX), prefix=PREFIX)
     await server.start()
+    settle_garbage(full=True)
     return server, store
 
 
@@ -149,11 +164,39 @@ def _report_cpu() -> None:
     print(json.dumps({"cpu": usage.ru_utime + usage.ru_stime}), flush=True)
 
 
+@dataclass
+class GcClock:
+    """A `gc.callbacks` entry: per generation, the collections since `reset`, their CPU seconds, the longest."""
+
+    count: list[int] = field(default_factory=lambda: [0, 0, 0])
+    spent: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
+    longest: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
+    started: float = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self.started = time.thread_time()
+            return
+        generation, took = info["generation"], time.thread_time() - self.started
+        self.count[generation] += 1
+        self.spent[generation] += took
+        self.longest[generation] = max(self.longest[generation], took)
+
+    def reset(self) -> None:
+        self.count, self.spent, self.longest = [0, 0, 0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]
+
+
+GC_CLOCK = GcClock()
+
+
 def _report_memory_use(store: Any) -> None:
+    """RSS after a full collection, stored tokens, and the collector's work since the previous report."""
+    collected = {"count": GC_CLOCK.count, "spent": GC_CLOCK.spent, "longest": GC_CLOCK.longest}
     gc.collect()
+    GC_CLOCK.reset()
     rss = int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     tokens = sum(len(node.token_ids) for session in store for node in session.forest.nodes) if store else 0
-    print(json.dumps({"rss": rss, "tokens": tokens}), flush=True)
+    print(json.dumps({"rss": rss, "tokens": tokens, "gc": collected}), flush=True)
 
 
 # --- load process -----------------------------------------------------------------------------------
@@ -242,9 +285,9 @@ class Phase:
 class Server:
     """A `--serve` process: its port, its unused session ids, and its answers to SIGUSR1 / SIGUSR2."""
 
-    def __init__(self, kind: str, sessions: int) -> None:
-        self.process = subprocess.Popen([sys.executable, __file__, "--serve", kind, "--sessions", str(sessions)],
-                                        stdout=subprocess.PIPE, text=True)
+    def __init__(self, kind: str, sessions: int, log_dir: str) -> None:
+        self.process = subprocess.Popen([sys.executable, __file__, "--serve", kind, "--sessions", str(sessions),
+                                         "--log-dir", log_dir], stdout=subprocess.PIPE, text=True)
         info = json.loads(self.process.stdout.readline())
         self.port: int = info["port"]
         self.ids: list[str] = info["ids"]
@@ -253,7 +296,7 @@ class Server:
         taken, self.ids = self.ids[:count], self.ids[count:]
         return taken
 
-    def ask(self, sig: signal.Signals) -> dict[str, float]:
+    def ask(self, sig: signal.Signals) -> dict[str, Any]:
         self.process.send_signal(sig)
         return json.loads(self.process.stdout.readline())
 
@@ -273,15 +316,18 @@ class Result:
     """Each server's phases per concurrency (one per repeat), and our RSS and stored tokens around them."""
 
     phases: dict[str, dict[int, list[Phase]]]
-    before: dict[str, float] = field(default_factory=dict)
-    after: dict[str, float] = field(default_factory=dict)
+    before: dict[str, Any] = field(default_factory=dict)
+    after: dict[str, Any] = field(default_factory=dict)
+    access_lines: int = 0
+    """Access lines our server wrote to its run.log."""
 
 
 def measure(args: argparse.Namespace) -> Result:
     """Both servers up at once; every repeat runs each phase on bare, then on ours, back to back."""
     plan = [(1, args.serial), (args.clients, args.clients * args.rounds)]
     total = WARMUP_SESSIONS + args.repeats * sum(sessions for _, sessions in plan)
-    servers = {kind: Server(kind, total) for kind in KINDS}
+    log_dir = tempfile.TemporaryDirectory(prefix="relax-bench-gateway-")
+    servers = {kind: Server(kind, total, log_dir.name) for kind in KINDS}
     result = Result({kind: {clients: [] for clients, _ in plan} for kind in KINDS})
     try:
         for server in servers.values():
@@ -295,6 +341,9 @@ def measure(args: argparse.Namespace) -> Result:
     finally:
         for server in servers.values():
             server.stop()
+        run_log = Path(log_dir.name) / "run.log"
+        result.access_lines = run_log.read_text().count(" relax_pipeline.gateway.access: ") if run_log.exists() else 0
+        log_dir.cleanup()
     return result
 
 
@@ -317,6 +366,10 @@ def report(result: Result, args: argparse.Namespace) -> None:
                   f"{cpu:>14.3f} {percentile_ms(phases, 50):>7.2f} {percentile_ms(phases, 99):>7.2f}")
     _report_ratios(result, args)
     _report_memory(result)
+    requests = sum(len(p.load.latencies) for p in result.phases["ours"][args.clients] + result.phases["ours"][1])
+    _report_collector(result.after["gc"], requests)
+    print(f"ours access lines in run.log: {result.access_lines} for {requests} measured requests and "
+          f"{WARMUP_SESSIONS * args.turns} warm-up requests")
 
 
 def _report_ratios(result: Result, args: argparse.Namespace) -> None:
@@ -339,6 +392,12 @@ def _report_memory(result: Result) -> None:
           f"{result.after['tokens']:.0f} tokens in the forests)")
 
 
+def _report_collector(collected: dict[str, list[float]], requests: int) -> None:
+    gens = ", ".join(f"gen{g} {collected['count'][g]:.0f} in {collected['spent'][g] * 1e3:.0f} ms" for g in range(3))
+    print(f"ours garbage collector during the phases (CPU): {gens}; longest full collection "
+          f"{collected['longest'][2] * 1e3:.1f} ms; {sum(collected['spent']) / requests * 1e6:.1f} us per request")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--turns", type=int, default=32, help="turns per session")
@@ -348,9 +407,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="times each phase runs on each server")
     parser.add_argument("--serve", choices=("ours", "bare"))
     parser.add_argument("--sessions", type=int, default=0, help="sessions a --serve process opens")
+    parser.add_argument("--log-dir", default=tempfile.gettempdir(), help="where a --serve process writes run.log")
     args = parser.parse_args()
     if args.serve:
-        return serve(args.serve, args.sessions)
+        return serve(args.serve, args.sessions, args.log_dir)
     report(measure(args), args)
 
 

@@ -7,11 +7,18 @@ checkpoint every `trainer.save_interval` steps and after the last. `trainer.resu
 latest checkpoint (weights, optimizer, RNG, step count, data position, weight version) first. With an
 evaluator, eval runs before the first step and every `eval.interval` steps (`_eval`). The loop does not
 build anything: `run.py` hands it the parts.
+
+Before each step, `settle_garbage` collects and then freezes every surviving object (the model, the
+tokenizer, the forests of earlier steps), so the collector's automatic full collections during the step
+traverse only that step's objects: without it, each one walks every forest node of the run and stalls
+the gateway's event loop for hundreds of milliseconds. Every `FULL_GC_STEPS` steps the frozen objects
+are unfrozen first, so reference cycles that died after being frozen are reclaimed too.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import re
 import sys
@@ -32,6 +39,7 @@ from relax_pipeline.train.batching import TrainSample
 
 log = logging.getLogger("relax_pipeline")
 _STEP_DIR = re.compile(r"^step_(\d+)$")
+FULL_GC_STEPS = 10
 
 
 @dataclass
@@ -73,6 +81,7 @@ class StepLoop:
         first = await self._resume()
         await self._eval(first, before_first_step=True)
         for step in range(first, self.num_steps):
+            settle_garbage(full=(step - first) % FULL_GC_STEPS == 0)
             started = time.time()
             result = await self._rollout(step)
             metrics = dict(result.metrics)
@@ -84,6 +93,7 @@ class StepLoop:
             log.info("step %d metrics %s", step, " ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items())))
             self._save(step)
             await self._eval(step + 1)
+        gc.unfreeze()  # what the run leaves behind is collected as usual
         self._report()
         self._check_trained()
         return {**metrics, **self.eval_metrics}
@@ -152,6 +162,15 @@ class StepLoop:
         if rewards:
             log.info("rollout/raw_reward first step %.4f, last step %.4f (over %d steps)", rewards[0], rewards[-1],
                      len(rewards))
+
+
+def settle_garbage(full: bool = False) -> None:
+    """Collect garbage, then freeze the survivors out of later collections (see the module); `full` first
+    unfreezes earlier survivors, so their dead cycles are collected too."""
+    if full:
+        gc.unfreeze()
+    gc.collect()
+    gc.freeze()
 
 
 def train_samples(groups: list[Group]) -> list[TrainSample]:

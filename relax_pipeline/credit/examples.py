@@ -6,13 +6,21 @@ stripped, equals the prompt's `metadata.answer` as text, else 0.0 (the digits ta
 context `outcome × usefulness` of its own metadata (usefulness 1.0 when absent); a session without an
 outcome filters the group. `drop_uniform_rewards` (credit.filter_path) keeps a group only when its rewards
 differ. They show the signatures; they are not meant to be good reward models.
+
+`answer_reward(text, target)` is the exact-answer reward of `dataset=arith` (the arith agents import it):
+1.0 when the last number in the text is an integer equal to the target (`last_integer`: thousands
+separators allowed, `46.0` counts as 46, a `-` right after a digit or letter is subtraction, not a
+sign), else 0.0. `exact_answer` is the same as a `credit.rm_path` reward model.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 MAIN_NAMES = ("main", None)
+_NUMBER = re.compile(r"(?:(?<![\w).])-)?\d+(?:\.\d+)?")
+_THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
 
 
 def exact_match(sample: dict[str, Any]) -> float:
@@ -42,3 +50,28 @@ def outcome_times_usefulness(metadata_by_slot: list[dict[str | None, dict]]) -> 
 def drop_uniform_rewards(samples: list[dict[str, Any]]) -> bool:
     """`credit.filter_path` example (dynamic sampling): keep a group only when its rewards differ."""
     return len({s.get("reward") for s in samples}) > 1
+
+
+def last_integer(text: str) -> int | None:
+    """The last number in `text` when it is an integer (`1,234` → 1234, `-7`, `46.0` → 46), else None."""
+    numbers = _NUMBER.findall(_THOUSANDS.sub("", text))
+    if not numbers:
+        return None
+    value = float(numbers[-1]) if "." in numbers[-1] else int(numbers[-1])
+    return int(value) if value == int(value) else None
+
+
+def answer_reward(text: str, target: Any) -> float:
+    """1.0 when the last number of `text` is an integer equal to `target` (an int or its text), else 0.0."""
+    try:
+        expected = int(str(target).strip())
+    except ValueError:
+        return 0.0
+    return float(last_integer(text) == expected)
+
+
+def exact_answer(sample: dict[str, Any]) -> float:
+    """`answer_reward` of the last assistant message against `prompt.metadata.answer` (credit.rm_path form)."""
+    answer = sample["prompt"].get("metadata", {}).get("answer")
+    replies = [m.get("content") or "" for m in sample["messages"] if m["role"] == "assistant"]
+    return answer_reward(replies[-1], answer) if replies and answer is not None else 0.0

@@ -6,7 +6,8 @@ an eval holds about as many sessions as a train step). `Evaluator.run` evaluates
 another through `Pipeline.start_group` / `await_group` / `score_group` with mode `eval` (agents see
 `RELAX_ROLLOUT_MODE=eval`), then logs `eval/<name>/...` metrics and one
 `AGENTIC EVAL event=eval_end` line per dataset and writes its dump rows (mode `eval`) to the dump pattern
-with `{rollout_id}` → `eval_<name>_<steps done>`.
+with `{rollout_id}` → `eval_<name>_<steps done>`. Every metric also becomes a row `step,dataset,metric,value`
+of `eval.csv` in the output folder (appended; the header is written with the first row).
 
 What it does not do: train, filter, or call `credit.advantage_path` (credit options skip user advantage
 hooks and filters for eval groups; rewards and reward models still score them), retry failed groups
@@ -17,10 +18,12 @@ source. When to run is the step loop's business (`loop.py`, `Evaluator.due`).
 from __future__ import annotations
 
 import asyncio
+import csv
 import logging
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
@@ -32,6 +35,7 @@ from relax_pipeline.tracking.dump import RolloutDump
 from relax_pipeline.tracking.metrics import eval_metrics
 
 log = logging.getLogger(__name__)
+EVAL_CSV = "eval.csv"
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,19 @@ class EvalSet:
     """Sessions per prompt (the group size)."""
     concurrency: int
     """Groups in flight."""
+
+
+def append_eval_csv(output_dir: Path, step: int, name: str, metrics: dict[str, float]) -> Path:
+    """Append one `step,dataset,metric,value` row per `eval/<name>/<metric>` to `<output_dir>/eval.csv`."""
+    path, prefix = output_dir / EVAL_CSV, f"eval/{name}/"
+    new = not path.exists()
+    with open(path, "a", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        if new:
+            writer.writerow(["step", "dataset", "metric", "value"])
+        writer.writerows([step, name, key[len(prefix):], value] for key, value in metrics.items()
+                         if key.startswith(prefix))
+    return path
 
 
 def eval_dump(dump: RolloutDump, name: str) -> RolloutDump:
@@ -84,6 +101,7 @@ class Evaluator:
         rows = [row for _, group_rows in done_groups for row in group_rows]
         path = self.dumps[eval_set.name].write(done, rows)
         metrics = eval_metrics(eval_set.name, rows, groups, self.pipeline.reward.credit.log_passrate)
+        append_eval_csv(self.pipeline.dump.output_dir, done, eval_set.name, metrics)
         self._log(eval_set.name, done, groups, rows, metrics, time.time() - started, path)
         return metrics
 

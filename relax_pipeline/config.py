@@ -349,6 +349,10 @@ class EvalConfig:
     """Sessions per eval prompt when a dataset sets none."""
     interval: int | None = None
     """Run eval before the first step and every N steps (job=train and job=rollout); None disables eval."""
+    temperature: float = 0.0
+    """Eval sampling temperature, independent of rollout.temperature; 0 is greedy (pass@1)."""
+    max_response_len: int | None = None
+    """Most tokens generated per eval turn; None: rollout.max_response_len."""
 
 
 @dataclass

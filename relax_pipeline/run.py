@@ -116,8 +116,10 @@ class _Parts:
         template = ChatTemplate(self.engine.tokenizer, self.model.end_of_turn)
         r = cfg.rollout
         defaults = SamplingDefaults(r.max_response_len, self.context_len, r.temperature, r.top_p, r.top_k)
+        e = cfg.eval
+        eval_defaults = SamplingDefaults(e.max_response_len or r.max_response_len, self.context_len, e.temperature)
         self.store = ForestStore()
-        turns = TurnService(template, self.engine, self.protocol.parser(), defaults, r.history)
+        turns = TurnService(template, self.engine, self.protocol.parser(), defaults, r.history, eval_defaults)
         app = create_app(self.store, turns, self.protocol.service_prefix, self.model.name,
                          self.protocol.frontends(), self.protocol.sse_heartbeat_s)
         self.server = GatewayServer(app, prefix=self.protocol.service_prefix)

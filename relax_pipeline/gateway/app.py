@@ -144,7 +144,7 @@ class _Gateway:
 
     def _prepare(self, session: Session, turn: TurnRequest) -> PreparedTurn:
         """Match the request and build its prompt (400s: bad media, context too long) without generating."""
-        return self.turns.prepare(session.forest, turn, session.turn_seed())
+        return self.turns.prepare(session.forest, turn, session.turn_seed(), session.mode)
 
     def _refuse(self, frontend: Frontend, error: ProtocolError, session: Session | None, started: float) -> Response:
         _access(frontend.name, session.id if session else None, error.status, started, error=error)

@@ -80,11 +80,13 @@ class TurnService:
     """Matches, tokenizes, generates, parses and commits turns for all sessions."""
 
     def __init__(self, template: ChatTemplate, engine: Engine, parser: OutputParser, defaults: SamplingDefaults,
-                 history: str = "tokens") -> None:
+                 history: str = "tokens", eval_defaults: SamplingDefaults | None = None) -> None:
         self.template = template
         self.engine = engine
         self.parser = parser
         self.defaults = defaults
+        self.eval_defaults = eval_defaults or defaults
+        """Sampling of eval sessions (`eval.temperature`, `eval.max_response_len`)."""
         if history not in HISTORY_POLICIES:
             raise ValueError(f"rollout.history={history!r}; choose one of {list(HISTORY_POLICIES)}")
         self.reuse_visible = history == "tokens"
@@ -95,11 +97,14 @@ class TurnService:
         ids = set(template.end_of_turn_ids) | ({eos} if isinstance(eos, int) else set())
         self.stop_token_ids = tuple(sorted(ids))
 
-    def prepare(self, forest: SessionForest, request: TurnRequest, seed: int | None = None) -> PreparedTurn:
+    def prepare(self, forest: SessionForest, request: TurnRequest, seed: int | None = None,
+                mode: str = "train") -> PreparedTurn:
         """Match the request and build its prompt ids (no generation, no commit).
 
-        `seed` is the session's seed for this turn, used when the request brings none.
+        `seed` is the session's seed for this turn, used when the request brings none; `mode` "eval" samples
+        with the eval defaults (`eval.temperature`, greedy by default, and `eval.max_response_len`).
         """
+        d = self.eval_defaults if mode == "eval" else self.defaults
         _check_last_message(request.messages)
         match = forest.match(request.context, request.messages, request.hashes, self.reuse_visible)
         match = _attach_point(forest, match)
@@ -109,15 +114,16 @@ class TurnService:
         parent = match.parent
         if parent is None or parent.kind == "root":
             obs = self.template.prompt_ids(match.delta, match.context)
-            return self._prepared(match, obs, obs, request, seed, self._media(forest, match, obs))
+            return self._prepared(d, match, obs, obs, request, seed, self._media(forest, match, obs))
         if match.full:
-            return self._prepared(match, (), forest.prompt_ids(parent), request, seed, self._media(forest, match, ()))
+            media = self._media(forest, match, ())
+            return self._prepared(d, match, (), forest.prompt_ids(parent), request, seed, media)
         existing = forest.find_child(parent, match.hashes[-1])
         obs = existing.token_ids if existing else self.template.delta_ids(match.delta, match.context, parent.ends_turn)
         media = self._media(forest, match, obs, existing)
         prompt = forest.prompt_ids(parent)  # a fresh list: extended in place, not copied again
         prompt += obs
-        return self._prepared(match, obs, prompt, request, seed, media)
+        return self._prepared(d, match, obs, prompt, request, seed, media)
 
     def check_media(self, request: TurnRequest) -> None:
         """Refuse images when the model is text-only (400 naming the first image's field)."""
@@ -139,9 +145,8 @@ class TurnService:
                                  "images; image placeholder tokens may not appear in text", "messages")
         return _TurnMedia(new, before + new)
 
-    def _prepared(self, match: Match, obs: Sequence[int], prompt: list[int], request: TurnRequest, seed: int | None,
-                  media: _TurnMedia = _NO_MEDIA) -> PreparedTurn:
-        d = self.defaults
+    def _prepared(self, d: SamplingDefaults, match: Match, obs: Sequence[int], prompt: list[int],
+                  request: TurnRequest, seed: int | None, media: _TurnMedia = _NO_MEDIA) -> PreparedTurn:
         length = len(prompt) + media.extra_tokens
         room = d.max_context_len - length
         if room <= 0:
@@ -163,7 +168,8 @@ class TurnService:
         With a `session` whose group holds a `GroupLease`, the generation waits for the lease and is
         resumed after every preemption (partial rollout) until it finishes: one normal answer.
         """
-        return await self.run_prepared(forest, self.prepare(forest, request, seed), rid, session)
+        mode = session.mode if session is not None else "train"
+        return await self.run_prepared(forest, self.prepare(forest, request, seed, mode), rid, session)
 
     async def run_prepared(self, forest: SessionForest, prepared: PreparedTurn, rid: str | None = None,
                            session: Session | None = None) -> TurnResult:

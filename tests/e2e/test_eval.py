@@ -125,3 +125,27 @@ def test_eval_sets_resolve_group_size_and_concurrency(tmp_path: Path) -> None:
     capped = eval_sets(cfg, capacity_of(cfg))
     assert [s.concurrency for s in capped] == [2, 2]
     assert [p.index for p in sets[0].dataset.prompts] == [0, 1, 2]
+
+
+def test_a_sampling_run_evaluates_greedily(tmp_path: Path) -> None:
+    """rollout.temperature=1 samples the train sessions; eval (eval.temperature=0 by default) is greedy, so the
+    same prompt evaluated twice with the same weights answers the same tokens, and eval.max_response_len rules."""
+    data = write_jsonl(tmp_path / "eval.jsonl", prompts(2))
+    agent = tmp_path / "agent.py"
+    agent.write_text(AGENT)
+    cfg = compose_config(tmp_path, "job=rollout", "rollout.num_steps=2", "rollout.temperature=1.0",
+                         "eval.interval=1", "eval.max_response_len=6", f"agent.command='{sys.executable} {agent}'",
+                         "agent=minimal", "credit=custom_advantage",
+                         "credit.advantage_path=relax_pipeline.credit.examples.outcome_times_usefulness",
+                         "trainer.batching.use_dynamic_batch_size=true",
+                         f"eval.datasets=[{{name:two,path:{data},n_samples_per_prompt:2}}]")
+    run(cfg)
+    evals = [read(tmp_path / "dump" / f"r_eval_two_{done}.jsonl") for done in (0, 1, 2)]
+    answers = [sorted(tuple(r["tokens"][r["prompt_length"]:]) for r in rows) for rows in evals]
+    assert answers[0] == answers[1] == answers[2], "greedy eval answers the same with the same weights"
+    assert all(r["response_length"] <= 6 for rows in evals for r in rows)
+    for rows in evals:  # the two sessions of one eval prompt answer alike: no sampling
+        by_group: dict[str, set] = {}
+        for r in rows:
+            by_group.setdefault(r["group_id"], set()).add(tuple(r["tokens"][r["prompt_length"]:]))
+        assert all(len(answers) == 1 for answers in by_group.values())

@@ -121,7 +121,7 @@ class _Gateway:
 
         The prompt is matched and its length checked before any stream opens, so a request over the
         context limit gets a 400 in the provider's shape, never a 200 with an in-stream error."""
-        started, session = time.perf_counter(), None
+        started, session, body = time.perf_counter(), None, None
         try:
             session = self._session(scope)
             body = _json(await read_body(receive))
@@ -129,7 +129,7 @@ class _Gateway:
             stream = frontend.wants_stream(body)
             prepared = self._prepare(session, turn)
         except (CanonicalError, ProtocolError) as error:
-            return self._refuse(frontend, _protocol_error(error), session, started)
+            return self._refuse(frontend, _protocol_error(error), session, started, _asked_stream(body))
         meta = self._meta(body, frontend)
         if stream:
             events = self._sse(frontend, session, prepared, meta, started)
@@ -146,8 +146,9 @@ class _Gateway:
         """Match the request and build its prompt (400s: bad media, context too long) without generating."""
         return self.turns.prepare(session.forest, turn, session.turn_seed(), session.mode)
 
-    def _refuse(self, frontend: Frontend, error: ProtocolError, session: Session | None, started: float) -> Response:
-        _access(frontend.name, session.id if session else None, error.status, started, error=error)
+    def _refuse(self, frontend: Frontend, error: ProtocolError, session: Session | None, started: float,
+                streamed: bool = False) -> Response:
+        _access(frontend.name, session.id if session else None, error.status, started, error=error, streamed=streamed)
         return json_response(frontend.error_body(error), error.status)
 
     def _meta(self, body: Any, frontend: Frontend) -> TurnMeta:
@@ -244,6 +245,11 @@ def _json(raw: bytes | None) -> Any:
         return orjson.loads(raw)
     except (ValueError, RecursionError) as error:
         raise ProtocolError(400, f"the request body is not valid JSON: {error}") from None
+
+
+def _asked_stream(body: Any) -> bool:
+    """Whether a body that was refused asked for SSE (for its access line)."""
+    return isinstance(body, dict) and body.get("stream") is True
 
 
 def _protocol_error(error: CanonicalError | ProtocolError) -> ProtocolError:

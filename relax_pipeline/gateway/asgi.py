@@ -4,7 +4,8 @@ A model turn is the gateway's only hot path, and FastAPI's routing, middleware a
 cost about as much CPU per request as a bare endpoint's whole work. `GatewayApp` sends a POST on one
 of the exact model paths straight to its `TurnRoute` and everything else (health, models, count_tokens,
 unknown routes, wrong methods, trailing slashes) to the FastAPI app, where the same routes are also
-registered, so every answer the FastAPI app gave is still given. `DisconnectWatch` cancels a turn when
+registered, so every answer the FastAPI app gave is still given. Repeated slashes in a path (a base URL
+ending in `/` joined with `/chat/completions`) are read as one. `DisconnectWatch` cancels a turn when
 its client goes away, without a second task for the turn or a polling timer; `json_response` renders
 with orjson (compact UTF-8, as Starlette's JSONResponse writes it). This module holds no routes and no
 turn logic (`app.py`).
@@ -32,8 +33,16 @@ class GatewayApp:
         self.routes = dict(routes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if "//" in scope.get("path", ""):  # a base URL ending in "/" joined with "/chat/completions"
+            scope = {**scope, "path": _single_slashes(scope["path"])}
         route = self.routes.get(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
         await (route or self.fallback)(scope, receive, send)
+
+
+def _single_slashes(path: str) -> str:
+    while "//" in path:
+        path = path.replace("//", "/")
+    return path
 
 
 class TurnRoute:

@@ -41,8 +41,16 @@ def parse_request(body: Any, memo: RequestMemo | None = None) -> TurnRequest:
     if not isinstance(raw, list) or not raw:
         raise CanonicalError("messages must be a non-empty list", "messages")
     messages, hashes = memo.canonical(raw, context, parse_message)
+    _one_choice(body.get("n"))
     return TurnRequest(messages, context, _max_tokens(body), _stop(body.get("stop")), _seed(body.get("seed")),
                        hashes)
+
+
+def _one_choice(n: Any) -> None:
+    """`n` other than 1 is refused: one request is one sampled turn of one session's history."""
+    if n is not None and n != 1:
+        raise CanonicalError(f"n={n!r} is not supported: each request returns one choice (one turn of this "
+                             "session); send n separate requests", "n")
 
 
 def _max_tokens(body: Mapping[str, Any]) -> int | None:

@@ -127,8 +127,11 @@ async def test_every_request_writes_one_access_line(gw: Gateway, caplog: pytest.
     await gw.sdk(session).chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}])
     await gw.post(session, {"messages": []})
     await gw.post(session, {"messages": [{"role": "user", "content": "Hi"}], "stream": True})
+    await gw.post(session, {"messages": [], "stream": True})
     lines = [r for r in caplog.records if r.name == ACCESS_LOGGER]
-    assert [r.levelname for r in lines] == ["INFO", "WARNING", "INFO"]
+    assert [r.levelname for r in lines] == ["INFO", "WARNING", "INFO", "WARNING"]
+    assert "status=400 stream=true" in lines[3].getMessage(), "a refused stream request is logged as one"
+    lines = lines[:3]
     assert all(f"session={session.id}" in r.getMessage() for r in lines)
     ok, refused, streamed = (r.getMessage() for r in lines)
     assert "status=200" in ok and "completion_tokens=" in ok
@@ -222,3 +225,16 @@ async def test_messages_accepts_a_system_message_mid_conversation(gw: Gateway) -
     assert reply.status_code == 200 and "message_stop" in reply.text
     roles = [m.role for m in session.forest.nodes[1].messages]
     assert roles == ["user", "system"]
+
+
+async def test_a_base_url_ending_in_a_slash_still_routes(gw: Gateway) -> None:
+    session = gw.open_session()
+    reply = await gw.post(session, {"messages": [{"role": "user", "content": "Hi"}]}, "/chat/completions")
+    assert gw.base_url.endswith("/") and reply.status_code == 200, reply.text
+
+
+async def test_n_other_than_one_is_refused_naming_n(gw: Gateway) -> None:
+    session = gw.open_session()
+    reply = await gw.post(session, {"messages": [{"role": "user", "content": "Hi"}], "n": 2})
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == "n"
+    assert "n=2 is not supported" in reply.json()["error"]["message"]

@@ -8,8 +8,10 @@ on with the other groups (the rollout temperature and the credit's `AdvantageSet
 Contract: `train` runs the optimizer steps of one rollout batch and returns `train/...` and `perf/...`
 metrics; every call that trains bumps `version`, the weight version the engine serves next.
 `engine_weights` is a detached CPU state dict for `Engine.update_weights`. `save` writes a checkpoint
-folder atomically with the caller's plain `extra` values; `load` restores it (weights, optimizer, version,
-RNG states) and returns `extra`. `close` releases what the backend holds (a process group).
+folder atomically with the caller's plain `extra` values; the folder is a loadable Hugging Face model folder
+(weights, config, generation config, tokenizer, chat template), plus the optimizer state unless the backend
+was built with `save_optimizer=False`. `load` restores it (weights, optimizer when saved, version, RNG
+states) and returns `extra`. `close` releases what the backend holds (a process group).
 
 What it does not say: how the loss, batching or optimizer work (train/losses.py, batching.py, optim.py),
 or when to checkpoint (the loop's `Checkpoints`, from `trainer.save_interval`/`resume`/`checkpoint_dir`).
@@ -40,11 +42,11 @@ class Trainer(Protocol):
         ...
 
     def save(self, path: Path, extra: dict[str, Any]) -> None:
-        """Write a checkpoint folder at `path` atomically; `extra` holds plain values."""
+        """Write a checkpoint folder at `path` atomically (a loadable model folder); `extra` holds plain values."""
         ...
 
     def load(self, path: Path) -> dict[str, Any]:
-        """Restore the checkpoint at `path`; returns the `extra` it was saved with."""
+        """Restore the checkpoint at `path` (a fresh optimizer when it holds none); returns its `extra`."""
         ...
 
     def close(self) -> None:

@@ -17,9 +17,12 @@ clipping is DeepSpeed's (`gradient_clipping = trainer.optim.grad_clip`); the rep
 Weights for the engine: stages 0-2 keep full parameters on every rank, so `engine_weights` copies the
 module's state dict; under ZeRO-3 the parameters are partitioned and are gathered first with
 `deepspeed.zero.GatheredParameters` (read-only, `modifier_rank=None`). Checkpoints hold the same files
-as the torch backend's (`model.safetensors` of the gathered weights, version, RNG states, `extra`) with
-the optimizer and partitioned states in DeepSpeed's own format (`engine.save_checkpoint`, tag
-`deepspeed`), which resumes only with the same world size.
+as the torch backend's (a loadable Hugging Face folder: `model.safetensors` of the gathered weights beside
+the model path's config and tokenizer files; version, RNG states, `extra`) with the optimizer and
+partitioned states in DeepSpeed's own format (`engine.save_checkpoint`, tag `deepspeed`), which resumes
+only with the same world size. With `save_optimizer=false` the DeepSpeed files are not written; loading
+such a folder puts its weights into the module (gathered under ZeRO-3), refreshes the optimizer's fp32
+master copies from them (`refresh_fp32_params`, ZeRO 1-3) and starts the optimizer state fresh.
 
 Process group: when no launcher set RANK/LOCAL_RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, they are set
 for a single process (a free port on 127.0.0.1) and removed again by `close()`, which also destroys the
@@ -49,9 +52,12 @@ from relax_pipeline.train.optim import adamw
 from relax_pipeline.train.torch_backend import (
     WEIGHTS_FILE,
     TorchTrainer,
+    copy_model_files,
     cpu_state_dict,
+    fresh_optimizer_warning,
     frozen_copy,
     load_policy,
+    load_weights,
     save_weights,
     write_state,
 )
@@ -120,17 +126,34 @@ class DeepSpeedTrainer(TorchTrainer):
             return cpu_state_dict(self.policy.state_dict())
 
     def _write_checkpoint(self, folder: Path, extra: dict[str, Any]) -> None:
+        copy_model_files(Path(self.model_path), folder)
         save_weights(self.engine_weights(), folder / WEIGHTS_FILE)
-        self.engine.save_checkpoint(str(folder), tag=DS_TAG)
+        if self.save_optimizer:
+            self.engine.save_checkpoint(str(folder), tag=DS_TAG)
         write_state(folder, self.version, extra)
 
     def load(self, path: Path) -> dict[str, Any]:
-        """Restore the engine (weights, optimizer, ZeRO partitions), version and RNG states."""
+        """Restore the engine (weights, optimizer, ZeRO partitions), version and RNG states; a folder saved
+        without optimizer state restores the weights only."""
         path = Path(path)
+        if not (path / DS_TAG).is_dir():
+            self._load_weights_only(path)
+            return self._read_state(path)
         loaded, _ = self.engine.load_checkpoint(str(path), tag=DS_TAG, load_lr_scheduler_states=False)
         if loaded is None:
             raise FileNotFoundError(f"no DeepSpeed checkpoint under {path / DS_TAG}")
         return self._read_state(path)
+
+    def _load_weights_only(self, path: Path) -> None:
+        """Weights into the module (gathered under ZeRO-3), then the optimizer's fp32 copies refreshed."""
+        import deepspeed
+
+        params = list(self.policy.parameters())
+        with deepspeed.zero.GatheredParameters(params, modifier_rank=0, enabled=self.zero_stage == 3):
+            load_weights(self.policy, path / WEIGHTS_FILE)
+        if hasattr(self.optimizer, "refresh_fp32_params"):
+            self.optimizer.refresh_fp32_params()
+        fresh_optimizer_warning(path)
 
     def close(self) -> None:
         """Destroy the process group this trainer created and remove the environment it set."""

@@ -12,18 +12,25 @@ Contract: `train(samples)` runs one optimizer step per global batch (`step.optim
 metrics averaged over those steps (`train/...`, `perf/train_time`, `perf/tokens_per_s`); each call that
 trains bumps `version`, the weight version the engine serves next. `engine_weights()` is a detached
 CPU state dict (tied weights stay tied). `save`/`load` write and read a checkpoint folder atomically
-(a temporary sibling folder renamed into place): `model.safetensors`, the optimizer state, the version,
-python and torch RNG states and the caller's `extra`, so a resumed run equals an uninterrupted one
-exactly on CPU. The model runs in eval mode (dropout off) so its logprobs match the engine's.
+(a temporary sibling folder renamed into place). Every checkpoint folder is a Hugging Face model folder:
+`model.safetensors` (each tied tensor stored once, so tied weights stay tied on load) beside the model
+path's own config, generation config, tokenizer, chat template and processor files (`copy_model_files`),
+so `AutoModelForCausalLM.from_pretrained(folder)`, `AutoTokenizer.from_pretrained(folder)` and
+`model.path=folder` all load it. Beside them: the optimizer state (`optimizer.pt`, unless
+`save_optimizer=false`), the version, python and torch RNG states and the caller's `extra`
+(`trainer_state.pt`), so a resumed run equals an uninterrupted one exactly on CPU. A checkpoint without
+optimizer state resumes with a fresh optimizer and says so. The model runs in eval mode (dropout off) so
+its logprobs match the engine's.
 
-What it does not do: save a Hugging Face folder with tokenizer (the model path has it), learning-rate
-schedules, mixed precision, or more than one process (`trainer=deepspeed` does ZeRO). It does not
-decide when to checkpoint: `trainer.save_interval`, `resume` and `checkpoint_dir` are the loop's.
+What it does not do: learning-rate schedules, mixed precision, or more than one process
+(`trainer=deepspeed` does ZeRO). It does not decide when to checkpoint or how many to keep:
+`trainer.save_interval`, `keep_checkpoints`, `resume` and `checkpoint_dir` are the loop's.
 """
 
 from __future__ import annotations
 
 import copy
+import logging
 import random
 import shutil
 import time
@@ -40,9 +47,12 @@ from relax_pipeline.train.losses import LossSettings
 from relax_pipeline.train.optim import OptimSettings, adamw, clip_and_step
 from relax_pipeline.train.step import StepSettings, mean_metrics, optimizer_step
 
+log = logging.getLogger(__name__)
 WEIGHTS_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"
 STATE_FILE = "trainer_state.pt"
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".index.json")
+"""Files of a model folder that `copy_model_files` leaves behind: weights, their indexes, training state."""
 
 
 class TorchTrainer:
@@ -59,6 +69,7 @@ class TorchTrainer:
         advantages: AdvantageSettings | None = None,
         temperature: float = 1.0,
         zero_stage: int = 0,
+        save_optimizer: bool = True,
     ) -> None:
         if temperature < 0:
             raise ValueError(f"rollout.temperature={temperature} must be >= 0 (0 is greedy)")
@@ -67,6 +78,8 @@ class TorchTrainer:
                                      advantages or AdvantageSettings(), temperature)
         self.optim = optim or OptimSettings()
         self.model_path, self.seed, self.zero_stage = model_path, seed, zero_stage
+        self.save_optimizer = save_optimizer
+        """`trainer.save_optimizer`: False writes weights only (resuming then starts a fresh optimizer)."""
         self.version = 0
         self._setup(device, needs_reference=self.settings.loss.use_kl_loss or self.settings.advantages.kl_coef > 0)
 
@@ -119,15 +132,20 @@ class TorchTrainer:
         atomic_folder(Path(path), self._write_checkpoint, extra)
 
     def _write_checkpoint(self, folder: Path, extra: dict[str, Any]) -> None:
+        copy_model_files(Path(self.model_path), folder)
         save_weights(self.engine_weights(), folder / WEIGHTS_FILE)
-        torch.save(self.optimizer.state_dict(), folder / OPTIMIZER_FILE)
+        if self.save_optimizer:
+            torch.save(self.optimizer.state_dict(), folder / OPTIMIZER_FILE)
         write_state(folder, self.version, extra)
 
     def load(self, path: Path) -> dict[str, Any]:
-        """Restore model, optimizer, version and RNG states from `path`; returns the saved `extra`."""
+        """Restore model, optimizer (when saved), version and RNG states from `path`; returns the saved `extra`."""
         path = Path(path)
         load_weights(self.policy, path / WEIGHTS_FILE)
-        self.optimizer.load_state_dict(torch.load(path / OPTIMIZER_FILE, weights_only=True))
+        if (path / OPTIMIZER_FILE).exists():
+            self.optimizer.load_state_dict(torch.load(path / OPTIMIZER_FILE, weights_only=True))
+        else:
+            fresh_optimizer_warning(path)
         return self._read_state(path)
 
     def _read_state(self, path: Path) -> dict[str, Any]:
@@ -173,14 +191,34 @@ def cpu_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def save_weights(weights: dict[str, torch.Tensor], file: Path) -> None:
-    """safetensors file of `weights`, each shared tensor stored once under its first name."""
+    """safetensors file of `weights`, each shared tensor stored once under its first name (Hugging Face
+    ties the others again on load), marked `format: pt` as `from_pretrained` expects."""
     seen: set[int] = set()
     unique = {}
     for name, tensor in weights.items():
         if id(tensor) not in seen:
             seen.add(id(tensor))
             unique[name] = tensor.contiguous()
-    save_file(unique, str(file))
+    save_file(unique, str(file), metadata={"format": "pt"})
+
+
+def copy_model_files(model_path: Path, folder: Path) -> None:
+    """Copy the model folder's own files (config, generation config, tokenizer, chat template, processor)
+    into the checkpoint `folder`, leaving weights and training state behind (`WEIGHT_SUFFIXES`); a model
+    path without `generation_config.json` gets one from its config, so every checkpoint has one."""
+    for source in model_path.iterdir():
+        if source.is_file() and not source.name.endswith(WEIGHT_SUFFIXES):
+            shutil.copy2(source, folder / source.name)
+    if not (folder / "generation_config.json").exists():
+        from transformers import AutoConfig, GenerationConfig
+
+        GenerationConfig.from_model_config(AutoConfig.from_pretrained(folder)).save_pretrained(folder)
+
+
+def fresh_optimizer_warning(path: Path) -> None:
+    """Say that a checkpoint without optimizer state resumes with a fresh optimizer."""
+    log.warning("checkpoint %s holds no optimizer state (saved with trainer.save_optimizer=false): the weights, "
+                "step and data position are restored, the optimizer starts fresh", path)
 
 
 def load_weights(model: torch.nn.Module, file: Path) -> None:

@@ -2,7 +2,8 @@
 
 One convenience before Hydra parses the command line: an override whose value holds a `{rollout_id}`
 placeholder (`debug.save_rollout_data=out/r_{rollout_id}.jsonl`) is quoted, since Hydra's grammar
-reads a bare `{` as the start of a dict.
+reads a bare `{` as the start of a dict. Exit status: 0, 1 when the run failed (its last log line says
+why), 130/143 when a SIGINT/SIGTERM stopped it (its last log line says where the checkpoint is).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import hydra
 from omegaconf import DictConfig
 
 from relax_pipeline.config import quote_placeholders, register
+from relax_pipeline.loop import RunInterrupted
 from relax_pipeline.run import run
 
 register()
@@ -22,6 +24,8 @@ register()
 def main(cfg: DictConfig) -> None:
     try:
         run(cfg)
+    except RunInterrupted as stop:  # run() already logged where the checkpoint is and how to resume
+        sys.exit(stop.exit_code)
     except Exception:  # noqa: BLE001 - run() already logged why in one sentence
         sys.exit(1)
 

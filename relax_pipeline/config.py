@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONF_DIR = Path(__file__).resolve().parent / "conf"
 """The config groups ship inside the package, so a wheel can run."""
-JOBS = ("train", "rollout", "check")
+JOBS = ("train", "rollout", "check", "eval")
 _EVAL_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 
 
@@ -151,6 +151,11 @@ class TrainerConfig:
     """Continue from the latest checkpoint in checkpoint_dir."""
     checkpoint_dir: str | None = None
     """Where checkpoints are written and resumed from; None means <output folder>/checkpoints."""
+    keep_checkpoints: int | None = None
+    """Keep only the last N checkpoint folders (older ones are deleted after each save); None keeps all."""
+    save_optimizer: bool = True
+    """Save the optimizer state with each checkpoint; false saves weights only (a resume then restarts the
+    optimizer and says so)."""
     # Deprecated flat aliases, kept for one release (FLAT_TRAINER_KEYS): a value set here moves into its
     # nested node at start, where it wins over the nested value, and the run logs a deprecation line.
     lr: float | None = None
@@ -194,7 +199,7 @@ TRAINER_NODES: dict[str, type] = {"loss": LossSettings, "batching": BatchSetting
 FLAT_TRAINER_KEYS: dict[str, str] = {f.name: f"{node}.{f.name}" for node, record in TRAINER_NODES.items()
                                      for f in fields(record)}
 """Deprecated flat key → its nested key (`lr` → `optim.lr`), both under `trainer.`; removed next release."""
-LOOP_TRAINER_KEYS: tuple[str, ...] = ("save_interval", "resume", "checkpoint_dir")
+LOOP_TRAINER_KEYS: tuple[str, ...] = ("save_interval", "resume", "checkpoint_dir", "keep_checkpoints")
 """Trainer keys the step loop's checkpoint schedule reads (run.py); the trainer class does not take them."""
 
 
@@ -371,7 +376,7 @@ class ExportConfig:
 @dataclass
 class Config:
     job: str = "train"
-    """train, rollout or check."""
+    """train, rollout, check or eval (evaluate model.path on every eval.datasets entry once; train nothing)."""
     seed: int = 0
     """One seed for data order, sampling and init."""
     protocol: ProtocolConfig = field(default_factory=ProtocolConfig)
@@ -495,6 +500,8 @@ def validate(cfg: DictConfig) -> None:
     if cfg.job not in JOBS:
         raise ValueError(f"job={cfg.job!r} is not a job; choose one of {list(JOBS)}")
     for key in ("num_steps", "batch_size", "n_samples_per_prompt", "max_response_len", "max_context_len"):
+        if key == "num_steps" and cfg.job == "eval":
+            continue  # job=eval runs no steps
         if cfg.rollout[key] is not None and cfg.rollout[key] <= 0:
             raise ValueError(f"rollout.{key} must be positive, got {cfg.rollout[key]}")
     check_context_len(cfg.rollout.max_response_len, cfg.rollout.max_context_len)
@@ -535,6 +542,9 @@ def _check_eval(cfg: DictConfig) -> None:
                        ("runtime.eval_concurrency", cfg.runtime.eval_concurrency)):
         if value is not None and value <= 0:
             raise ValueError(f"{key} must be positive or null, got {value}")
+    if cfg.job == "eval" and not ev.datasets:
+        raise ValueError("job=eval evaluates the eval.datasets entries and there are none: set "
+                         "eval.datasets=[{name:NAME,path:FILE.jsonl}]")
     if ev.interval is not None and not ev.datasets:
         raise ValueError(f"eval.interval={ev.interval} needs at least one eval dataset: set "
                          "eval.datasets=[{name:NAME,path:FILE.jsonl}], or eval.interval=null")

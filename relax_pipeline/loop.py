@@ -4,9 +4,17 @@ Each step asks the runtime strategy for one step of scored groups, turns their c
 samples, trains (in a worker thread, so the gateway keeps serving agents that run across steps), pushes
 the new weights to the engine as the trainer's new version, logs the step's metrics and saves a
 checkpoint every `trainer.save_interval` steps and after the last. `trainer.resume=true` restores the
-latest checkpoint (weights, optimizer, RNG, step count, data position, weight version) first. With an
-evaluator, eval runs before the first step and every `eval.interval` steps (`_eval`). The loop does not
-build anything: `run.py` hands it the parts.
+latest checkpoint (weights, optimizer, RNG, step count, data position, weight version) first, and
+`trainer.keep_checkpoints` keeps only the last N checkpoint folders. With an evaluator, eval runs before
+the first step and every `eval.interval` steps (`_eval`); `job=eval` is this loop with no steps and an
+evaluator. The loop does not build anything: `run.py` hands it the parts.
+
+Stopping (`request_stop`, called by run.py on the first SIGINT or SIGTERM): the pipeline starts no more
+groups and drops the running ones (recorded in the dump as `dropped`); a step interrupted during its
+rollout is not trained (its rows still go to the dump), a step whose rollout had finished is completed
+(training cannot be cut short). Then the loop writes a checkpoint of the last finished step unless one
+exists already and raises `RunInterrupted`, whose message says where the checkpoint is and how to resume
+and whose `exit_code` is 128 + the signal number (130 for SIGINT, 143 for SIGTERM).
 
 Before each step, `settle_garbage` collects and then freezes every surviving object (the model, the
 tokenizer, the forests of earlier steps), so the collector's automatic full collections during the step
@@ -21,6 +29,8 @@ import asyncio
 import gc
 import logging
 import re
+import shutil
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -42,20 +52,47 @@ _STEP_DIR = re.compile(r"^step_(\d+)$")
 FULL_GC_STEPS = 10
 
 
+class RunInterrupted(Exception):
+    """The run stopped on a signal after saving what it could; the message says where the checkpoint is."""
+
+    def __init__(self, message: str, signum: int) -> None:
+        super().__init__(message)
+        self.exit_code = 128 + signum
+        """130 for SIGINT, 143 for SIGTERM."""
+
+
 @dataclass
 class Checkpoints:
-    """Where checkpoints go and how often; connects the trainer config to the loop."""
+    """Where checkpoints go, how often and how many stay; connects the trainer config to the loop."""
 
     folder: Path
     interval: int | None
     resume: bool
+    keep: int | None = None
+    """`trainer.keep_checkpoints`: the last N step folders stay after each save; None keeps all."""
+
+    def __post_init__(self) -> None:
+        if self.keep is not None and self.keep < 1:
+            raise ValueError(f"trainer.keep_checkpoints={self.keep} must be at least 1, or null to keep every "
+                             "checkpoint")
+
+    def steps(self) -> list[tuple[int, Path]]:
+        """Every `step_<n>` folder, oldest first."""
+        return sorted((int(m.group(1)), p) for p in self.folder.glob("step_*") if (m := _STEP_DIR.match(p.name)))
 
     def latest(self) -> Path | None:
-        steps = [(int(m.group(1)), p) for p in self.folder.glob("step_*") if (m := _STEP_DIR.match(p.name))]
-        return max(steps)[1] if steps else None
+        steps = self.steps()
+        return steps[-1][1] if steps else None
 
     def due(self, step: int, last: int) -> bool:
         return step == last or (self.interval is not None and (step + 1) % self.interval == 0)
+
+    def prune(self) -> list[Path]:
+        """Delete all but the last `keep` step folders; returns the deleted ones."""
+        old = [path for _, path in self.steps()[:-self.keep]] if self.keep is not None else []
+        for path in old:
+            shutil.rmtree(path, ignore_errors=True)
+        return old
 
 
 class StepLoop:
@@ -74,16 +111,39 @@ class StepLoop:
         self.history: list[dict[str, float]] = []
         self.evaluator = evaluator
         self.eval_metrics: dict[str, float] = {}
+        self.stop_signal: int | None = None
+        """The signal that asked the run to stop (`request_stop`), None while it runs on."""
+        self.done = 0
+        """Steps finished (resumed ones included)."""
+        self.saved: int | None = None
+        """Finished steps in the last checkpoint this run wrote or resumed from."""
+        self._data: dict[str, Any] = {}
+        """The data position when the last step finished (what a checkpoint of it holds)."""
+
+    def request_stop(self, signum: int) -> None:
+        """Stop soon (first SIGINT/SIGTERM): no group starts, running groups are dropped, see the module."""
+        if self.stop_signal is not None:
+            return
+        self.stop_signal = signum
+        dropped = self.pipeline.interrupt(f"interrupted by {signal.Signals(signum).name}")
+        log.warning("%s: stopping; %d running groups dropped, a checkpoint of the last finished step follows "
+                    "(send it again to exit at once, without one)", signal.Signals(signum).name, dropped)
 
     async def run(self) -> dict[str, float]:
         """Every step; returns the last step's metrics plus the latest eval's."""
         metrics: dict[str, float] = {}
-        first = await self._resume()
+        first = self.done = await self._resume()
+        self._data = self.pipeline.source.state()
         await self._eval(first, before_first_step=True)
         for step in range(first, self.num_steps):
+            if self.stop_signal is not None:
+                break
             settle_garbage(full=(step - first) % FULL_GC_STEPS == 0)
             started = time.time()
             result = await self._rollout(step)
+            if self.stop_signal is not None:
+                log.warning("step %d interrupted during its rollout: not trained (its rows are in the dump)", step)
+                break
             metrics = dict(result.metrics)
             if self.trainer is not None:
                 metrics.update(await self._train(result))
@@ -91,12 +151,30 @@ class StepLoop:
             self.tracker.log(metrics, step)
             self.history.append(metrics)
             log.info("step %d metrics %s", step, " ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items())))
+            self.done, self._data = step + 1, self.pipeline.source.state()
             self._save(step)
             await self._eval(step + 1)
         gc.unfreeze()  # what the run leaves behind is collected as usual
+        if self.stop_signal is not None:
+            raise self._interrupted(self.stop_signal)
         self._report()
         self._check_trained()
         return {**metrics, **self.eval_metrics}
+
+    def _interrupted(self, signum: int) -> RunInterrupted:
+        """Checkpoint the last finished step (unless saved already); the error saying where and how to resume."""
+        name = signal.Signals(signum).name
+        if self.trainer is None or self.checkpoints is None:
+            return RunInterrupted(f"run interrupted by {name} after {self.done} steps; this job trains nothing, so "
+                                  "there is no checkpoint", signum)
+        if self.done == 0:
+            return RunInterrupted(f"run interrupted by {name} before its first step finished: no checkpoint (run "
+                                  "again to start over)", signum)
+        if self.saved != self.done:
+            self._write(self.done)
+        folder = self.checkpoints.folder.resolve()
+        return RunInterrupted(f"run interrupted by {name} after {self.done} steps: checkpoint {folder}/step_"
+                              f"{self.done}; resume with trainer.resume=true trainer.checkpoint_dir={folder}", signum)
 
     def _check_trained(self) -> None:
         """A training run in which no step had a sample to train on failed, whatever else went well."""
@@ -107,9 +185,12 @@ class StepLoop:
 
     async def _eval(self, done: int, before_first_step: bool = False) -> None:
         """Eval hook (stages/evaluate.py): before the first step and every `eval.interval` steps."""
-        if self.evaluator is None or not self.evaluator.due(done, before_first_step):
+        if self.evaluator is None or self.stop_signal is not None or not self.evaluator.due(done, before_first_step):
             return
-        self.eval_metrics = await self.evaluator.run(done)
+        metrics = await self.evaluator.run(done)
+        if self.stop_signal is not None:
+            return  # an interrupted eval has no metrics to log
+        self.eval_metrics = metrics
         self.tracker.log(self.eval_metrics, done)
         log.info("eval after %d steps metrics %s", done,
                  " ".join(f"{k}={v:.4g}" for k, v in sorted(self.eval_metrics.items())))
@@ -139,9 +220,17 @@ class StepLoop:
     def _save(self, step: int) -> None:
         if self.trainer is None or self.checkpoints is None or not self.checkpoints.due(step, self.num_steps - 1):
             return
-        path = self.checkpoints.folder / f"step_{step + 1}"
-        self.trainer.save(path, {"step": step + 1, "data": self.pipeline.source.state()})
+        self._write(step + 1)
+
+    def _write(self, done: int) -> None:
+        """Checkpoint `step_<done>` (weights, optimizer, data position), then prune to `keep_checkpoints`."""
+        assert self.trainer is not None and self.checkpoints is not None
+        path = self.checkpoints.folder / f"step_{done}"
+        self.trainer.save(path, {"step": done, "data": self._data})
+        self.saved = done
         log.info("checkpoint saved: %s (weights v%d)", path, self.trainer.version)
+        for old in self.checkpoints.prune():
+            log.info("checkpoint removed: %s (trainer.keep_checkpoints=%d)", old, self.checkpoints.keep)
 
     async def _resume(self) -> int:
         if self.trainer is None or self.checkpoints is None or not self.checkpoints.resume:
@@ -155,6 +244,7 @@ class StepLoop:
         self.pipeline.source.restore(extra["data"])
         await self.engine.update_weights(self.trainer.engine_weights(), self.trainer.version)
         log.info("resumed from %s at step %d (weights v%d)", latest, extra["step"], self.trainer.version)
+        self.saved = int(extra["step"])
         return int(extra["step"])
 
     def _report(self) -> None:

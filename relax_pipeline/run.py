@@ -1,19 +1,32 @@
 """`run(cfg)`: build the run's objects from the composed config, run the job, return its metrics.
 
 Jobs: `train` (rollout, credit, training and weight sync per step; checkpoints), `rollout` (rollout
-steps, credit, dump; no training) and `check` (validate the config, the model, the dataset and the agent
-setup, print findings, start nothing). Everything is built here, in one place, from the config groups;
-the step loop itself is `loop.py`. `__main__` stays thin and tests call `run` in-process. A failed run
-raises after logging, as its last line, one sentence saying why.
+steps, credit, dump; no training), `check` (validate the config, the model, the dataset and the agent
+setup, print findings, start nothing) and `eval` (evaluate `model.path`, a base model or any checkpoint
+folder, on every `eval.datasets` entry once: metrics, `eval_<name>.csv` per dataset, one summary line
+each; no steps, no training; its eval groups in flight default to filling the engine's batch,
+`engine.max_batch_size`, unless `runtime.eval_concurrency` is set). Everything is built here, in one
+place, from the config groups; the step loop itself is `loop.py`. `__main__` stays thin and tests call
+`run` in-process. A failed run raises after logging, as its last line, one sentence saying why.
+
+Signals (`StopSignals`, main thread only): the first SIGINT or SIGTERM asks the step loop to stop
+(`StepLoop.request_stop`: running sessions dropped, a checkpoint of the last finished step, then
+`RunInterrupted`, logged as the last line with where the checkpoint is and how to resume; `__main__`
+exits 130 or 143 without a traceback). A second one kills the running agents and exits at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import shutil
+import signal
+import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from types import FrameType, TracebackType
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -31,7 +44,7 @@ from relax_pipeline.data.dataset import DataSource
 from relax_pipeline.engine.template import ChatTemplate
 from relax_pipeline.gateway.app import create_app
 from relax_pipeline.gateway.server import GatewayServer
-from relax_pipeline.loop import Checkpoints, StepLoop
+from relax_pipeline.loop import Checkpoints, RunInterrupted, StepLoop
 from relax_pipeline.models.spec import context_len
 from relax_pipeline.scheduling.base import Binding
 from relax_pipeline.stages.capacity import Capacity, EvalLoad, SlotPlan, check_slots
@@ -54,25 +67,77 @@ def run(cfg: DictConfig) -> dict[str, float]:
     """Run the configured job; returns the last step's metrics (or the check's findings)."""
     register()
     output_dir = _output_dir(cfg)
-    with run_logging(output_dir) as log_path:
+    with run_logging(output_dir) as log_path, StopSignals() as signals:
         try:
             validate(cfg)
             (output_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
             log.info("job=%s output_dir=%s log=%s", cfg.job, output_dir, log_path)
-            return asyncio.run(_run_job(cfg, output_dir))
+            return asyncio.run(_run_job(cfg, output_dir, signals))
+        except RunInterrupted as stop:
+            log.warning("%s", stop)
+            raise
         except BaseException as error:
             log.error("run failed: %s", _one_sentence(error))
             raise
 
 
-async def _run_job(cfg: DictConfig, output_dir: Path) -> dict[str, float]:
+async def _run_job(cfg: DictConfig, output_dir: Path, signals: StopSignals) -> dict[str, float]:
     parts = await _Parts.create(cfg, output_dir)
     try:
         if cfg.job == "check":
             return parts.check()
-        return await parts.loop().run()
+        loop = parts.loop()
+        signals.attach(asyncio.get_running_loop(), loop.request_stop, loop.pipeline.kill_agents)
+        return await loop.run()
     finally:
+        signals.detach()
         await parts.close()
+
+
+class StopSignals:
+    """SIGINT and SIGTERM while a run is on: the first asks it to stop (on the event loop), the second kills
+    the running agents and exits at once. Installed only in the main thread; the previous handlers come
+    back on exit. A first signal that arrives before `attach` (while the model loads) is kept for it."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._previous: dict[int, Any] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: Callable[[int], None] = lambda signum: None
+        self._kill: Callable[[], None] = lambda: None
+
+    def __enter__(self) -> StopSignals:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self._previous[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread: leave signals alone
+                break
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+
+    def attach(self, loop: asyncio.AbstractEventLoop, stop: Callable[[int], None], kill: Callable[[], None]) -> None:
+        """From now on a first signal calls `stop(signum)` on `loop` and a second one calls `kill()` first."""
+        self._loop, self._stop, self._kill = loop, stop, kill
+        if self.signum is not None:
+            loop.call_soon(stop, self.signum)
+
+    def detach(self) -> None:
+        self._loop = None
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
+        if self.signum is not None:
+            sys.stderr.write(f"\n{name} again: killing the running agents and exiting now, without a checkpoint\n")
+            self._kill()
+            os._exit(128 + signum)
+        self.signum = signum
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._stop, signum)
+        else:
+            sys.stderr.write(f"\n{name}: the run stops once start-up is done (send it again to exit now)\n")
 
 
 class _Parts:
@@ -95,6 +160,7 @@ class _Parts:
         self.credit = build(cfg.credit)
         self.capacity = capacity_of(cfg)
         self.eval_sets = eval_sets(cfg, self.capacity)
+        self.is_eval = cfg.job == "eval"
         self.strategy = build_runtime(cfg)
         check_slots(self.slot_plan(), cfg.runtime.external_slots)
         self.tracker = build(cfg.tracking, output_dir=str(output_dir))
@@ -138,17 +204,21 @@ class _Parts:
 
     def loop(self) -> StepLoop:
         cfg = self.cfg
-        r = cfg.rollout
-        self.strategy.bind(Binding(self.capacity.groups, self.engine, r.over_sampling_batch_size, r.num_steps))
+        r, t = cfg.rollout, cfg.trainer
+        steps = 0 if self.is_eval else r.num_steps  # job=eval: the loop's eval before the first step, no step
+        self.strategy.bind(Binding(self.capacity.groups, self.engine, r.over_sampling_batch_size, steps))
         self.tracker.start(OmegaConf.to_container(cfg, resolve=True))
-        folder = Path(cfg.trainer.checkpoint_dir or self.output_dir / "checkpoints").expanduser()
-        checkpoints = Checkpoints(folder, cfg.trainer.save_interval, cfg.trainer.resume)
+        folder = Path(t.checkpoint_dir or self.output_dir / "checkpoints").expanduser()
+        checkpoints = Checkpoints(folder, t.save_interval, t.resume, t.keep_checkpoints)
         pipeline = self.pipeline()
-        return StepLoop(pipeline, self.strategy, self.engine, self.tracker, r.num_steps, self.trainer,
+        return StepLoop(pipeline, self.strategy, self.engine, self.tracker, steps, self.trainer,
                         checkpoints, self.evaluator(pipeline))
 
     def evaluator(self, pipeline: Pipeline) -> Evaluator | None:
-        """Eval of `eval.datasets` every `eval.interval` steps; None when eval is off."""
+        """Eval of `eval.datasets` every `eval.interval` steps; None when eval is off. `job=eval`: once, with
+        per-problem results."""
+        if self.is_eval:
+            return Evaluator(pipeline, self.eval_sets, interval=1, per_problem=True)
         if self.eval_sets and self.cfg.eval.interval is None:
             log.warning("eval.datasets is set but eval.interval is null: eval is off")
         if not self.eval_sets or self.cfg.eval.interval is None:
@@ -158,6 +228,8 @@ class _Parts:
     def slot_plan(self) -> SlotPlan:
         """Agent slots this run needs at its peak (`stages/capacity.py`)."""
         evals = tuple(EvalLoad(s.name, s.n_samples, s.concurrency) for s in self.eval_sets)
+        if self.is_eval:
+            return SlotPlan(0, evals, False)
         return SlotPlan(self.capacity.sessions, evals, self.strategy.retains_train_sessions)
 
     def check(self) -> dict[str, float]:
@@ -195,10 +267,16 @@ class _Parts:
 
 
 def capacity_of(cfg: DictConfig) -> Capacity:
-    """The run's resident capacity, computed once (`stages/capacity.py`)."""
-    r = cfg.rollout
-    return Capacity.resolve(cfg.runtime.concurrency, r.over_sampling_batch_size, r.batch_size, r.n_samples_per_prompt,
-                            cfg.runtime.eval_concurrency)
+    """The run's resident capacity, computed once (`stages/capacity.py`). `job=eval` holds no train sessions:
+    unless `runtime.eval_concurrency` is set, its eval fills the engine's batch (`engine.max_batch_size`,
+    as `T` sessions), else the train-derived default."""
+    r = cfg.runtime
+    batch = cfg.engine.get("max_batch_size") if cfg.engine is not None else None
+    if cfg.job == "eval" and r.eval_concurrency is None and batch:
+        return Capacity(int(batch), 1)
+    ro = cfg.rollout
+    return Capacity.resolve(r.concurrency, ro.over_sampling_batch_size, ro.batch_size, ro.n_samples_per_prompt,
+                            r.eval_concurrency)
 
 
 def eval_sets(cfg: DictConfig, capacity: Capacity) -> list[EvalSet]:

@@ -68,7 +68,7 @@ class FullyAsyncRuntime(SyncRuntime):
     def _refill(self) -> None:
         """Keep the capacity running, with at most one step's worth of finished groups waiting."""
         pool = self.pool
-        if pool is None or pool.closing or self._draining:
+        if pool is None or pool.closing or self._draining or pool.pipeline.stopped:
             return
         while pool.resident < pool.capacity and pool.pending < pool.capacity + self._need:
             pool.launch(self._step, leased=self._leased)

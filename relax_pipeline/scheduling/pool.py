@@ -5,8 +5,10 @@ and Runtime and released before Reward, so a finished, dropped or filtered group
 gives each a `GroupLease`, and hands finished groups back one at a time, in completion order. A group
 is launched leased (it generates as soon as its first-request barrier passes) or held (prelaunch: its
 agents run, its requests wait); `grant_all`, `revoke_all` and `cancel_all` act on every resident group.
-Groups survive across steps until a strategy collects or cancels them. The pool does not score groups
-and does not decide how many to start: strategies do (`scheduling/sync.py`, `scheduling/fully_async.py`).
+Groups survive across steps until a strategy collects or cancels them. Once the pipeline is stopping
+(`Pipeline.interrupt`: the run's first SIGINT/SIGTERM), a group that gets a slot starts nothing and is
+not collected. The pool does not score groups and does not decide how many to start: strategies do
+(`scheduling/sync.py`, `scheduling/fully_async.py`).
 """
 
 from __future__ import annotations
@@ -81,7 +83,7 @@ class GroupPool:
 
     async def _run(self, entry: _Resident, rollout_id: int) -> Outcome | None:
         async with self._slots:
-            if self.closing:
+            if self.closing or self.pipeline.stopped:
                 return None
             group = await self.pipeline.start_group(rollout_id, on_open=lambda g: self._attach(entry, g))
             return group, await self.pipeline.await_group(group)

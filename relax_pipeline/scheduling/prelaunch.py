@@ -31,7 +31,7 @@ class PrelaunchRuntime(SyncRuntime):
 
     async def _close_step(self, pool: GroupPool, result: StepResult, rollout_id: int, need: int) -> dict[str, float]:
         extra = await super()._close_step(pool, result, rollout_id, need)
-        if self._is_last(rollout_id):
+        if self._is_last(rollout_id) or pool.pipeline.stopped:
             return extra
         count = min(self._wanted(need), pool.capacity)
         for _ in range(count):

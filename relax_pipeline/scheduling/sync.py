@@ -7,7 +7,9 @@ that is dropped (a session failed) or filtered (its credit or `credit.filter_pat
 replaced by a new group within the step, up to `MAX_STARTS_PER_NEED` starts per needed group, after which
 the step ends short and says so. Once the step has its groups, the groups still resident are surplus:
 their agents are terminated and their sessions recorded as dropped ("surplus"), and their prompts go
-back to the data source like every excluded group's, so an epoch still covers every prompt.
+back to the data source like every excluded group's, so an epoch still covers every prompt. Their
+generated tokens, and those of filtered groups, are logged as `rollout/wasted_tokens`. When the run is
+interrupted (`Pipeline.interrupt`) the step collects what is left, starts nothing new and ends short.
 
 `SyncRuntime` is also the base of `prelaunch` and `partial`, which change only how a step opens and
 closes (`_open_step`, `_close_step`), and of `fully_async`, which replaces `rollout`.
@@ -20,11 +22,10 @@ import time
 
 from relax_pipeline.scheduling.base import Binding
 from relax_pipeline.scheduling.pool import GroupPool, Outcome
-from relax_pipeline.stages.pipeline import Pipeline, StepResult
+from relax_pipeline.stages.pipeline import SURPLUS, Pipeline, StepResult
 
 log = logging.getLogger(__name__)
 MAX_STARTS_PER_NEED = 4
-SURPLUS = "surplus: the step already had rollout.batch_size groups"
 
 
 class SyncRuntime:
@@ -59,7 +60,10 @@ class SyncRuntime:
         result = StepResult(rollout_id)
         starts = self._open_step(pool, rollout_id, need)
         accepted = await self._collect(pool, result, rollout_id, need, starts)
-        if accepted < need:
+        if accepted < need and pipeline.stopped:
+            log.warning("rollout %d: interrupted with %d of %d groups (%s)", rollout_id, accepted, need,
+                        pipeline.stopped)
+        elif accepted < need:
             log.warning("rollout %d: only %d of %d groups after %d starts (every other group was dropped or "
                         "filtered); the step goes on short", rollout_id, accepted, need, starts)
         extra = await self._close_step(pool, result, rollout_id, need)

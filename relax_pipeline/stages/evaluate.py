@@ -7,7 +7,12 @@ another through `Pipeline.start_group` / `await_group` / `score_group` with mode
 `RELAX_ROLLOUT_MODE=eval`), then logs `eval/<name>/...` metrics and one
 `AGENTIC EVAL event=eval_end` line per dataset and writes its dump rows (mode `eval`) to the dump pattern
 with `{rollout_id}` → `eval_<name>_<steps done>`. Every metric also becomes a row `step,dataset,metric,value`
-of `eval.csv` in the output folder (appended; the header is written with the first row).
+of `eval.csv` in the output folder (appended; the header is written with the first row). With
+`per_problem` (`job=eval`) each dataset also writes `eval_<name>.csv` in the output folder, one row per
+problem (`write_problem_csv`), and logs one summary line `eval <name>: ...` naming it.
+
+When the run is stopping (`Pipeline.interrupt`), no further group starts; the groups already started
+end dropped and go to the dump as usual, and the interrupted dataset yields no metrics.
 
 What it does not do: train, filter, or call `credit.advantage_path` (credit options skip user advantage
 hooks and filters for eval groups; rewards and reward models still score them), retry failed groups
@@ -19,7 +24,9 @@ from __future__ import annotations
 
 import asyncio
 import csv
+import json
 import logging
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -64,6 +71,46 @@ def append_eval_csv(output_dir: Path, step: int, name: str, metrics: dict[str, f
     return path
 
 
+PROBLEM_COLUMNS = ("problem", "prompt", "samples", "scored", "reward", "passed", "statuses", "response", "metadata")
+"""Columns of `eval_<name>.csv`: prompt index and text; sessions, scored contexts; mean primary reward and
+the share equal to 1 over the scored contexts (empty when none); status counts; the first scored context's
+last assistant message; the prompt's metadata as JSON."""
+
+
+def write_problem_csv(output_dir: Path, name: str, results: list[tuple[Group, list[dict[str, Any]]]]) -> Path:
+    """`<output_dir>/eval_<name>.csv`: one row per problem (group) in prompt order (`PROBLEM_COLUMNS`)."""
+    path = output_dir / f"eval_{name}.csv"
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(PROBLEM_COLUMNS)
+        for group, rows in sorted(results, key=lambda result: result[0].prompt.index):
+            writer.writerow(_problem_row(group, rows))
+    return path
+
+
+def _problem_row(group: Group, rows: list[dict[str, Any]]) -> list[Any]:
+    scored = [r for r in rows if r["status"] in ("completed", "truncated")]
+    rewards = [r["reward"] for r in scored if isinstance(r["reward"], int | float)]
+    statuses: dict[str, int] = {}
+    for row in rows:
+        statuses[row["status"]] = statuses.get(row["status"], 0) + 1
+    prompt = group.prompt.input
+    return [group.prompt.index, prompt if isinstance(prompt, str) else json.dumps(prompt, ensure_ascii=False),
+            len(group.sessions), len(scored), statistics.fmean(rewards) if rewards else "",
+            statistics.fmean(r == 1 for r in rewards) if rewards else "",
+            " ".join(f"{k}:{v}" for k, v in sorted(statuses.items())), _last_answer(scored),
+            json.dumps(group.prompt.metadata, ensure_ascii=False, default=str)]
+
+
+def _last_answer(scored: list[dict[str, Any]]) -> str:
+    """The last assistant message's text of the first scored row; empty when there is none."""
+    for message in reversed(scored[0]["messages"] if scored else []):
+        if message.get("role") == "assistant":
+            content = message.get("content")
+            return content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
+    return ""
+
+
 def eval_dump(dump: RolloutDump, name: str) -> RolloutDump:
     """The dump of one eval dataset: the run's pattern with `{rollout_id}` → `eval_<name>_{rollout_id}`."""
     pattern = dump.pattern.replace("{rollout_id}", f"eval_{name}_{{rollout_id}}") if dump.pattern else None
@@ -73,10 +120,12 @@ def eval_dump(dump: RolloutDump, name: str) -> RolloutDump:
 class Evaluator:
     """Runs every eval set through the pipeline in mode `eval`; returns `eval/<name>/...` metrics."""
 
-    def __init__(self, pipeline: Pipeline, sets: list[EvalSet], interval: int) -> None:
+    def __init__(self, pipeline: Pipeline, sets: list[EvalSet], interval: int, per_problem: bool = False) -> None:
         self.pipeline = pipeline
         self.sets = sets
         self.interval = interval
+        self.per_problem = per_problem
+        """Write `eval_<name>.csv` per dataset and a summary line (`job=eval`)."""
         self.dumps = {s.name: eval_dump(pipeline.dump, s.name) for s in sets}
 
     def due(self, done: int, first: bool = False) -> bool:
@@ -87,6 +136,8 @@ class Evaluator:
         """Evaluate every dataset with the weights after `done` steps."""
         metrics: dict[str, float] = {}
         for eval_set in self.sets:
+            if self.pipeline.stopped:
+                break
             metrics.update(await self._dataset(eval_set, done))
         return metrics
 
@@ -95,22 +146,40 @@ class Evaluator:
         total = len(eval_set.dataset.prompts) * eval_set.n_samples
         with tqdm(total=total, desc=f"eval {eval_set.name}", unit=" scored", file=sys.stderr, leave=False) as bar:
             self.pipeline.on_scored = bar.update
-            done_groups = await asyncio.gather(*(self._group(eval_set, p, done, slots)
-                                                 for p in eval_set.dataset.prompts))
+            results = await asyncio.gather(*(self._group(eval_set, p, done, slots)
+                                             for p in eval_set.dataset.prompts))
+        done_groups = [result for result in results if result is not None]
         groups = [group for group, _ in done_groups]
         rows = [row for _, group_rows in done_groups for row in group_rows]
         path = self.dumps[eval_set.name].write(done, rows)
+        if self.pipeline.stopped:
+            log.warning("eval %s after %d steps interrupted (%s): %d of %d problems started, no metrics; dump=%s",
+                        eval_set.name, done, self.pipeline.stopped, len(groups), len(results), path)
+            return {}
         metrics = eval_metrics(eval_set.name, rows, groups, self.pipeline.reward.credit.log_passrate)
         append_eval_csv(self.pipeline.dump.output_dir, done, eval_set.name, metrics)
         self._log(eval_set.name, done, groups, rows, metrics, time.time() - started, path)
+        if self.per_problem:
+            csv_path = write_problem_csv(self.pipeline.dump.output_dir, eval_set.name, done_groups)
+            self._summary(eval_set.name, len(groups), metrics, csv_path)
         return metrics
 
     async def _group(self, eval_set: EvalSet, prompt: Prompt, done: int, slots: asyncio.Semaphore
-                     ) -> tuple[Group, list[dict[str, Any]]]:
+                     ) -> tuple[Group, list[dict[str, Any]]] | None:
         async with slots:
+            if self.pipeline.stopped:
+                return None
             group = await self.pipeline.start_group(done, "eval", prompt=prompt, n_samples=eval_set.n_samples)
             exports = await self.pipeline.await_group(group)
         return group, await self.pipeline.score_group(group, exports)
+
+    @staticmethod
+    def _summary(name: str, problems: int, metrics: dict[str, float], path: Path) -> None:
+        """One line per dataset: problems, mean reward, pass rate when logged, dropped groups, the CSV."""
+        figures = " ".join(f"{key}={metrics[f'eval/{name}/{key}']:.4f}" for key in ("raw_reward", "passrate")
+                           if f"eval/{name}/{key}" in metrics)
+        log.info("eval %s: problems=%d %s dropped_groups=%d per-problem results: %s", name, problems,
+                 figures or "raw_reward=nan", int(metrics.get(f"eval/{name}/dropped_groups", 0)), path)
 
     @staticmethod
     def _log(name: str, done: int, groups: list[Group], rows: list[dict[str, Any]], metrics: dict[str, float],

@@ -5,12 +5,19 @@ them (`start_group`, `await_group`, `score_group`); a runtime strategy (`relax_p
 how many groups are resident. Each rollout step ends with the dump, the metrics and the one-line
 `AGENTIC ROLLOUT event=accounting_end` record. Dropped groups give their prompt back to the data
 source. Training is not here: `run.py` calls the trainer between steps.
+
+The pipeline knows which groups still have agents running (started, not yet through `await_group`).
+`interrupt(reason)` (the run's first SIGINT/SIGTERM) drops every one of them (`cancel_group`: sessions
+recorded `dropped` with the reason, agents terminated) and sets `stopped`, after which strategies and the
+evaluator start no group; `kill_agents` is the second signal's last resort (SIGKILL, no bookkeeping).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,9 +31,11 @@ from relax_pipeline.stages.reward import Reward
 from relax_pipeline.stages.runtime import Runtime
 from relax_pipeline.stages.transfer import Transfer
 from relax_pipeline.tracking.dump import RolloutDump
-from relax_pipeline.tracking.metrics import rollout_metrics
+from relax_pipeline.tracking.metrics import generated_tokens, rollout_metrics
 
 log = logging.getLogger(__name__)
+SURPLUS = "surplus: the step already had rollout.batch_size groups"
+"""Why a group still running when its step had its groups is dropped (its generation counts as wasted)."""
 
 
 @dataclass
@@ -52,6 +61,11 @@ class Pipeline:
         self.dump = dump
         self.batch_size = batch_size
         self.on_scored: Callable[[int], None] = lambda n: None
+        self.stopped: str | None = None
+        """Why the run is stopping (`interrupt`); no group starts once it is set."""
+        self._running: dict[int, Group] = {}
+        """Groups whose agents may still run (started, not yet through `await_group`), by id()."""
+        self._cancels: set[asyncio.Task[None]] = set()
 
     async def start_group(self, rollout_id: int, mode: str = "train", *, prompt: Prompt | None = None,
                           n_samples: int | None = None, on_open: Callable[[Group], None] | None = None) -> Group:
@@ -62,12 +76,20 @@ class Pipeline:
         group = self.prepare.open_group(prompt or self.source.next(), rollout_id, mode, n_samples=n_samples)
         if on_open is not None:
             on_open(group)
-        await self.prepare.start(group)
+        self._running[id(group)] = group
+        try:
+            await self.prepare.start(group)
+        except BaseException:
+            self._running.pop(id(group), None)
+            raise
         return group
 
     async def await_group(self, group: Group) -> dict[str, list[Exported]]:
         """Wait for the group's agents (inside the resident capacity) and match their exports."""
-        return await self.runtime.run(group)
+        try:
+            return await self.runtime.run(group)
+        finally:
+            self._running.pop(id(group), None)
 
     async def score_group(self, group: Group, exports: dict[str, list[Exported]]) -> list[dict[str, Any]]:
         """Reward and Transfer (outside the resident capacity); a dropped or filtered group returns its
@@ -85,9 +107,30 @@ class Pipeline:
         drop_group(self.prepare.store, group, reason)
         await asyncio.gather(*(process.terminate() for process in group.processes.values()))
 
+    def interrupt(self, reason: str) -> int:
+        """Stop: start no more groups, drop every group whose agents still run; returns how many."""
+        self.stopped = reason
+        for group in list(self._running.values()):
+            task = asyncio.ensure_future(self.cancel_group(group, reason))
+            self._cancels.add(task)
+            task.add_done_callback(self._cancels.discard)
+        return len(self._running)
+
+    def kill_agents(self) -> None:
+        """SIGKILL the process group of every agent still running (the second signal: no waiting)."""
+        for group in list(self._running.values()):
+            for process in group.processes.values():
+                if process.pid is not None and process.returncode is None:
+                    try:
+                        os.killpg(process.pid, signal.SIGKILL)
+                    except (ProcessLookupError, PermissionError):
+                        pass
+
     def close_step(self, result: StepResult, started: float) -> StepResult:
         path = self.dump.write(result.rollout_id, result.rows)
         result.metrics = rollout_metrics(result.rows, result.groups, self.reward.credit.log_passrate)
+        wasted = [g for g in result.groups if g.filtered or g.dropped == SURPLUS]
+        result.metrics["rollout/wasted_tokens"] = float(generated_tokens(wasted))
         result.metrics["perf/rollout_time"] = time.time() - started
         dropped = int(result.metrics["rollout/dropped_groups"])
         filtered = int(result.metrics.get("rollout/filtered_groups", 0))

@@ -3,8 +3,9 @@
 A healthy group yields one row per exported context, with status `completed` (or `truncated` when its
 last turn hit the length limit); a dropped group yields one row per session saying why (`failed` for
 the session that failed, `dropped` for its siblings), and a group its credit filtered (`credit.base.filter_group`)
-one row per session with status `filtered` and `error` null (the reason is in the log), so nothing is lost
-silently. Rows follow the dump schema exactly; writing them is `tracking/dump.py`'s job.
+one row per session with status `filtered`, `error` null (the reason is in the log), the `reward` its first
+scored context got (what the filter saw) and `advantage` null, so nothing is lost silently. Rows follow the
+dump schema exactly; writing them is `tracking/dump.py`'s job.
 
 Rows of samples with images keep the schema (`tokens` are the processor-expanded training ids) and add
 `multimodal: {"image_grid_thw", "image_tokens"}`; their messages carry image parts whose data URIs are
@@ -61,13 +62,21 @@ class Transfer:
         error = None if session.status is Status.FILTERED else session.error or group.excluded
         row = _base(group, session, session.status.value, error)
         row.update(
-            name=None, branch=None, reward=None, advantage=None, metadata=group.prompt.metadata, messages=[],
+            name=None, branch=None, reward=_scored_reward(group, session), advantage=None,
+            metadata=group.prompt.metadata, messages=[],
             tools=[],
             chat_template_kwargs={}, state_hash=None, tokens=[], loss_mask=[], rollout_logprobs=[],
             weight_versions=[], prompt_length=0, response_length=0,
             turn_count=session.forest.turn_count, abort_count=session.abort_count,
         )
         return row
+
+
+def _scored_reward(group: Group, session: Session) -> Any:
+    """The reward of the session's first scored context in a filtered group; None otherwise."""
+    if not group.filtered or group.dropped:
+        return None
+    return next((c.reward for c in group.contexts if c.session_id == session.id), None)
 
 
 def _base(group: Group, session: Session, status: str, error: str | None) -> dict[str, Any]:

@@ -5,8 +5,17 @@ reward objects (exported or produced by a reward model) become `rollout/<field>/
 and numeric top-level export metadata `<field>/{mean,median,max,min}`. Also turn counts, response
 lengths, the truncated ratio, the dropped-group count (failures) and `rollout/filtered_groups` (groups a
 credit filtered), and with `credit.log_passrate` the `passrate`: the share of scored sessions with a
-context whose primary reward is 1. Eval datasets get the same metrics under `eval/<name>/...` (no
-filtered count: eval never filters). Pure functions over dump rows and groups; no I/O.
+context whose primary reward is 1.
+
+`rollout/raw_reward` and `passrate` cover the groups the filter kept, so with a filter such as
+`drop_uniform_rewards` they overstate the policy early (all-zero groups are dropped) and understate it
+late (all-one groups are dropped). Beside them, over every scored group, kept or filtered:
+`rollout/sampled_reward` (mean primary reward of its contexts), `rollout/sampled_passrate` (with
+`credit.log_passrate`) and `rollout/kept_fraction` (kept groups / scored groups). `generated_tokens`
+counts what a set of groups generated; the pipeline logs it as `rollout/wasted_tokens` for the groups
+that were filtered or aborted as surplus. Eval datasets get the kept-group metrics under
+`eval/<name>/...` (eval never filters, so the sampled and filter figures are left out). Pure functions
+over dump rows and groups; no I/O.
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ def rollout_metrics(rows: Sequence[dict[str, Any]], groups: Sequence[Any], log_p
                                                                  for s in g.sessions))}
     if rewards:
         metrics["rollout/raw_reward"] = statistics.fmean(rewards)
+    metrics.update(sampled_metrics(groups, log_passrate))
     if scored:
         metrics["rollout/num_turns/mean"] = statistics.fmean(r["turn_count"] for r in scored)
         metrics["rollout/num_turns/max"] = float(max(r["turn_count"] for r in scored))
@@ -49,19 +59,50 @@ def rollout_metrics(rows: Sequence[dict[str, Any]], groups: Sequence[Any], log_p
     return metrics
 
 
+TRAIN_ONLY = ("rollout/filtered_groups", "rollout/sampled_reward", "rollout/sampled_passrate", "rollout/kept_fraction",
+              "rollout/wasted_tokens")
+"""Metrics about the train filter, left out of eval metrics (eval never filters)."""
+
+
+def sampled_metrics(groups: Sequence[Any], log_passrate: bool = False) -> dict[str, float]:
+    """`rollout/sampled_reward`, `rollout/kept_fraction` (and `rollout/sampled_passrate`) over every scored
+    group: kept or filtered, not dropped."""
+    scored = [g for g in groups if not g.dropped]
+    if not scored:
+        return {}
+    metrics = {"rollout/kept_fraction": sum(1 for g in scored if not g.filtered) / len(scored)}
+    rewards = [c.reward for g in scored for c in g.contexts if isinstance(c.reward, int | float)]
+    if rewards:
+        metrics["rollout/sampled_reward"] = statistics.fmean(rewards)
+    if log_passrate and (rate := _passrate(scored)) is not None:
+        metrics["rollout/sampled_passrate"] = rate
+    return metrics
+
+
+def generated_tokens(groups: Iterable[Any]) -> int:
+    """Tokens the engine generated for the sessions of `groups` (every response node of their forests)."""
+    return sum(len(node.token_ids) for g in groups for s in g.sessions for node in s.forest.nodes
+               if node.kind == "response")
+
+
 def eval_metrics(name: str, rows: Sequence[dict[str, Any]], groups: Sequence[Any], log_passrate: bool = False
                  ) -> dict[str, float]:
     """The rollout metrics of one eval dataset as `eval/<name>/raw_reward`, `eval/<name>/num_turns/mean`, ..."""
     metrics = rollout_metrics(rows, groups, log_passrate)
-    metrics.pop("rollout/filtered_groups", None)
+    for key in TRAIN_ONLY:
+        metrics.pop(key, None)
     return {f"eval/{name}/{key.removeprefix('rollout/')}": value for key, value in metrics.items()}
 
 
 def passrate(groups: Iterable[Any]) -> dict[str, float]:
     """`passrate`: per session of a scored group, 1 when a context of it has primary reward 1; the mean."""
-    passed = [any(c.reward == 1 for c in g.contexts if c.session_id == s.id)
-              for g in groups if not g.excluded for s in g.sessions]
-    return {"passrate": statistics.fmean(passed)} if passed else {}
+    rate = _passrate([g for g in groups if not g.excluded])
+    return {} if rate is None else {"passrate": rate}
+
+
+def _passrate(groups: Iterable[Any]) -> float | None:
+    passed = [any(c.reward == 1 for c in g.contexts if c.session_id == s.id) for g in groups for s in g.sessions]
+    return statistics.fmean(passed) if passed else None
 
 
 def _numeric_fields(objects: Iterable[Any], metadata: Iterable[Any]) -> dict[str, float]:

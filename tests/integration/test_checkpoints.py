@@ -1,0 +1,113 @@
+"""Checkpoints that are models: every checkpoint folder of both trainer backends loads with
+`AutoModelForCausalLM.from_pretrained` and `AutoTokenizer.from_pretrained` (config, generation config,
+tokenizer, chat template; tied weights stay tied); `save_optimizer=False` writes weights only and a resume
+from it restarts the optimizer and says so (DeepSpeed: the fp32 master copies follow the loaded weights);
+`trainer.keep_checkpoints` keeps the last N step folders. Real trainers on the tiny model.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from relax_pipeline.loop import Checkpoints
+from relax_pipeline.models.spec import ModelSpec
+from relax_pipeline.train.batching import BatchSettings, TrainSample
+from relax_pipeline.train.optim import OptimSettings
+from relax_pipeline.train.torch_backend import TorchTrainer
+
+SETTINGS = {"batching": BatchSettings(micro_batch_size=2), "optim": OptimSettings(lr=5e-3)}
+
+
+def samples(count: int, seed: int) -> list[TrainSample]:
+    """Random prompts and responses (the tiny model's outputs are noise anyway), off-policy logprobs."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(count):
+        prompt, response = rng.randint(2, 12), rng.randint(1, 8)
+        tokens = tuple(rng.randrange(10, 1000) for _ in range(prompt + response))
+        out.append(TrainSample(tokens, prompt, (1,) * response, (-5.0,) * response, rng.uniform(-1.0, 1.0)))
+    return out
+
+
+def assert_loadable(folder: Path, expected: dict[str, torch.Tensor]) -> None:
+    """The folder is a Hugging Face model folder holding `expected`, with tied embeddings and a chat template."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    state = model.state_dict()
+    assert all(torch.equal(state[k], expected[k]) for k in expected)
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr(), "tied weights stay tied"
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    rendered = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
+    assert "hi" in rendered
+    GenerationConfig.from_pretrained(folder)
+    assert ModelSpec(path=str(folder)).resolve() == folder
+
+
+def test_a_checkpoint_is_a_model_folder_and_weights_only_resumes_with_a_fresh_optimizer(
+        tiny_path: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    full, light = (TorchTrainer(model_path=str(tiny_path), save_optimizer=keep, **SETTINGS) for keep in (True, False))
+    for t, name in ((full, "full"), (light, "light")):
+        t.train(samples(4, seed=1))
+        t.save(tmp_path / name, {"step": 1})
+    assert (tmp_path / "full" / "optimizer.pt").exists() and not (tmp_path / "light" / "optimizer.pt").exists()
+    assert_loadable(tmp_path / "full", full.engine_weights())
+    assert_loadable(tmp_path / "light", light.engine_weights())
+
+    resumed = TorchTrainer(model_path=str(tiny_path), **SETTINGS)
+    with caplog.at_level(logging.WARNING):
+        assert resumed.load(tmp_path / "light") == {"step": 1} and resumed.version == 1
+    assert "holds no optimizer state (saved with trainer.save_optimizer=false)" in caplog.text
+    assert not resumed.optimizer.state_dict()["state"], "the optimizer starts fresh"
+    assert all(torch.equal(v, light.engine_weights()[k]) for k, v in resumed.engine_weights().items())
+    again = TorchTrainer(model_path=str(tmp_path / "full"), **SETTINGS)  # a checkpoint is a model.path
+    assert all(torch.equal(v, full.engine_weights()[k]) for k, v in again.engine_weights().items())
+
+
+def test_keep_checkpoints_keeps_the_last_n(tmp_path: Path) -> None:
+    for step in (1, 2, 10, 3):
+        (tmp_path / f"step_{step}").mkdir()
+    (tmp_path / "notes").mkdir()
+    removed = Checkpoints(tmp_path, None, False, keep=2).prune()
+    assert sorted(p.name for p in removed) == ["step_1", "step_2"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes", "step_10", "step_3"]
+    assert Checkpoints(tmp_path, None, False).prune() == []
+    with pytest.raises(ValueError, match="trainer.keep_checkpoints=0 must be at least 1"):
+        Checkpoints(tmp_path, None, False, keep=0)
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::DeprecationWarning")
+@pytest.mark.parametrize("stage", [2, 3])
+def test_deepspeed_checkpoints_are_model_folders_and_resume_weights_only(tiny_path: Path, tmp_path: Path,
+                                                                          stage: int) -> None:
+    pytest.importorskip("deepspeed")
+    from relax_pipeline.train.deepspeed_backend import DS_TAG, DeepSpeedTrainer
+
+    first, second = samples(4, seed=2), samples(4, seed=3)
+    ds = DeepSpeedTrainer(model_path=str(tiny_path), zero_stage=stage, save_optimizer=False, **SETTINGS)
+    try:
+        ds.train(first)
+        ds.save(tmp_path / "ckpt", {"step": 1})
+        saved = ds.engine_weights()
+    finally:
+        ds.close()
+    assert not (tmp_path / "ckpt" / DS_TAG).exists()
+    assert_loadable(tmp_path / "ckpt", saved)
+    reference = TorchTrainer(model_path=str(tiny_path), **SETTINGS)
+    reference.load(tmp_path / "ckpt")
+    reference.train(second)
+    resumed = DeepSpeedTrainer(model_path=str(tiny_path), zero_stage=stage, **SETTINGS)
+    try:
+        assert resumed.load(tmp_path / "ckpt") == {"step": 1} and resumed.version == 1
+        assert all(torch.equal(v, saved[k]) for k, v in resumed.engine_weights().items())
+        resumed.train(second)  # trains from the loaded weights, not from stale fp32 master copies
+        after = resumed.engine_weights()
+    finally:
+        resumed.close()
+    expected = reference.engine_weights()
+    assert all(torch.allclose(after[k], expected[k], atol=5e-4, rtol=0) for k in expected)

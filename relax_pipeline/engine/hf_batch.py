@@ -1,13 +1,15 @@
-"""The embedded engine's per-request record, its left-padded shared KV-cache batch and its forward calls.
+"""The embedded engine's per-request record, its padded shared KV-cache batch, its forward calls and prefill.
 
 `Request` is one generation from submission to result (owned by the worker thread); `Batch` holds the
 active requests' shared cache, padded so every row ends at the same column (a row's tokens are the columns
 its attention mask marks: a prefill from a cached prefix may leave a masked hole between prefix and
-suffix); `ModelCall` runs the batched prefill of `Chunk`s (each a cached prefix from `prefix_cache.py`
-plus the tokens still to compute, left-padded into one forward with per-row positions), the prefill of
-one prompt with images (pixels and mrope positions), and one decode step for the whole batch.
-`row_kv` reads a row's KV back out in the prefix cache's layout. Split from `hf.py`, which owns
-scheduling, threads and the async API.
+suffix); its layers are `SpareLayer`s, which append a decode step's column into spare room instead of
+copying the whole cache. `ModelCall` runs the batched prefill of `Chunk`s (each a cached prefix from
+`prefix_cache.py` plus the tokens still to compute, left-padded into one forward with per-row
+positions), the prefill of one prompt with images (pixels and mrope positions), and one decode step for
+the whole batch. `Prefiller` decides what each admission round prefills and what goes into the prefix
+cache; `row_kv` reads a row's KV back out in the cache's layout. Split from `hf.py`, which owns
+scheduling, threads and the async API; this module starts no thread and touches no event loop.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from relax_pipeline.engine.base import FinishReason, GenerateResult, ImageFeatures, SamplingParams, varying
 from relax_pipeline.engine.prefix_cache import Hit, PrefixCache, Tokens, shared_prefixes
@@ -91,6 +94,62 @@ class Request:
             matched_stop=self.matched if reason == "stop" else None,
             weight_versions=varying(versions),
         )
+
+
+class SpareLayer(DynamicLayer):
+    """A cache layer that writes new columns into spare room instead of concatenating the whole cache.
+
+    `keys`/`values` are views of the first columns of a larger buffer; a decode step copies one column
+    where `DynamicLayer` copies the whole cache. Whoever replaces `keys`/`values` with another tensor (the
+    batch merging or trimming rows) simply causes one reallocation at the next update.
+    """
+
+    spare = 64
+    """Columns of room added at each reallocation."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._room: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+            self.keys, self.values = key_states[:, :, :0], value_states[:, :, :0]
+        used, new = self.keys.shape[2], key_states.shape[2]
+        if not self._fits(used + new):
+            self._room = (self._grown(self.keys, used + new), self._grown(self.values, used + new))
+        keys, values = self._room  # type: ignore[misc]
+        keys[:, :, used : used + new] = key_states
+        values[:, :, used : used + new] = value_states
+        self.keys, self.values = keys[:, :, : used + new], values[:, :, : used + new]
+        return self.keys, self.values
+
+    def _fits(self, length: int) -> bool:
+        """Whether `keys`/`values` are still the head of the buffer and it has room for `length` columns."""
+        if self._room is None:
+            return False
+        keys, values = self._room
+        return (self.keys.data_ptr() == keys.data_ptr() and self.values.data_ptr() == values.data_ptr()
+                and self.keys.shape[:2] == keys.shape[:2] and self.keys.stride() == keys.stride()
+                and length <= keys.shape[2])
+
+    def _grown(self, tensor: torch.Tensor, length: int) -> torch.Tensor:
+        batch, heads, used, dim = tensor.shape
+        room = tensor.new_empty(batch, heads, length + self.spare, dim)
+        room[:, :, :used] = tensor
+        return room
+
+
+def new_cache(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]] = ()) -> DynamicCache:
+    """A cache of `SpareLayer`s, holding `pairs` (keys, values per layer) when given."""
+    cache = DynamicCache()
+    cache.layer_class_to_replicate = SpareLayer
+    for keys, values in pairs:
+        layer = SpareLayer()
+        layer.update(keys, values)
+        cache.layers.append(layer)
+    return cache
 
 
 def left_pad(tensor: torch.Tensor, length: int, dim: int) -> torch.Tensor:
@@ -228,7 +287,7 @@ class ModelCall:
         width = max(c.prefix for c in chunks)
         mask = torch.zeros(len(chunks), width, dtype=torch.long, device=self.device)
         if width == 0:
-            return DynamicCache(), mask
+            return new_cache(), mask
         sample = next(c.pieces[0] for c in chunks if c.pieces)
         layers, _, heads, _, dim = sample.shape
         kv = sample.new_zeros(layers, 2, len(chunks), heads, width, dim)
@@ -238,11 +297,11 @@ class ModelCall:
             for piece in chunk.pieces:
                 kv[:, :, i, :, column : column + piece.shape[3]] = piece
                 column += piece.shape[3]
-        return DynamicCache(ddp_cache_data=[(kv[layer, 0], kv[layer, 1]) for layer in range(layers)]), mask
+        return new_cache([(kv[layer, 0], kv[layer, 1]) for layer in range(layers)]), mask
 
     def prefill_media(self, request: Request) -> Prefilled:
         """Run one prompt with images alone (pixels, mrope positions); sets the request's rope delta."""
-        cache = DynamicCache()
+        cache = new_cache()
         ids = torch.tensor([list(request.prompt)], dtype=torch.long, device=self.device)
         kwargs = {self._cache_key: cache, **self._last_only, **self._vision_inputs(ids, request)}
         out = self.model(input_ids=ids, use_cache=True, **kwargs)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from relax_pipeline.engine.hf_batch import buckets
+from relax_pipeline.engine.hf_batch import SpareLayer, buckets
 from relax_pipeline.engine.prefix_cache import Hit, PrefixCache, shared_prefixes
 
 LAYERS, HEADS, DIM = 2, 1, 3
@@ -127,3 +127,17 @@ def test_buckets_keep_padding_bounded() -> None:
     assert buckets([1, 1, 1, 100], slack=0) == [[0, 1, 2], [3]]
     assert buckets([30, 28, 31, 29]) == [[1, 3, 0, 2]]
     assert sorted(i for group in buckets([5, 400, 3, 1, 390, 2]) for i in group) == list(range(6))
+
+
+def test_spare_layer_appends_like_concatenation() -> None:
+    layer, generator = SpareLayer(), torch.Generator().manual_seed(0)
+    want_k = want_v = torch.zeros(2, 3, 0, 4)
+    for width in [5] + [1] * 70 + [9]:
+        k, v = torch.randn(2, 3, width, 4, generator=generator), torch.randn(2, 3, width, 4, generator=generator)
+        want_k, want_v = torch.cat([want_k, k], dim=2), torch.cat([want_v, v], dim=2)
+        keys, values = layer.update(k, v)
+        assert torch.equal(keys, want_k) and torch.equal(values, want_v)
+    layer.keys, layer.values = layer.keys[[1]], layer.values[[1]]
+    k = torch.ones(1, 3, 1, 4)
+    keys, _ = layer.update(k, k)
+    assert torch.equal(keys, torch.cat([want_k[[1]], k], dim=2))

@@ -1,0 +1,230 @@
+"""The embedded engine (`engine=hf`) on SmolLM2-135M: two workloads, each measured side by side in one run.
+
+(a) multi-turn: `--sessions` sessions x `--turns` turns, all sessions concurrent, turns in lockstep; a turn's
+prompt is the previous prompt + the `--new-tokens` generated + a short tool observation. Our engine (prefix
+cache, batched prefill, continuous batching) against bare `model.generate` called per request on the very
+prompts our engine saw, the same token count each (`--baseline-sessions` of them: it is sequential, so a
+subset gives its rate). Printed: generated tokens/s of both and their ratio (target >= 3x), and our
+turn-N/turn-1 wall-time ratio (target <= 1.5: the history is not prefilled again).
+(b) GRPO-shaped: `--prompts` arith prompts ("What is a + b? Answer with just the number.", the `dataset=arith`
+format, through the chat template) x `--samples` samples of `--answer-tokens` tokens, all submitted at once:
+wall time with the prefix cache against `engine.kv_cache_mb=0` (prompts still prefilled in batches), each in
+a fresh engine, printed as `prefix cache speed-up N.NNx` (target >= 4x); also against the engine before the
+prefix cache, emulated as `kv_cache_mb=0` with every prompt prefilled alone, and whether all of them produced
+the same tokens (seeded sampling).
+
+Generation never stops early (no stop tokens), so every run does the same work. The model is `model=smollm2`
+(`relax_pipeline.models.smollm2`, built once into the model cache); when that cannot be built a random Llama
+of SmolLM2-135M's shape with the tiny tokenizer stands in, and the output says so. Defaults take a few
+minutes per case on 2 cores; shrink with --sessions/--turns/--prompts, grow with --baseline-sessions.
+
+    python bench/engine.py [--case all|multi|grpo] [--threads N] [--batch 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM  # noqa: E402
+
+from relax_pipeline.engine import hf_batch  # noqa: E402
+from relax_pipeline.engine.base import GenerateResult, SamplingParams  # noqa: E402
+from relax_pipeline.engine.hf import HFEngine  # noqa: E402
+from relax_pipeline.models.spec import load_pretrained  # noqa: E402
+from relax_pipeline.models.tiny import build_tiny  # noqa: E402
+
+ARITH_PROMPT = "What is {a} + {b}? Answer with just the number."
+
+
+def model_folder() -> tuple[Path, str]:
+    """SmolLM2-135M-Instruct's folder, or a random stand-in of its shape; and a line naming which."""
+    try:
+        from relax_pipeline.models.smollm2 import build_smollm2
+
+        return build_smollm2(), "SmolLM2-135M-Instruct (model=smollm2)"
+    except Exception as error:  # noqa: BLE001 - any failure falls back to the stand-in, said out loud
+        reason = f"{type(error).__name__}: {error}"
+    folder = Path.home() / ".cache" / "relax_pipeline" / "bench-random-llama-135m"
+    if not (folder / "config.json").exists():
+        config = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                             num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
+                             tie_word_embeddings=True)
+        torch.manual_seed(0)
+        LlamaForCausalLM(config).save_pretrained(folder)
+        AutoTokenizer.from_pretrained(build_tiny(None, seed=0)).save_pretrained(folder)
+    return folder, f"random Llama of SmolLM2-135M's shape, tiny tokenizer (smollm2 unavailable: {reason})"
+
+
+def encode(tokenizer: object, messages: list[dict[str, str]]) -> list[int]:
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)  # type: ignore[attr-defined]
+    return tokenizer.encode(text, add_special_tokens=False)  # type: ignore[attr-defined]
+
+
+async def started(folder: Path, args: argparse.Namespace, kv_cache_mb: int) -> HFEngine:
+    engine = HFEngine(str(folder), max_batch_size=args.batch, max_context_len=8192, threads=args.threads,
+                      kv_cache_mb=kv_cache_mb)
+    await engine.start()
+    await engine.generate([1, 2, 3], SamplingParams(max_new_tokens=2), rid="warm-up")
+    return engine
+
+
+def sampling(tokens: int, seed: int) -> SamplingParams:
+    return SamplingParams(max_new_tokens=tokens, temperature=1.0, seed=seed)
+
+
+# (a) multi-turn ------------------------------------------------------------------------------------------
+
+
+async def ours_multi_turn(engine: HFEngine, tokenizer: object, args: argparse.Namespace
+                          ) -> tuple[list[list[list[int]]], list[float], int]:
+    """Run the sessions in lockstep; return each session's prompts per turn, per-turn walls, tokens made."""
+    rng = random.Random(0)
+    prompts = [[encode(tokenizer, [{"role": "user", "content": f"Session {s}: add up {rng.randint(10, 999)} "
+                                    f"and {rng.randint(10, 999)} with the calculator tool, then explain."}])]
+               for s in range(args.sessions)]
+    walls, made = [], 0
+    for turn in range(args.turns):
+        start = time.perf_counter()
+        results = await asyncio.gather(*(engine.generate(p[-1], sampling(args.new_tokens, 100 * s + turn),
+                                                         rid=f"s{s}t{turn}") for s, p in enumerate(prompts)))
+        walls.append(time.perf_counter() - start)
+        made += sum(len(r.output_ids) for r in results)
+        if turn + 1 < args.turns:
+            for s, (p, result) in enumerate(zip(prompts, results, strict=True)):
+                p.append(p[-1] + list(result.output_ids) + observation(tokenizer, s, turn))
+    return prompts, walls, made
+
+
+def observation(tokenizer: object, session: int, turn: int) -> list[int]:
+    """The end of the assistant turn, a short tool result and the next assistant header."""
+    text = f"<|im_end|>\n<|im_start|>user\n<tool_response>{session * 7 + turn * 13}</tool_response><|im_end|>\n" \
+           "<|im_start|>assistant\n"
+    return tokenizer.encode(text, add_special_tokens=False)  # type: ignore[attr-defined]
+
+
+def bare_generate(model: torch.nn.Module, prompts: Sequence[list[int]], tokens: int) -> tuple[float, int]:
+    """`model.generate` once per prompt, sequentially; wall seconds and tokens generated."""
+    start, made = time.perf_counter(), 0
+    for i, ids in enumerate(prompts):
+        torch.manual_seed(i)
+        out = model.generate(torch.tensor([ids]), max_new_tokens=tokens, min_new_tokens=tokens, do_sample=True,
+                             temperature=1.0, top_k=0, top_p=1.0, pad_token_id=0)
+        made += out.shape[1] - len(ids)
+    return time.perf_counter() - start, made
+
+
+async def multi_turn(folder: Path, tokenizer: object, args: argparse.Namespace) -> None:
+    engine = await started(folder, args, args.kv_cache_mb)
+    try:
+        prompts, walls, made = await ours_multi_turn(engine, tokenizer, args)
+        stats = dict(engine.stats)
+    finally:
+        await engine.close()
+    ours_rate = made / sum(walls)
+    model = load_pretrained(str(folder), torch.float32).eval()
+    replay = [p for session in prompts[: args.baseline_sessions] for p in session]
+    with torch.inference_mode():
+        bare_s, bare_made = bare_generate(model, replay, args.new_tokens)
+    bare_rate = bare_made / bare_s
+    last = len(prompts[0][-1])
+    print(f"multi-turn: {args.sessions} sessions x {args.turns} turns, {args.new_tokens} new tokens a turn, "
+          f"prompts {len(prompts[0][0])} -> {last} tokens")
+    print("  ours, wall per turn (s): " + " ".join(f"{w:.2f}" for w in walls))
+    print(f"  ours: {made} tokens in {sum(walls):.1f} s = {ours_rate:.1f} tokens/s; prefilled "
+          f"{stats['prefill_tokens']} tokens, {stats['cached_tokens']} from the prefix cache, "
+          f"{stats['prefill_passes']} prefill passes")
+    print(f"  bare model.generate per request ({len(replay)} requests of {args.baseline_sessions} sessions): "
+          f"{bare_made} tokens in {bare_s:.1f} s = {bare_rate:.1f} tokens/s")
+    print(f"  ours / bare generate: {ours_rate / bare_rate:.2f}x tokens/s (target >= 3)")
+    print(f"  turn-{args.turns}/turn-1 wall: {walls[-1] / walls[0]:.2f} (target <= 1.5)")
+
+
+# (b) GRPO-shaped -----------------------------------------------------------------------------------------
+
+
+def arith_prompts(tokenizer: object, count: int) -> list[list[int]]:
+    rng = random.Random(1)
+    return [encode(tokenizer, [{"role": "user", "content": ARITH_PROMPT.format(a=rng.randint(0, 99),
+                                                                              b=rng.randint(0, 99))}])
+            for _ in range(count)]
+
+
+def one_at_a_time(sizes: Sequence[int], slack: int = 64) -> list[list[int]]:
+    """`hf_batch.buckets` as the engine before batched prefill behaved: every prompt is a pass of its own."""
+    return [[i] for i in range(len(sizes))]
+
+
+async def grpo_once(folder: Path, prompts: list[list[int]], args: argparse.Namespace, kv_cache_mb: int,
+                    solo: bool = False) -> tuple[float, list[GenerateResult], dict[str, int]]:
+    batched = hf_batch.buckets
+    hf_batch.buckets = one_at_a_time if solo else batched
+    engine = await started(folder, args, kv_cache_mb)
+    try:
+        start = time.perf_counter()
+        results = await asyncio.gather(*(engine.generate(p, sampling(args.answer_tokens, 1000 * g + k),
+                                                         rid=f"g{g}-{k}")
+                                         for g, p in enumerate(prompts) for k in range(args.samples)))
+        return time.perf_counter() - start, list(results), dict(engine.stats)
+    finally:
+        await engine.close()
+        hf_batch.buckets = batched
+
+
+async def grpo(folder: Path, tokenizer: object, args: argparse.Namespace) -> None:
+    prompts = arith_prompts(tokenizer, args.prompts)
+    runs = {"one prompt at a time, no cache (the engine before)": await grpo_once(folder, prompts, args, 0, True),
+            "without prefix cache (kv_cache_mb=0)": await grpo_once(folder, prompts, args, 0),
+            "with prefix cache": await grpo_once(folder, prompts, args, args.kv_cache_mb)}
+    print(f"GRPO-shaped: {args.prompts} prompts x {args.samples} samples, {args.answer_tokens}-token answers, "
+          f"prompts of {min(map(len, prompts))}-{max(map(len, prompts))} tokens, batch {args.batch}")
+    for name, (seconds, _, stats) in runs.items():
+        print(f"  {name}: {seconds:.1f} s; prefilled {stats['prefill_tokens']} tokens "
+              f"({stats['cached_tokens']} from the cache) in {stats['prefill_passes']} passes, "
+              f"{stats['steps']} decode steps")
+    (solo_s, solo, _), (without_s, without, _), (with_s, cached, _) = runs.values()
+    same = sum(a.output_ids == b.output_ids == c.output_ids for a, b, c in zip(cached, without, solo, strict=True))
+    print(f"  same tokens in all three: {same}/{len(cached)} samples")
+    print(f"  prefix cache speed-up {without_s / with_s:.2f}x (target >= 4); "
+          f"over the engine before: {solo_s / with_s:.2f}x")
+
+
+def parse() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--case", choices=("all", "multi", "grpo"), default="all")
+    parser.add_argument("--threads", type=int, default=None, help="engine.threads (default: torch's)")
+    parser.add_argument("--batch", type=int, default=32, help="engine.max_batch_size")
+    parser.add_argument("--kv-cache-mb", type=int, default=1024)
+    parser.add_argument("--sessions", type=int, default=16)
+    parser.add_argument("--turns", type=int, default=8)
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--baseline-sessions", type=int, default=2)
+    parser.add_argument("--prompts", type=int, default=32)
+    parser.add_argument("--samples", type=int, default=8)
+    parser.add_argument("--answer-tokens", type=int, default=16)
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    folder, name = model_folder()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    print(f"model: {name}; torch threads {torch.get_num_threads()}")
+    if args.case in ("all", "multi"):
+        asyncio.run(multi_turn(folder, tokenizer, args))
+    if args.case in ("all", "grpo"):
+        asyncio.run(grpo(folder, tokenizer, args))
+
+
+if __name__ == "__main__":
+    main()

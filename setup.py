@@ -17,5 +17,5 @@ DATA = ["*.yaml", "*.jinja", "*.txt", "*.jsonl", "*.json", "*.md", "*.sh"]
 setup(
     packages=[*PACKAGES, *EXAMPLES],
     package_dir={"relax_pipeline.examples": "examples"},
-    package_data={"*": DATA},
+    package_data={"": DATA},  # "" is every package
 )

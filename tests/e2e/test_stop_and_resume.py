@@ -52,7 +52,7 @@ def overrides(out: Path, tiny_path: Path, *extra: str) -> list[str]:
     return [f"output_dir={out}", f"model.cache_dir={tiny_path.parent}", f"dataset.path={data}", "dataset.shuffle=false",
             f"agent.command='{sys.executable} agent.py'", f"agent.cwd={out.parent}", "rollout.num_steps=2",
             "rollout.batch_size=1", "rollout.n_samples_per_prompt=2", "rollout.max_response_len=6",
-            "engine.max_batch_size=1", "trainer.optim.lr=5e-3", "trainer.keep_checkpoints=1",
+            "engine.max_batch_size=1", "engine.kv_cache_mb=0", "trainer.optim.lr=5e-3", "trainer.keep_checkpoints=1",
             f"debug.save_rollout_data={out}/dump/r_{{rollout_id}}.jsonl", *extra]
 
 

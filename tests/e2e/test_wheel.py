@@ -1,6 +1,7 @@
 """The package installs as a wheel: config groups and the built-in examples ship inside it.
 
-Builds the wheel from this checkout, installs it non-editable into a fresh virtual environment (its
+Builds the wheel from a copy of this checkout (without local build leftovers such as an egg-info, which can
+make a broken package-data rule look fine), installs it non-editable into a fresh virtual environment (its
 dependencies come from the test run's own environment through a `.pth` line, so nothing is downloaded
 and the checkout's editable install is not visible there), and runs `python -m relax_pipeline job=check`
 from an empty directory.
@@ -9,6 +10,7 @@ from an empty directory.
 from __future__ import annotations
 
 import os
+import shutil
 import site
 import subprocess
 import sys
@@ -19,12 +21,16 @@ import pytest
 
 from relax_pipeline.config import REPO_ROOT
 
+SKIP = shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", "outputs", "multirun")
+"""What a fresh checkout lacks: a wheel built here must not lean on a local build's leftovers (egg-info)."""
+
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("wheel")
+    source, out = tmp_path_factory.mktemp("source") / "repo", tmp_path_factory.mktemp("wheel")
+    shutil.copytree(REPO_ROOT, source, ignore=SKIP)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out),
-                    str(REPO_ROOT)], check=True, capture_output=True, cwd=out)
+                    str(source)], check=True, capture_output=True, cwd=out)
     return next(out.glob("relax_pipeline-*.whl"))
 
 

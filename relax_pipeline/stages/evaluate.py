@@ -40,6 +40,7 @@ from relax_pipeline.stages.group import Group
 from relax_pipeline.stages.pipeline import Pipeline
 from relax_pipeline.tracking.dump import RolloutDump
 from relax_pipeline.tracking.metrics import eval_metrics
+from relax_pipeline.tracking.plot import plot_eval_curve
 
 log = logging.getLogger(__name__)
 EVAL_CSV = "eval.csv"
@@ -157,7 +158,7 @@ class Evaluator:
                         eval_set.name, done, self.pipeline.stopped, len(groups), len(results), path)
             return {}
         metrics = eval_metrics(eval_set.name, rows, groups, self.pipeline.reward.credit.log_passrate)
-        append_eval_csv(self.pipeline.dump.output_dir, done, eval_set.name, metrics)
+        plot_eval_curve(append_eval_csv(self.pipeline.dump.output_dir, done, eval_set.name, metrics))
         self._log(eval_set.name, done, groups, rows, metrics, time.time() - started, path)
         if self.per_problem:
             csv_path = write_problem_csv(self.pipeline.dump.output_dir, eval_set.name, done_groups)

@@ -99,22 +99,21 @@ class Message:
 
         Length-prefixed fields, so no content can imitate a field boundary; cheaper than JSON.
         """
-        parts = [self.role, self.content, "\x00" if self.reasoning_content is None else "\x01" + self.reasoning_content]
-        for call in self.tool_calls:
-            parts += [call.name, call.arguments]
-        for image in self.images:
-            parts += ["\x02", str(image.offset), image.digest.hex()]
-        return "".join(f"{len(p)}:{p}" for p in parts).encode()
+        reasoning = "\x00" if self.reasoning_content is None else "\x01" + self.reasoning_content
+        return _length_prefixed([self.role, self.content, reasoning, *self._calls_and_images()])
 
     def visible_key(self) -> bytes:
         """`key` without `reasoning_content`: what a harness that drops reasoning still replays (role,
         content, tool calls, images). `rollout.history=tokens` matches re-sent assistant turns by it."""
-        parts = [self.role, self.content]
+        return _length_prefixed([self.role, self.content, *self._calls_and_images()])
+
+    def _calls_and_images(self) -> list[str]:
+        parts: list[str] = []
         for call in self.tool_calls:
             parts += [call.name, call.arguments]
         for image in self.images:
             parts += ["\x02", str(image.offset), image.digest.hex()]
-        return "".join(f"{len(p)}:{p}" for p in parts).encode()
+        return parts
 
     def content_parts(self, inline: bool = True) -> list[dict[str, Any]]:
         """Text and image parts in order (OpenAI form); used when the message has images."""
@@ -184,6 +183,10 @@ class Context:
 
     def kwargs(self) -> dict[str, Any]:
         return dict(self.template_kwargs or {})
+
+
+def _length_prefixed(parts: list[str]) -> bytes:
+    return "".join(f"{len(p)}:{p}" for p in parts).encode()
 
 
 def _compact(value: Any) -> str:

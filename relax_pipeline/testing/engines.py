@@ -32,7 +32,26 @@ from relax_pipeline.engine.hf import HFEngine
 Script = Callable[[Sequence[int]], str]
 
 
-class ScriptedEngine:
+class FakeLifecycle:
+    """The `Engine` methods a fake that holds no model needs: nothing to abort or close; weight updates
+    only advance the version its tokens carry."""
+
+    weight_version: int = 0
+
+    async def start(self) -> None:
+        return None
+
+    async def abort(self, rid: str) -> GenerateResult | None:
+        return None
+
+    async def update_weights(self, state_dict: dict[str, Any], version: int) -> None:
+        self.weight_version = version
+
+    async def close(self) -> None:
+        return None
+
+
+class ScriptedEngine(FakeLifecycle):
     """Answers each generate call with the next scripted text (or `script(prompt_ids)`)."""
 
     def __init__(self, tokenizer: Any, script: Sequence[str] | Script, end_of_turn: str = "<|im_end|>",
@@ -54,9 +73,6 @@ class ScriptedEngine:
         self._calls = 0
         self._encoded: dict[str, list[int]] = {}
 
-    async def start(self) -> None:
-        return None
-
     async def generate(self, input_ids: Sequence[int], sampling: SamplingParams, rid: str,
                        media: Sequence[ImageFeatures] | None = None) -> GenerateResult:
         if self.record_prompts:
@@ -75,14 +91,6 @@ class ScriptedEngine:
         return GenerateResult(tuple(ids), (self.logprob,) * len(ids), finish, self.weight_version,
                               self.end_of_turn_id if finish == "stop" else None)
 
-    async def abort(self, rid: str) -> GenerateResult | None:
-        return None
-
-    async def update_weights(self, state_dict: dict[str, Any], version: int) -> None:
-        self.weight_version = version
-
-    async def close(self) -> None:
-        return None
 
 
 class AbortingEngine(ScriptedEngine):

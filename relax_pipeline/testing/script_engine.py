@@ -25,13 +25,14 @@ from typing import Any
 from relax_pipeline.canonical.form import Context, Message, ToolCall, canonical_arguments
 from relax_pipeline.engine.base import GenerateResult, ImageFeatures, SamplingParams
 from relax_pipeline.engine.template import ChatTemplate
+from relax_pipeline.testing.engines import FakeLifecycle
 
 DONE = {"content": "done."}
 LOGPROB = -0.5
 _LINE_KEYS = {"content", "reasoning", "tool_calls", "finish"}
 
 
-class ScriptEngine:
+class ScriptEngine(FakeLifecycle):
     """Replays `script` turn by turn for every session, through the model's template and tokenizer."""
 
     def __init__(self, model_path: str, script: str, seed: int = 0, max_context_len: int = 4096,
@@ -91,14 +92,6 @@ class ScriptEngine:
         stop = ids[-1] if finish == "stop" and ids else None
         return GenerateResult(tuple(ids), (LOGPROB,) * len(ids), finish, self.weight_version, stop)
 
-    async def abort(self, rid: str) -> GenerateResult | None:
-        return None
-
-    async def update_weights(self, state_dict: dict[str, Any], version: int) -> None:
-        self.weight_version = version
-
-    async def close(self) -> None:
-        return None
 
 
 def read_script(path: str | Path) -> list[dict[str, Any]]:

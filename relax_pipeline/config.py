@@ -12,6 +12,7 @@ from __future__ import annotations
 import inspect
 import logging
 import re
+import socket
 import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -272,6 +273,48 @@ DATASET_SCHEMAS = {"jsonl": DatasetConfig, "arith": ArithDatasetConfig}
 
 
 @dataclass
+class ServiceConfig:
+    """One helper process of `agent.services`, keyed by its name (a retrieval index, an agent server)."""
+
+    command: str = MISSING
+    """Shell command run by `bash -c` once per run, before the first rollout; stopped at the end."""
+    cwd: str | None = None
+    """Working directory; None keeps the run's."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Extra environment (the RELAX_ prefix is reserved)."""
+    port: int | None = None
+    """The port it listens on, for interpolation (`${relax_free_port:NAME}` picks a free one once per run)."""
+    health_url: str | None = None
+    """Polled until it answers 2xx before any agent starts; None: started is ready."""
+    startup_timeout: float = 120.0
+    """Seconds the health URL may take to answer before the run fails, naming the service and its log."""
+
+
+@dataclass
+class SandboxConfig:
+    """Limits for code an agent server runs for a session (`relax_pipeline.agent.sandbox`); sent with every
+    `agent.executor=http` session and applied by the server."""
+
+    allow_network: bool = False
+    """False: code runs in its own network namespace (loopback only); where the platform has none, sessions are
+    refused. True: code keeps the host's network."""
+    cpu_s: int = 60
+    """CPU seconds per command (RLIMIT_CPU)."""
+    memory_mb: int = 2048
+    """Address space per process in MiB (RLIMIT_AS)."""
+    file_mb: int = 64
+    """Largest file a command may write, in MiB (RLIMIT_FSIZE)."""
+    max_processes: int = 128
+    """Processes and threads of the sandbox user (RLIMIT_NPROC); stops fork bombs."""
+    timeout: float = 60.0
+    """Wall seconds per command; then its whole process tree is killed."""
+
+
+AGENT_EXECUTORS = ("local", "http")
+"""Where agents run (`agent.executor`): a local process group per session, or a session sent to an agent server."""
+
+
+@dataclass
 class AgentConfig:
     _target_: str = "relax_pipeline.agent.launcher.AgentSpec"
     command: str = MISSING
@@ -285,6 +328,14 @@ class AgentConfig:
     multi_context: bool = False
     """Sessions export several training contexts; needs credit=custom_advantage and dynamic batching
     (trainer.batching.use_dynamic_batch_size)."""
+    executor: str = "local"
+    """local (one process group per session on this machine) or http (each session is POSTed to
+    agent.server_url, an agent server that runs it; docs/agentic-rollout.md has the contract)."""
+    server_url: str | None = None
+    """executor=http: base URL of the agent server (its POST /sessions runs one session)."""
+    services: dict[str, ServiceConfig] = field(default_factory=dict)
+    """Processes started once per run before the first rollout, health-checked, stopped at the end; logs in
+    `<output>/services/<name>.log`."""
 
 
 @dataclass
@@ -394,6 +445,7 @@ class Config:
     export: ExportConfig = field(default_factory=ExportConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     output_dir: str | None = None
     """Where run.log and dumps go; None means Hydra's output folder (or ./outputs/<time> in-process)."""
 
@@ -417,6 +469,20 @@ def register() -> None:
         OmegaConf.register_new_resolver("relax_root", lambda: str(examples_root()))
     if not OmegaConf.has_resolver("relax_python"):
         OmegaConf.register_new_resolver("relax_python", lambda: sys.executable)
+    if not OmegaConf.has_resolver("relax_free_port"):
+        OmegaConf.register_new_resolver("relax_free_port", free_port)
+
+
+_PORTS: dict[str, int] = {}
+
+
+def free_port(name: str) -> int:
+    """A free TCP port on 127.0.0.1 for `name`, picked once per process (the same on every access)."""
+    if name not in _PORTS:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            _PORTS[name] = probe.getsockname()[1]
+    return _PORTS[name]
 
 
 def build(node: DictConfig | Any, **kwargs: Any) -> Any:
@@ -515,6 +581,7 @@ def validate(cfg: DictConfig) -> None:
         raise ValueError(f"runtime.concurrency must be positive, got {cfg.runtime.concurrency}")
     _check_multi_context(cfg)
     _check_eval(cfg)
+    _check_executor(cfg.agent)
 
 
 def multi_context_missing(cfg: DictConfig) -> list[str]:
@@ -534,6 +601,15 @@ def _check_multi_context(cfg: DictConfig) -> None:
     if missing:
         raise ValueError(f"agent.multi_context=true (sessions export several contexts) needs {' and '.join(missing)}; "
                          "set them, or agent.multi_context=false if each session exports one context")
+
+
+def _check_executor(agent: DictConfig) -> None:
+    executor = agent.get("executor", "local")
+    if executor not in AGENT_EXECUTORS:
+        raise ValueError(f"agent.executor={executor!r} is not an executor; choose one of {list(AGENT_EXECUTORS)}")
+    if executor == "http" and not agent.get("server_url"):
+        raise ValueError("agent.executor=http needs agent.server_url (the agent server's base URL, for example "
+                         "http://127.0.0.1:8700); or use agent.executor=local")
 
 
 def _check_eval(cfg: DictConfig) -> None:

@@ -155,7 +155,7 @@ class _Parts:
         self.context_len = cfg.rollout.max_context_len or context_len(self.model_path)
         check_context_len(cfg.rollout.max_response_len, self.context_len)
         self.protocol = build(cfg.protocol)
-        self.agent = build(cfg.agent)
+        self.agent = build(cfg.agent, sandbox=OmegaConf.to_container(cfg.sandbox))
         self.dataset = build(cfg.dataset)
         self.credit = build(cfg.credit)
         self.capacity = capacity_of(cfg)

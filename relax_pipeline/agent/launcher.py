@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 RESERVED_PREFIX = "RELAX_"
 """Environment prefix owned by the pipeline; user env may not set it."""
@@ -114,6 +115,15 @@ class AgentSpec:
     """How much of the end of agent.log a failure carries."""
     multi_context: bool = False
     """Sessions export several training contexts (checked at start: config.validate; at run time: stages/reward)."""
+    executor: str = "local"
+    """`local`: an `AgentProcess` per session; `http`: the session is sent to `server_url` (`agent/http_executor`)."""
+    server_url: str | None = None
+    """executor=http: the agent server's base URL."""
+    services: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Processes started once per run (`agent/services.py`), by name: command, cwd, env, port, health_url,
+    startup_timeout."""
+    sandbox: dict[str, Any] = field(default_factory=dict)
+    """The run's `sandbox.*` limits, sent with every executor=http session (`agent/sandbox.py` applies them)."""
 
     def __post_init__(self) -> None:
         reserved = sorted(k for k in self.env if str(k).startswith(RESERVED_PREFIX))

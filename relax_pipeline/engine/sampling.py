@@ -14,6 +14,7 @@ stop string either: tokens are kept as generated and trimming is the caller's jo
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -37,9 +38,11 @@ def check_sampling(sampling: SamplingParams) -> None:
         raise ValueError(f"top_k must be -1 (off) or >= 1, got {sampling.top_k}")
 
 
-def derive_seed(engine_seed: int, counter: int) -> int:
-    """Seed for the `counter`-th request without its own seed: a fixed mix of engine seed and counter."""
-    return (engine_seed * 0x9E3779B97F4A7C15 + counter * 0xBF58476D1CE4E5B9 + 1) % (2**63 - 1)
+def derive_seed(*parts: object) -> int:
+    """A 63-bit seed that depends only on `parts` (for example run seed, rollout, prompt, sample; or engine seed
+    and request counter), never on timing or on other requests. The one seed-mixing rule of the package."""
+    digest = hashlib.blake2b(":".join(map(str, parts)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") & (2**63 - 1)
 
 
 def make_generator(seed: int, device: torch.device | str) -> torch.Generator:

@@ -35,12 +35,13 @@ from relax_pipeline.engine.base import (
     varying,
 )
 from relax_pipeline.engine.parsers import OutputParser
+from relax_pipeline.engine.sampling import derive_seed
 from relax_pipeline.engine.template import ChatTemplate
 from relax_pipeline.forest.store import Match, Node, SessionForest
 from relax_pipeline.turn.errors import ProtocolError
 from relax_pipeline.turn.leases import LeaseClosed
 from relax_pipeline.turn.records import SamplingDefaults, TurnRequest, TurnResult
-from relax_pipeline.turn.sessions import Lease, Session, derive_seed
+from relax_pipeline.turn.sessions import Lease, Session
 
 __all__ = ["HISTORY_POLICIES", "SamplingDefaults", "TurnRequest", "TurnResult", "TurnService"]
 

@@ -16,7 +16,6 @@ terminal state with a reason, so nothing is lost silently. The store does no I/O
 
 from __future__ import annotations
 
-import hashlib
 import secrets
 import time
 from collections.abc import Iterator
@@ -27,6 +26,7 @@ from typing import Any, Protocol
 
 from relax_pipeline.canonical.form import Message
 from relax_pipeline.canonical.memo import RequestMemo
+from relax_pipeline.engine.sampling import derive_seed
 from relax_pipeline.forest.store import SessionForest
 
 
@@ -100,12 +100,6 @@ class Session:
     def turn_seed(self) -> int:
         """The sampling seed of this session's next turn: reproducible from the run seed and the turn."""
         return derive_seed(self.seed, self.forest.turn_count)
-
-
-def derive_seed(*parts: object) -> int:
-    """A 63-bit seed that depends only on `parts` (not on timing or on other sessions)."""
-    digest = hashlib.blake2b(":".join(map(str, parts)).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") & (2**63 - 1)
 
 
 class ForestStore:

@@ -95,3 +95,8 @@ def advantage_recording(metadata_by_slot: list[dict[str | None, dict]]) -> list[
 
     CALLS.append(metadata_by_slot)
     return outcome_times_usefulness(metadata_by_slot)
+
+
+def reject_all(samples: list[dict]) -> bool:
+    """`credit.filter_path`: keep no group (every start of a step is filtered and replaced)."""
+    return False

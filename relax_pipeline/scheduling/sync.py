@@ -58,8 +58,7 @@ class SyncRuntime:
         pipeline.source.new_step()
         pool = self._pool(pipeline)
         result = StepResult(rollout_id)
-        starts = self._open_step(pool, rollout_id, need)
-        accepted = await self._collect(pool, result, rollout_id, need, starts)
+        accepted, starts = await self._collect(pool, result, rollout_id, need, self._open_step(pool, rollout_id, need))
         if accepted < need and pipeline.stopped:
             log.warning("rollout %d: interrupted with %d of %d groups (%s)", rollout_id, accepted, need,
                         pipeline.stopped)
@@ -87,15 +86,17 @@ class SyncRuntime:
             pool.launch(rollout_id)
         return count
 
-    async def _collect(self, pool: GroupPool, result: StepResult, rollout_id: int, need: int, starts: int) -> int:
-        """Score finished groups until `need` are accepted, replacing dropped and filtered ones."""
+    async def _collect(self, pool: GroupPool, result: StepResult, rollout_id: int, need: int,
+                       starts: int) -> tuple[int, int]:
+        """Score finished groups until `need` are accepted, replacing dropped and filtered ones; returns the
+        groups accepted and the step's starts, the `starts` it was given plus the replacements."""
         accepted = 0
         while accepted < need and (outcome := await pool.next_done()) is not None:
             accepted += await self._score(pool.pipeline, result, outcome)
             if accepted + pool.pending < need and starts < MAX_STARTS_PER_NEED * need:
                 pool.launch(rollout_id)
                 starts += 1
-        return accepted
+        return accepted, starts
 
     @staticmethod
     async def _score(pipeline: Pipeline, result: StepResult, outcome: Outcome) -> int:

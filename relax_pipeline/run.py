@@ -31,6 +31,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from relax_pipeline.agent.services import Services, service_problems
 from relax_pipeline.config import (
     build,
     build_runtime,
@@ -86,8 +87,10 @@ async def _run_job(cfg: DictConfig, output_dir: Path, signals: StopSignals) -> d
     try:
         if cfg.job == "check":
             return parts.check()
+        await parts.services.start()
         loop = parts.loop()
-        signals.attach(asyncio.get_running_loop(), loop.request_stop, loop.pipeline.kill_agents)
+        signals.attach(asyncio.get_running_loop(), loop.request_stop,
+                       lambda: (loop.pipeline.kill_agents(), parts.services.kill()))
         return await loop.run()
     finally:
         signals.detach()
@@ -156,6 +159,7 @@ class _Parts:
         check_context_len(cfg.rollout.max_response_len, self.context_len)
         self.protocol = build(cfg.protocol)
         self.agent = build(cfg.agent, sandbox=OmegaConf.to_container(cfg.sandbox))
+        self.services = Services(self.agent.services, output_dir)  # started by _run_job, never for job=check
         self.dataset = build(cfg.dataset)
         self.credit = build(cfg.credit)
         self.capacity = capacity_of(cfg)
@@ -261,6 +265,7 @@ class _Parts:
                 await self.server.stop()
             await self.engine.close()
         finally:
+            await self.services.stop()
             if self.trainer is not None:
                 self.trainer.close()
             self.tracker.finish()
@@ -304,7 +309,7 @@ def _agent_problems(agent: Any) -> list[str]:
         problems.append(f"agent.cwd={agent.cwd!r} is not a directory")
     if shutil.which("bash") is None:
         problems.append("bash is not on PATH; agents run with bash -c")
-    return problems
+    return problems + service_problems(agent.services)
 
 
 def _output_dir(cfg: DictConfig) -> Path:

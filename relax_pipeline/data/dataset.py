@@ -1,7 +1,8 @@
 """Prompt datasets and the data source that feeds rollout groups.
 
 `JsonlDataset` reads one prompt per line: `dataset.input_key` holds a string (one user message) or a
-message list, `dataset.metadata_key` an optional object passed to the agent. Rows are validated at load
+message list, `dataset.metadata_key` an optional object passed to the agent; a row may have either or both (a
+metadata-only row suits an agent that reads its task from metadata). Rows are validated at load
 time; an error names the file, the line and the key. `DataSource` hands out prompts in a seeded order
 per epoch and takes back prompts whose group was dropped or filtered, serving them first from the next
 step on, so an epoch still covers every prompt.
@@ -33,7 +34,9 @@ class Prompt:
     """One dataset row; connects the dataset to Prepare (which writes the agent's input file)."""
 
     index: int
-    input: str | list[dict[str, Any]]
+    input: str | list[dict[str, Any]] | None
+    """The task as one user message or a message list; None for a metadata-only row (the agent reads its
+    task from the input file's `metadata`, and the input file has no `messages`)."""
     metadata: dict[str, Any] = field(default_factory=dict)
     images: tuple[Any, ...] = ()
     """Image sources for the `<image>` placeholders of `input`, in order (paths already absolute)."""
@@ -64,14 +67,17 @@ class JsonlDataset:
 
     def _row(self, row: Any, line_no: int, index: int) -> Prompt:
         where = f"{self.path}:{line_no}"
-        if not isinstance(row, dict) or self.input_key not in row:
-            raise ValueError(f"{where}: row has no {self.input_key!r} (dataset.input_key)")
-        value = row[self.input_key]
-        if not (isinstance(value, str) and value) and not (isinstance(value, list) and value):
-            raise ValueError(f"{where}: {self.input_key!r} must be a non-empty string or message list")
+        if not isinstance(row, dict):
+            raise ValueError(f"{where}: a row must be a JSON object, got {type(row).__name__}")
         metadata = row.get(self.metadata_key) if self.metadata_key else None
         if metadata is not None and not isinstance(metadata, dict):
             raise ValueError(f"{where}: {self.metadata_key!r} must be an object (dataset.metadata_key)")
+        value = row.get(self.input_key)
+        if value is None and not metadata:
+            raise ValueError(f"{where}: row has neither {self.input_key!r} (dataset.input_key) nor a non-empty "
+                             f"{self.metadata_key!r} (dataset.metadata_key); an agent needs its task from one of them")
+        if value is not None and not (isinstance(value, str | list) and value):
+            raise ValueError(f"{where}: {self.input_key!r} must be a non-empty string or message list")
         return Prompt(index, value, metadata or {}, self._images(row, value, where))
 
     def _images(self, row: dict[str, Any], value: Any, where: str) -> tuple[Any, ...]:

@@ -96,7 +96,8 @@ def _problem_row(group: Group, rows: list[dict[str, Any]]) -> list[Any]:
     for row in rows:
         statuses[row["status"]] = statuses.get(row["status"], 0) + 1
     prompt = group.prompt.input
-    return [group.prompt.index, prompt if isinstance(prompt, str) else json.dumps(prompt, ensure_ascii=False),
+    text = prompt if isinstance(prompt, str) else "" if prompt is None else json.dumps(prompt, ensure_ascii=False)
+    return [group.prompt.index, text,
             len(group.sessions), len(scored), statistics.fmean(rewards) if rewards else "",
             statistics.fmean(r == 1 for r in rewards) if rewards else "",
             " ".join(f"{k}:{v}" for k, v in sorted(statuses.items())), _last_answer(scored),

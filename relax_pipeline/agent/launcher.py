@@ -15,7 +15,8 @@ waits for the engine) does not count against `AgentSpec.timeout`. When the budge
 waiting task is cancelled (session dropped), the whole group gets SIGTERM, then SIGKILL after
 `grace_s`. After a normal exit of the main process, leftover processes of the group are ended the same
 way. A non-zero exit, a death by signal and a timeout raise `AgentFailure` carrying the exit code and
-the tail of the log.
+the tail of the log. `wait_active` is that active-time wait on its own, shared with `agent/http_executor`
+(the same budget for a session run by an agent server); `kill` is the no-wait SIGKILL of a run's last resort.
 
 Not done here: processes that leave the group (`setsid`, double-forking daemons) are not followed;
 writing the input file and reading the output file live in `session_io`.
@@ -243,22 +244,11 @@ class AgentProcess:
         """True when the main process exited, False when the active budget ran out first."""
         waiter = asyncio.ensure_future(proc.wait())
         try:
-            while not waiter.done():
-                if self.timer.expired:
-                    return False
-                await asyncio.wait({waiter}, timeout=self._slice())
-            self._exited_at = time.monotonic()
-            return True
+            finished = await wait_active(self.timer, waiter)
         finally:
             waiter.cancel()
-            self.timer.pause()
-
-    def _slice(self) -> float | None:
-        """How long to wait before looking at the timer again."""
-        if not self.timer.running:
-            return _POLL_S
-        remaining = self.timer.remaining()
-        return None if math.isinf(remaining) else remaining
+        self._exited_at = time.monotonic()
+        return finished
 
     def _result(self, proc: asyncio.subprocess.Process) -> AgentExit:
         """AgentExit for exit 0, else the matching `AgentFailure`."""
@@ -283,6 +273,14 @@ class AgentProcess:
         await self._proc.wait()
         self._group_gone = not _group_alive(self._proc.pid)
 
+    def kill(self) -> None:
+        """SIGKILL the whole group at once, without waiting (the run's last resort before it exits)."""
+        if self._proc is not None and self._proc.returncode is None:
+            try:
+                os.killpg(self._proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
     def _signal_group(self, sig: signal.Signals) -> None:
         """Send `sig` to the whole group; a group that is already gone is fine."""
         assert self._proc is not None
@@ -293,11 +291,7 @@ class AgentProcess:
 
     def tail(self) -> str:
         """The last `log_tail_bytes` of agent.log, decoded with replacement characters."""
-        if self._log_path is None or not self._log_path.exists():
-            return ""
-        with open(self._log_path, "rb") as log:
-            log.seek(max(0, log.seek(0, os.SEEK_END) - self.spec.log_tail_bytes))
-            return log.read().decode("utf-8", errors="replace")
+        return log_tail(self._log_path, self.spec.log_tail_bytes)
 
     def _failure(self, reason: str, exit_code: int | None) -> AgentFailure:
         """An `AgentFailure` carrying the log tail."""
@@ -308,6 +302,37 @@ class AgentProcess:
         if self._proc is None:
             raise RuntimeError("AgentProcess.wait() before start(); call start() first")
         return self._proc
+
+
+def log_tail(path: Path | None, limit: int) -> str:
+    """The last `limit` bytes of the file at `path` decoded with replacement characters; "" when absent."""
+    if path is None or not path.exists():
+        return ""
+    with open(path, "rb") as log:
+        log.seek(max(0, log.seek(0, os.SEEK_END) - limit))
+        return log.read().decode("utf-8", errors="replace")
+
+
+async def wait_active(timer: ActiveTimer, waiter: asyncio.Future[Any]) -> bool:
+    """Wait for `waiter` while `timer` has active time left: True when it finished, False when the budget ran
+    out first. Time spent paused does not count; the timer is paused on return. `waiter` is left running
+    (the caller cancels or keeps it); cancelling this wait cancels nothing else."""
+    try:
+        while not waiter.done():
+            if timer.expired:
+                return False
+            await asyncio.wait({waiter}, timeout=_slice(timer))
+        return True
+    finally:
+        timer.pause()
+
+
+def _slice(timer: ActiveTimer) -> float | None:
+    """How long to wait before looking at the timer again."""
+    if not timer.running:
+        return _POLL_S
+    remaining = timer.remaining()
+    return None if math.isinf(remaining) else remaining
 
 
 def _signal_name(signum: int) -> str:

@@ -12,7 +12,7 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from relax_pipeline.agent.launcher import AgentProcess
+from relax_pipeline.agent.executors import AgentRun
 from relax_pipeline.agent.session_io import AgentOutput
 from relax_pipeline.credit.records import CreditContext
 from relax_pipeline.data.dataset import Prompt
@@ -31,7 +31,8 @@ class Group:
     mode: str
     io_dir: Path
     sessions: list[Session] = field(default_factory=list)
-    processes: dict[str, AgentProcess] = field(default_factory=dict)
+    processes: dict[str, AgentRun] = field(default_factory=dict)
+    """Each session's agent (`agent.executor`: a local process group or a session on an agent server)."""
     outputs: dict[str, AgentOutput] = field(default_factory=dict)
     truncated: dict[str, str] = field(default_factory=dict)
     """Sessions whose agent failed after our length limit cut its last turn: session id → the failure."""

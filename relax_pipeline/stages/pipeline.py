@@ -9,15 +9,13 @@ source. Training is not here: `run.py` calls the trainer between steps.
 The pipeline knows which groups still have agents running (started, not yet through `await_group`).
 `interrupt(reason)` (the run's first SIGINT/SIGTERM) drops every one of them (`cancel_group`: sessions
 recorded `dropped` with the reason, agents terminated) and sets `stopped`, after which strategies and the
-evaluator start no group; `kill_agents` is the second signal's last resort (SIGKILL, no bookkeeping).
+evaluator start no group; `kill_agents` is the second signal's last resort (SIGKILL or DELETE, no bookkeeping).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -117,14 +115,11 @@ class Pipeline:
         return len(self._running)
 
     def kill_agents(self) -> None:
-        """SIGKILL the process group of every agent still running (the second signal: no waiting)."""
+        """End every agent still running at once (the second signal: no waiting): SIGKILL a local process
+        group, one DELETE for a session on an agent server."""
         for group in list(self._running.values()):
             for process in group.processes.values():
-                if process.pid is not None and process.returncode is None:
-                    try:
-                        os.killpg(process.pid, signal.SIGKILL)
-                    except (ProcessLookupError, PermissionError):
-                        pass
+                process.kill()
 
     def close_step(self, result: StepResult, started: float) -> StepResult:
         path = self.dump.write(result.rollout_id, result.rows)

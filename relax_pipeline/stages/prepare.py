@@ -12,7 +12,8 @@ import secrets
 from pathlib import Path
 from typing import Any
 
-from relax_pipeline.agent.launcher import AgentFailure, AgentProcess, AgentSpec
+from relax_pipeline.agent.executors import new_agent
+from relax_pipeline.agent.launcher import AgentFailure, AgentSpec
 from relax_pipeline.agent.session_io import build_input, write_input
 from relax_pipeline.data.dataset import Prompt
 from relax_pipeline.stages.group import Group
@@ -20,7 +21,7 @@ from relax_pipeline.turn.sessions import ForestStore, Session, Status, derive_se
 
 
 class Prepare:
-    """Creates sessions and launches one agent process per session."""
+    """Creates sessions and launches one agent per session (`agent.executor`: a local process or an agent server)."""
 
     def __init__(self, store: ForestStore, agent: AgentSpec, io_root: Path, base_url: str,
                  n_samples: int, chat_template_kwargs: dict[str, Any] | None = None, seed: int = 0,
@@ -51,7 +52,7 @@ class Prepare:
             folder = group.session_dir(session)
             folder.mkdir(parents=True, exist_ok=True)
             write_input(folder / "input.json", self._input(session))
-            process = AgentProcess(self.agent)
+            process = new_agent(self.agent)
             group.processes[session.id] = process
             self.store.set_status(session, Status.WAITING if _held(session) else Status.RUNNING)
             try:

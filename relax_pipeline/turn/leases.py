@@ -28,7 +28,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from relax_pipeline.agent.launcher import AgentProcess
+from relax_pipeline.agent.executors import AgentRun
 from relax_pipeline.engine.base import Engine
 from relax_pipeline.turn.sessions import ForestStore, Session, Status
 
@@ -40,8 +40,8 @@ class Members(Protocol):
 
     id: str
     sessions: list[Session]
-    processes: dict[str, AgentProcess]
-    """Agent process by session id; a session whose agent has not started yet has none."""
+    processes: dict[str, AgentRun]
+    """Agent (a local process or an agent-server session) by session id; none before its agent starts."""
 
 
 class LeaseClosed(Exception):

@@ -6,7 +6,7 @@ under `export.implicit=leaves` (the default): chains in leaf order, each with it
 each generated turn trained once, in the first chain that holds it (`Exported.shared` names the response
 nodes an earlier chain already trains). `export.implicit=strict` refuses a forked session with a message
 naming every leaf and every recorded fork. Explicit records are canonicalized
-like requests and must end exactly on a committed state; a record that does not is reported with the
+like requests and must end exactly on a committed state that holds at least one generated turn; a record that does not is reported with the
 closest committed state and the first message index where it diverges. Names must be non-empty and
 unique (checked when the output file is read). This module builds no samples (`sample.py`).
 """
@@ -102,10 +102,18 @@ def explicit_node(forest: SessionForest, record: ExportRecord) -> Node:
     hashes = chain_all(context, messages)
     node = forest.node_for_state(hashes[-1])
     if node is not None and node.kind != "root":
-        return node
+        return _with_response(forest, label, node)
     if forest.node_for_state(hashes[0]) is None:
         raise ExportError(f"{label}: its tools/chat_template_kwargs match no request of this session")
     return _diverged(forest, label, hashes, len(messages))
+
+
+def _with_response(forest: SessionForest, label: str, node: Node) -> Node:
+    """`node` when its lineage holds a generated turn; a context without one has nothing to train."""
+    if any(n.kind == "response" for n in forest.lineage(node)):
+        return node
+    raise ExportError(f"{label}: its messages end before the model's first reply, so it holds no generated token "
+                      "to train; end the record with the assistant message the model returned")
 
 
 def _diverged(forest: SessionForest, label: str, hashes: list[bytes], count: int) -> Node:

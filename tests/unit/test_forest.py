@@ -179,6 +179,14 @@ async def test_unmatched_explicit_record_names_where_it_diverged(template: ChatT
 
 
 @pytest.mark.asyncio
+async def test_explicit_record_without_a_generated_turn_is_refused(template: ChatTemplate) -> None:
+    svc, forest = service(template, ["One."]), SessionForest()
+    await turn(svc, forest, START)
+    with pytest.raises(ExportError, match="export record 'main': .* holds no generated token"):
+        explicit_exports(forest, [ExportRecord("main", START, TOOLS, None, {}, None)])
+
+
+@pytest.mark.asyncio
 async def test_length_cut_turn_is_closed_by_the_next_delta(template: ChatTemplate) -> None:
     svc, forest = service(template, ["a b c d e f g h i j k l", "Done."], max_response_len=4), SessionForest()
     first = await turn(svc, forest, START)

@@ -10,7 +10,9 @@ the forest, the dump and training all see real tokens. `finish: "length"` ends t
 end-of-turn token, as a turn cut by the length limit. Every session replays the script from its first
 line: a request's turn is the number of assistant headers in its prompt (the template's generation
 prompt appears once per earlier turn, plus once for this one). Past the script's end the engine answers
-a plain "done." turn. Logprobs are a fixed -0.5; weight versions follow `update_weights`.
+a plain "done." turn. Logprobs are a fixed -0.5; weight versions follow `update_weights`. With a
+vision-language model folder (`model=tiny_vl`) it loads the model's `Vision` at start, as the hf engine does,
+so images (in user and tool messages) are processed, recorded in the forest and dumped; it ignores them.
 
 It is a fake (named so, in `testing/`); the runtime never imports it, the config group builds it.
 """
@@ -25,6 +27,7 @@ from typing import Any
 from relax_pipeline.canonical.form import Context, Message, ToolCall, canonical_arguments
 from relax_pipeline.engine.base import GenerateResult, ImageFeatures, SamplingParams
 from relax_pipeline.engine.template import ChatTemplate
+from relax_pipeline.engine.vision import Vision
 from relax_pipeline.testing.engines import FakeLifecycle
 
 DONE = {"content": "done."}
@@ -45,6 +48,8 @@ class ScriptEngine(FakeLifecycle):
         self.end_of_turn = end_of_turn
         self.tokenizer: Any = None
         self.template: ChatTemplate | None = None
+        self.vision: Vision | None = None
+        """The model's image processor (None for a text-only model); the turn service reads it."""
         self._turns: list[tuple[tuple[int, ...], bool]] = []
         self._header: list[int] = []
 
@@ -53,6 +58,7 @@ class ScriptEngine(FakeLifecycle):
 
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         self.template = ChatTemplate(self.tokenizer, self.end_of_turn)
+        self.vision = Vision.load(self.model_path)
         probe = (Message("user", "x"),)
         with_prompt = self.template.prompt_ids(probe, Context())
         without = self.template.encode(self.template.render(probe, Context(), generation_prompt=False))
@@ -91,7 +97,6 @@ class ScriptEngine(FakeLifecycle):
             ids, finish = ids[: sampling.max_new_tokens], "length"
         stop = ids[-1] if finish == "stop" and ids else None
         return GenerateResult(tuple(ids), (LOGPROB,) * len(ids), finish, self.weight_version, stop)
-
 
 
 def read_script(path: str | Path) -> list[dict[str, Any]]:

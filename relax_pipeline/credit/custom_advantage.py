@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Callable
 from typing import Any
 
 from relax_pipeline.credit.base import call_user, filter_group
@@ -38,17 +39,24 @@ class CustomAdvantageCredit(RewardCredit):
 
     async def score(self, group: CreditGroup) -> None:
         await self.fill_rewards(group)
-        if group.mode == "eval":
-            self.fill_advantages(group)
-            return
-        slots = metadata_by_slot(group)
-        result = await call_user(self.user_function, copy.deepcopy(slots))
-        if result is None:
-            filter_group(group, "credit.advantage_path returned None for this group")
-            return
-        values = check_advantages(result, slots, self.advantage_path)
-        for context in group.contexts:
-            context.advantage = values[context.slot][context.name]
+        await hook_advantages(self, group, self.user_function, self.advantage_path)
+
+
+async def hook_advantages(credit: RewardCredit, group: CreditGroup, function: Callable[..., Any],
+                          path: str | None) -> None:
+    """Base credit from the advantage function for a train group whose rewards are filled; eval groups get
+    the estimator's credit. Returning None filters the group."""
+    if group.mode == "eval":
+        credit.fill_advantages(group)
+        return
+    slots = metadata_by_slot(group)
+    result = await call_user(function, copy.deepcopy(slots))
+    if result is None:
+        filter_group(group, "credit.advantage_path returned None for this group")
+        return
+    values = check_advantages(result, slots, path)
+    for context in group.contexts:
+        context.advantage = values[context.slot][context.name]
 
 
 def metadata_by_slot(group: CreditGroup) -> list[Slot]:

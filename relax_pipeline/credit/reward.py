@@ -29,7 +29,9 @@ class RewardCredit:
     option: str = "reward"
     """The `credit=` option this class implements (named in errors)."""
     uses: tuple[str, ...] = ()
-    """Which of `rm_path` / `advantage_path` this option needs; the others must stay null."""
+    """Which of `rm_path` / `advantage_path` this option needs; the others must stay null unless `optional`."""
+    optional: tuple[str, ...] = ()
+    """Which of them this option may also take (`credit=group_rm` with an `advantage_path`: RM, then the hook)."""
     several_contexts: bool = False
     """Whether this option gives credit to sessions that export several contexts (only custom_advantage)."""
 
@@ -51,6 +53,8 @@ class RewardCredit:
         self.truncated_reward = truncated_reward
         """Reward of a context whose agent failed after our length limit cut its last turn (none exported)."""
         self.user_function = self._load_user_function()
+        self.advantage_hook = self._load_optional("advantage_path")
+        """The optional advantage function (`optional`), None when the option has none or it is unset."""
         self.group_filter = load_function(filter_path, "credit.filter_path") if filter_path else None
 
     def _load_user_function(self) -> Callable[..., Any] | None:
@@ -59,13 +63,19 @@ class RewardCredit:
             return load_function(getattr(self, key), f"credit.{key}")
         return None
 
+    def _load_optional(self, key: str) -> Callable[..., Any] | None:
+        """The function named by an optional path key (`optional`), None when it is unset."""
+        value = getattr(self, key)
+        return load_function(value, f"credit.{key}") if key in self.optional and value else None
+
     def _check_paths(self, paths: dict[str, str | None]) -> None:
         for key, value in paths.items():
             if key in self.uses and not value:
                 raise ValueError(f"credit={self.option} needs credit.{key} set to 'module.function'")
-            if key not in self.uses and value:
+            if key not in self.uses + self.optional and value:
                 raise ValueError(f"credit.{key}={value!r} is not used by credit={self.option}; unset it or choose "
-                                 "credit=custom_rm / group_rm (rm_path) or credit=custom_advantage (advantage_path)")
+                                 "credit=custom_rm / group_rm (rm_path, group_rm may add advantage_path) or "
+                                 "credit=custom_advantage (advantage_path)")
 
     async def score(self, group: CreditGroup) -> None:
         """Primary rewards, then the group's base credit by `credit.estimator`."""

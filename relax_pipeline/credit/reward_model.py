@@ -8,7 +8,8 @@ once per context whose agent exported no reward, concurrently within a group; `g
 `reward` (what the agent exported, None when nothing). The agent's own reward always wins: RM values
 only fill contexts without one. An object's `credit.reward_key` field is the primary value and its other
 numeric fields become `rollout/<field>/*` metrics. Credit then follows `credit.estimator` as for
-`credit=reward`.
+`credit=reward`; `group_rm` with `credit.advantage_path` hands the scored group to that advantage function
+instead (RM scores, then the hook: `credit/custom_advantage.py`).
 
 A value that is not a number, an object or null fails its session (like a bad exported reward); a group
 RM result that is not a list of the group's length stops the run with an error naming `credit.rm_path`.
@@ -21,6 +22,7 @@ import asyncio
 from typing import Any
 
 from relax_pipeline.credit.base import call_user
+from relax_pipeline.credit.custom_advantage import hook_advantages
 from relax_pipeline.credit.records import CreditContext, CreditGroup
 from relax_pipeline.credit.reward import RewardCredit
 
@@ -40,10 +42,20 @@ class CustomRMCredit(RewardCredit):
 
 
 class GroupRMCredit(RewardCredit):
-    """`credit=group_rm`: one call of the user reward function per complete group."""
+    """`credit=group_rm`: one call of the user reward function per complete group; with `credit.advantage_path`
+    the advantage function then gives the base credit (`credit/custom_advantage.py`), as the seed's group RM
+    plus custom advantage."""
 
     option = "group_rm"
     uses = ("rm_path",)
+    optional = ("advantage_path",)
+
+    async def score(self, group: CreditGroup) -> None:
+        if self.advantage_hook is None:
+            await super().score(group)
+            return
+        await self.fill_rewards(group)
+        await hook_advantages(self, group, self.advantage_hook, self.advantage_path)
 
     async def fill_rewards(self, group: CreditGroup) -> None:
         if any(c.reward_object is None for c in group.contexts):

@@ -154,6 +154,22 @@ def test_group_rm_result_of_the_wrong_length_names_the_key() -> None:
         made.score(GroupRMCredit(rm_path="credit_hooks.group_rm_short"))
 
 
+def test_group_rm_then_the_advantage_hook() -> None:
+    """The seed's group RM plus custom advantage: the RM fills the rewards, the hook gives the base credit."""
+    made = Made([[("main", None, {"outcome": 1.0}), ("searcher_0", None, {"usefulness": 0.5})],
+                 [("main", None, {"outcome": 0.0})]])
+    credit = GroupRMCredit(rm_path="credit_hooks.group_rm", advantage_path="credit_hooks.advantage_recording")
+    assert made.score(credit) == [(0.0, 1.0), (1.0, 0.5), (2.0, 0.0)]
+    assert credit_hooks.CALLS[-1] == [{"main": {"outcome": 1.0}, "searcher_0": {"usefulness": 0.5}},
+                                      {"main": {"outcome": 0.0}}]
+
+
+def test_custom_rm_still_refuses_an_advantage_path() -> None:
+    with pytest.raises(ValueError, match="credit.advantage_path='credit_hooks.advantage_recording' is not used by "
+                                         "credit=custom_rm"):
+        CustomRMCredit(rm_path="credit_hooks.rm_sync", advantage_path="credit_hooks.advantage_recording")
+
+
 def test_reward_objects_from_the_rm_give_the_primary_value_and_field_metrics(monkeypatch: pytest.MonkeyPatch
                                                                               ) -> None:
     made = Made([[("main", None, {})], [("searcher", None, {})]])

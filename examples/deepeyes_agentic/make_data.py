@@ -3,7 +3,7 @@
 Usage: `python examples/deepeyes_agentic/make_data.py SEED OUTDIR [TRAIN_ROWS TEST_ROWS]` writes
 `OUTDIR/images/{train,test}_NNN.png` and `OUTDIR/{train,test}.jsonl`. The committed copy under
 `examples/deepeyes_agentic/data/` was made with `make_data.py 0 examples/deepeyes_agentic/data` and
-`tests/unit/test_deepeyes_agentic.py` checks that regenerating it gives the same bytes.
+`tests/unit/test_deepeyes_data.py` checks that regenerating it gives the same bytes.
 
 Each image is a 224x224 canvas with three or four coloured shapes (circle, square, triangle), one in each
 quadrant. One shape holds a two-digit number in Pillow's built-in 6x11 pixel bitmap font: small enough

@@ -130,12 +130,14 @@ class Pipeline:
         dropped = int(result.metrics["rollout/dropped_groups"])
         filtered = int(result.metrics.get("rollout/filtered_groups", 0))
         failed = sum(1 for r in result.rows if r["status"] == "failed")
+        scored = [r for r in result.rows if r["status"] in ("completed", "truncated")]
+        credited = sum(1 for r in scored if r["advantage"] is not None)
         log.info(
             "AGENTIC ROLLOUT event=accounting_end rollout=%d groups=%d rows=%d dropped=%d filtered=%d failed=%d "
-            "samples=%d reward_mean=%s time_s=%.2f dump=%s",
-            result.rollout_id, len(result.groups), len(result.rows), dropped, filtered, failed,
-            sum(1 for r in result.rows if r["status"] in ("completed", "truncated")),
-            _fmt(result.metrics.get("rollout/raw_reward")), result.metrics["perf/rollout_time"], path,
+            "samples=%d uncredited=%d reward_mean=%s time_s=%.2f dump=%s",
+            result.rollout_id, len(result.groups), len(result.rows), dropped, filtered, failed, credited,
+            len(scored) - credited, _fmt(result.metrics.get("rollout/raw_reward")), result.metrics["perf/rollout_time"],
+            path,
         )
         return result
 

@@ -37,6 +37,7 @@ from relax_pipeline.config import (
     build_runtime,
     build_trainer,
     check_context_len,
+    engine_context,
     multi_context_missing,
     register,
     validate,
@@ -169,7 +170,7 @@ class _Parts:
         check_slots(self.slot_plan(), cfg.runtime.external_slots)
         self.tracker = build(cfg.tracking, output_dir=str(output_dir))
         self.engine = build(cfg.engine, model_path=str(self.model_path), seed=cfg.seed,
-                            max_context_len=self.context_len)
+                            max_context_len=self.context_len, **engine_context(cfg.engine, output_dir))
         self.trainer = self._trainer() if cfg.job == "train" else None
         self.server: GatewayServer | None = None
         if cfg.job != "check":

@@ -129,7 +129,59 @@ class ScriptedEngineConfig:
     "finish": "stop"|"length"}, all optional; every session replays it from line 1, then answers "done."."""
 
 
-ENGINE_SCHEMAS = {"hf": EngineConfig, "scripted": ScriptedEngineConfig}
+@dataclass
+class SglangEngineConfig:
+    """`engine=sglang`: SGLang servers over their native HTTP API (engine/sglang.py); connect or launch."""
+
+    _target_: str = "relax_pipeline.engine.sglang.SglangEngine"
+    urls: list[str] = field(default_factory=list)
+    """Running SGLang servers to connect to (`[http://HOST:PORT, ...]`); empty with launch=true."""
+    launch: bool = False
+    """Start `servers` SGLang servers (launch_command + server_args), logs in <output>/sglang/, stopped at the end."""
+    servers: int = 1
+    """Servers to launch, one per GPU group."""
+    gpus_per_server: int = 1
+    """GPUs of each launched server (consecutive CUDA_VISIBLE_DEVICES); 0 leaves CUDA_VISIBLE_DEVICES alone."""
+    launch_command: str = "python -m sglang.launch_server"
+    """Command of one server; `--model-path --host --port` and server_args are appended."""
+    server_args: dict[str, Any] = field(default_factory=dict)
+    """Extra server flags: {mem_fraction_static: 0.8, tp_size: 2} → --mem-fraction-static 0.8 --tp-size 2."""
+    launch_timeout: float = 900.0
+    """Seconds a launched server (or the router) may take to answer /health."""
+    host: str = "127.0.0.1"
+    """Host launched servers and the router bind to."""
+    router: str = "none"
+    """none (the client routes by cache affinity itself) or sglang (the real sglang-router in front)."""
+    router_url: str | None = None
+    """A running sglang-router (started with --policy manual); None starts one with router_command."""
+    router_command: str = "python -m sglang_router.launch_router"
+    """Command of the router; host, port, --worker-urls, --policy manual and router_args are appended."""
+    router_args: dict[str, Any] = field(default_factory=dict)
+    """Extra router flags, as server_args."""
+    admission: str = "none"
+    """none, or kv: reserve prompt + max_new_tokens against the worker's KV capacity before generating."""
+    kv_headroom: float = 0.9
+    """admission=kv: fraction of the reported KV capacity (max_total_num_tokens) that may be reserved."""
+    admission_max_wait_s: float = 300.0
+    """admission=kv: longest wait for room; then the request starts anyway (counted in engine/admission_timeouts)."""
+    weights_dir: str | None = None
+    """Where weights are written for /update_weights_from_disk (must be readable by the servers); None:
+    <output>/sglang/weights."""
+    log_dir: str | None = None
+    """Logs of launched servers and router; None: <output>/sglang."""
+    max_batch_size: int = 32
+    """Sessions job=eval keeps in flight by default (as engine=hf's batch)."""
+    affinity_block: int = 16
+    """Tokens per block of the prefix hashes that keep a session and a prompt's siblings on one worker."""
+
+
+ENGINE_SCHEMAS = {"hf": EngineConfig, "scripted": ScriptedEngineConfig, "sglang": SglangEngineConfig}
+
+
+def engine_context(engine: DictConfig, output_dir: Path) -> dict[str, Any]:
+    """Run-level arguments an engine class takes besides its keys: `output_dir` (engine=sglang's logs and weights)."""
+    taken = inspect.signature(get_class(engine._target_)).parameters
+    return {"output_dir": str(output_dir)} if "output_dir" in taken else {}
 """The typed schema of each `engine=` option (its yaml names `<option>_schema` in its defaults)."""
 
 

@@ -145,6 +145,8 @@ class StepLoop:
                 log.warning("step %d interrupted during its rollout: not trained (its rows are in the dump)", step)
                 break
             metrics = dict(result.metrics)
+            if hasattr(self.engine, "step_metrics"):  # engine=sglang: admission metrics (engine/...)
+                metrics.update(self.engine.step_metrics())
             if self.trainer is not None:
                 metrics.update(await self._train(result))
             metrics["perf/step_time"] = time.time() - started

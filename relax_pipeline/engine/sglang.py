@@ -1,0 +1,398 @@
+"""`engine=sglang`: the `Engine` protocol as a client of SGLang's native HTTP API (token in, token out).
+
+API followed: SGLang's `python/sglang/srt/entrypoints/http_server.py` as of 0.5.3 (`SGLANG_API_VERSION`).
+Endpoints used, and nothing else (`relax_pipeline.testing.sglang_server` implements exactly these):
+
+- `GET /health`, `GET /get_model_info` (`is_generation`), `GET /get_server_info` (`version`,
+  `max_total_num_tokens`) once per server at start; an error names the URL and what to check.
+- `POST /generate` with `input_ids` (never text), `sampling_params` (`max_new_tokens`, `temperature`,
+  `top_p`, `top_k`, `stop`, `stop_token_ids`, `sampling_seed`, `no_stop_trim`), `return_logprob=true`,
+  `logprob_start_len=-1` and our `rid`. Tokens and logprobs come from `meta_info.output_token_logprobs`
+  (`[logprob, token_id, text]` per token; `output_ids` must agree), the finish from
+  `meta_info.finish_reason` (`stop` with `matched`, `length`, `abort`), the version from
+  `meta_info.weight_version`.
+- `POST /abort_request {"rid"}` for partial rollout: the pending `/generate` then answers with the tokens
+  and logprobs generated so far and finish `abort`; `abort` returns that result (the turn service resumes
+  with prompt + partial tokens and the remaining budget). The abort is repeated every second until the
+  generation answers (a request still on its way is not yet known to the server).
+- `POST /update_weights_from_disk {"model_path", "weight_version"}` on every server after a training step:
+  the weights are written as a loadable Hugging Face folder (`<weights_dir>/v<version>`, model files copied
+  from `model.path`), which must be on storage the servers can read; the previous folder is removed. SGLang
+  flushes its radix cache itself on this update. From-tensor/distributed updates on GPUs are not done yet.
+
+Servers: `engine.urls=[...]` connects to running servers; `engine.launch=true` starts `engine.servers`
+servers (`sglang_launch.py`, logs in `<output>/sglang/`) and stops them at `close`. `engine.router=sglang`
+puts the real sglang-router in front (started, or `engine.router_url` when one runs): generations go
+through it with the routing key of `sglang_routing.Affinity` as `x-smg-routing-key` (its `manual` policy
+keeps a key on one worker); aborts and weight updates go to the servers directly, since the router does
+not forward `/abort_request`. Without a router, the client routes itself (`WorkerPool`, same keys).
+
+Session cache release: SGLang 0.5.3 has no call that releases one cached prefix of its radix cache (its
+`/open_session`/`/close_session` manage streaming sessions that must be used for every turn, which token-in
+requests from many agents do not fit). The fallback: SGLang evicts unused prefixes least recently used, the
+affinity table forgets keys the same way, and `/flush_cache`-equivalent flushing happens on every weight
+update. KV-aware admission (`engine.admission=kv`) is in `sglang_routing.KvAdmission`.
+
+Not supported: images (`media`), streaming, LoRA.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+
+from relax_pipeline.engine.base import GenerateResult, ImageFeatures, SamplingParams
+from relax_pipeline.engine.sglang_launch import Processes, free_port, gpu_env, router_command, server_command
+from relax_pipeline.engine.sglang_routing import ROUTING_KEY_HEADER, Affinity, KvAdmission, WorkerLoad, WorkerPool
+from relax_pipeline.engine.sglang_weights import write_weights
+
+log = logging.getLogger(__name__)
+SGLANG_API_VERSION = "0.5.3"
+"""The SGLang release whose HTTP API this client (and the fake server) follows."""
+ROUTERS = ("none", "sglang")
+ADMISSIONS = ("none", "kv")
+FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
+
+
+class SglangError(RuntimeError):
+    """An SGLang server or the router answered something the client cannot use; the message names the URL."""
+
+
+@dataclass
+class _Flight:
+    """One generation in flight: where it went and how it ended (what `abort` waits for)."""
+
+    worker: WorkerLoad
+    answered: asyncio.Future[GenerateResult | None]
+    """Set once `generate` ends: its result, or None when it failed or was cancelled."""
+    aborted: bool = False
+    admission: asyncio.Task[None] | None = None
+
+
+@dataclass
+class _Targets:
+    """The servers and the entry point of generations (the router, or None for client-side routing)."""
+
+    urls: list[str] = field(default_factory=list)
+    router: str | None = None
+
+
+class SglangEngine:
+    """Client of SGLang servers (see the module); one instance per run."""
+
+    def __init__(self, model_path: str, seed: int = 0, max_context_len: int = 4096, urls: Sequence[str] = (),
+                 launch: bool = False, servers: int = 1, gpus_per_server: int = 1,
+                 launch_command: str = "python -m sglang.launch_server", server_args: dict[str, Any] | None = None,
+                 launch_timeout: float = 900.0, host: str = "127.0.0.1", router: str = "none",
+                 router_url: str | None = None, router_command: str = "python -m sglang_router.launch_router",
+                 router_args: dict[str, Any] | None = None, admission: str = "none", kv_headroom: float = 0.9,
+                 admission_max_wait_s: float = 300.0, weights_dir: str | None = None, log_dir: str | None = None,
+                 output_dir: str | None = None, max_batch_size: int = 32, affinity_block: int = 16) -> None:
+        _check_choice("engine.router", router, ROUTERS)
+        _check_choice("engine.admission", admission, ADMISSIONS)
+        if bool(urls) == bool(launch):
+            raise ValueError("engine=sglang needs exactly one of engine.urls=[http://HOST:PORT,...] (running SGLang "
+                             "servers) and engine.launch=true (start engine.servers of them)")
+        if launch and servers < 1:
+            raise ValueError(f"engine.servers={servers} must be >= 1 with engine.launch=true")
+        if router_url and router != "sglang":
+            raise ValueError("engine.router_url is set but engine.router=none; set engine.router=sglang")
+        self.model_path = model_path
+        self.seed = seed
+        self.max_context_len = max_context_len
+        self.max_batch_size = max_batch_size
+        self.weight_version = 0
+        self.vision = None
+        """SGLang serves text here: the turn service refuses images."""
+        self.urls = [u.rstrip("/") for u in urls]
+        self.launch, self.servers, self.gpus_per_server = launch, servers, gpus_per_server
+        self.launch_command, self.server_args = launch_command, dict(server_args or {})
+        self.launch_timeout, self.host = launch_timeout, host
+        self.router, self.router_url = router, router_url.rstrip("/") if router_url else None
+        self.router_command, self.router_args = router_command, dict(router_args or {})
+        base = Path(output_dir) / "sglang" if output_dir else Path(tempfile.gettempdir()) / "relax-sglang"
+        self.log_dir = Path(log_dir) if log_dir else base
+        self.weights_dir = Path(weights_dir) if weights_dir else base / "weights"
+        self.affinity = Affinity(affinity_block)
+        self.admission = KvAdmission(kv_headroom, admission_max_wait_s) if admission == "kv" else None
+        self.processes = Processes(self.log_dir)
+        self.server_info: dict[str, dict[str, Any]] = {}
+        """`/get_server_info` of every server, by URL (read at start)."""
+        self._targets = _Targets()
+        self._pool: WorkerPool | None = None
+        self._shared: WorkerLoad | None = None
+        self._flights: dict[str, _Flight] = {}
+        self._http: httpx.AsyncClient | None = None
+        self._tokenizer: Any = None
+        self._written: Path | None = None
+
+    @property
+    def tokenizer(self) -> Any:
+        """The tokenizer of `model_path` (the gateway renders and parses with it; the servers never see text)."""
+        if self._tokenizer is None:
+            raise RuntimeError("SglangEngine has no tokenizer: call `await engine.start()` first")
+        return self._tokenizer
+
+    async def start(self) -> None:
+        """Load the tokenizer, launch or reach the servers (and the router), check each one."""
+        if self._http is not None:
+            return
+        from transformers import AutoTokenizer
+
+        self._tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, self.model_path)
+        self._http = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0),
+                                       limits=httpx.Limits(max_connections=None, max_keepalive_connections=256))
+        try:
+            urls = await self._launch_servers() if self.launch else list(self.urls)
+            workers = [await self._check_server(url) for url in urls]
+            self._targets = _Targets(urls, await self._start_router(urls) if self.router == "sglang" else None)
+        except BaseException:
+            await self.close()
+            raise
+        if self._targets.router is None:
+            self._pool = WorkerPool(workers)
+        else:
+            self._shared = WorkerLoad(self._targets.router, sum(w.capacity for w in workers))
+
+    async def generate(self, input_ids: Sequence[int], sampling: SamplingParams, rid: str,
+                       media: Sequence[ImageFeatures] | None = None) -> GenerateResult:
+        """POST /generate (token ids in and out) to the worker of this prompt's routing key."""
+        prompt = self._prompt(input_ids, media)
+        limit = min(sampling.max_new_tokens, self.max_context_len - len(prompt))
+        if limit <= 0:
+            return GenerateResult((), (), "length", self.weight_version)
+        if rid in self._flights:
+            raise ValueError(f"rid {rid!r} is already generating")
+        key = self.affinity.key_for(prompt)
+        worker = self._pool.pick(key) if self._pool is not None else self._shared
+        assert worker is not None
+        flight = _Flight(worker, asyncio.get_running_loop().create_future())
+        self._flights[rid] = flight
+        try:
+            result = await self._admitted(flight, len(prompt) + limit, _payload(prompt, sampling, limit, rid), key)
+            flight.answered.set_result(result)
+        except asyncio.CancelledError:
+            if not flight.aborted:  # the caller gave up: stop the server's work too
+                asyncio.get_running_loop().create_task(self._send_abort(rid, worker))
+            raise
+        finally:
+            self._flights.pop(rid, None)
+            if not flight.answered.done():
+                flight.answered.set_result(None)  # failed or cancelled: an abort waiting on it gets None
+        if result.finish_reason != "abort":
+            self.affinity.finished(prompt, result.output_ids, key)
+        return result
+
+    async def abort(self, rid: str) -> GenerateResult | None:
+        """Abort `rid`; its partial result (finish "abort"), or None when it is unknown or finished first."""
+        flight = self._flights.get(rid)
+        if flight is None:
+            return None
+        flight.aborted = True
+        if flight.admission is not None and not flight.admission.done():
+            flight.admission.cancel()
+        for _ in range(120):
+            if not flight.answered.done():
+                await self._send_abort(rid, flight.worker)
+            done, _ = await asyncio.wait([flight.answered], timeout=1.0)
+            if done:
+                break
+        result = flight.answered.result() if flight.answered.done() else None
+        return result if result is not None and result.finish_reason == "abort" else None
+
+    async def update_weights(self, state_dict: dict[str, Any], version: int) -> None:
+        """Write `state_dict` as `<weights_dir>/v<version>` and load it on every server as `version`."""
+        folder = self.weights_dir / f"v{version}"
+        await asyncio.to_thread(write_weights, state_dict, Path(self.model_path), folder)
+        body = {"model_path": str(folder), "weight_version": str(version)}
+        answers = await asyncio.gather(*(self._call("POST", url, "/update_weights_from_disk", body)
+                                         for url in self._targets.urls))
+        for url, answer in zip(self._targets.urls, answers, strict=True):
+            if not answer.get("success", False):
+                raise SglangError(f"SGLang server {url} refused /update_weights_from_disk of {folder}: "
+                                  f"{answer.get('message')}")
+        self.weight_version = version
+        previous, self._written = self._written, folder
+        if previous is not None and previous != folder:
+            await asyncio.to_thread(shutil.rmtree, previous, True)
+
+    def step_metrics(self) -> dict[str, float]:
+        """Metrics since the last call (`engine/kv_reserved`, `engine/admission_wait_s`, ...); the step loop logs
+        them with each step. Empty without admission."""
+        return self.admission.take_metrics() if self.admission is not None else {}
+
+    async def close(self) -> None:
+        """Stop what this engine launched, drop the weights folder it wrote, close the HTTP client."""
+        try:
+            await self.processes.stop()
+        finally:
+            if self._http is not None:
+                await self._http.aclose()
+                self._http = None
+            if self._written is not None:
+                await asyncio.to_thread(shutil.rmtree, self._written, True)
+                self._written = None
+
+    # -- internals --------------------------------------------------------------------------------------
+
+    def _prompt(self, input_ids: Sequence[int], media: Sequence[ImageFeatures] | None) -> list[int]:
+        if self._http is None:
+            raise RuntimeError("SglangEngine is not running: call `await engine.start()` first")
+        if media:
+            raise ValueError(f"engine=sglang serves text only here: generate got {len(media)} image(s)")
+        prompt = [int(i) for i in input_ids]
+        if not prompt:
+            raise ValueError("input_ids is empty: the prompt needs at least one token")
+        if len(prompt) > self.max_context_len:
+            raise ValueError(f"prompt has {len(prompt)} tokens, more than max_context_len={self.max_context_len}; "
+                             "shorten the history or raise rollout.max_context_len")
+        return prompt
+
+    async def _admitted(self, flight: _Flight, tokens: int, payload: dict[str, Any], key: str) -> GenerateResult:
+        """Reserve KV room (admission=kv), send the generation, release the room."""
+        worker = flight.worker
+        if self.admission is not None:
+            flight.admission = asyncio.ensure_future(self.admission.reserve(worker, tokens))
+            try:
+                await flight.admission
+            except asyncio.CancelledError:
+                if flight.aborted and flight.admission.cancelled():
+                    return GenerateResult((), (), "abort", self.weight_version)
+                raise
+        try:
+            if flight.aborted:
+                return GenerateResult((), (), "abort", self.weight_version)
+            worker.in_flight += 1
+            try:
+                body = await self._generate_call(worker, key, payload)
+            finally:
+                worker.in_flight -= 1
+            return parse_generate(body, self.weight_version, worker.url)
+        finally:
+            if self.admission is not None:
+                self.admission.release(worker, tokens)
+
+    async def _generate_call(self, worker: WorkerLoad, key: str, payload: dict[str, Any]) -> dict[str, Any]:
+        if self._targets.router is not None:
+            return await self._call("POST", self._targets.router, "/generate", payload, {ROUTING_KEY_HEADER: key})
+        return await self._call("POST", worker.url, "/generate", payload)
+
+    async def _send_abort(self, rid: str, worker: WorkerLoad) -> None:
+        """POST /abort_request to the worker of `rid` (every server behind a router); errors are logged."""
+        urls = self._targets.urls if self._targets.router is not None else [worker.url]
+        for url in urls:
+            try:
+                await self._call("POST", url, "/abort_request", {"rid": rid}, expect_json=False)
+            except (SglangError, RuntimeError) as error:
+                log.warning("abort of %s failed: %s", rid, error)
+
+    async def _call(self, method: str, url: str, path: str, body: dict[str, Any] | None = None,
+                    headers: dict[str, str] | None = None, expect_json: bool = True) -> Any:
+        """One HTTP call; errors name the URL and the endpoint."""
+        if self._http is None:
+            raise RuntimeError("SglangEngine is closed")
+        content = orjson.dumps(body) if body is not None else None
+        try:
+            response = await self._http.request(method, url + path, content=content, headers={
+                "content-type": "application/json", **(headers or {})})
+        except httpx.HTTPError as error:
+            raise SglangError(f"SGLang server {url}: {method} {path} failed: {error!r}; is it running?") from error
+        if response.status_code == 404:
+            raise SglangError(f"SGLang server {url} has no endpoint {path} (404): this client follows the SGLang "
+                              f"{SGLANG_API_VERSION} HTTP API; check the server's version")
+        if not response.is_success:
+            raise SglangError(f"SGLang server {url}: {method} {path} answered {response.status_code}: "
+                              f"{response.text[:500]}")
+        return orjson.loads(response.content) if expect_json and response.content else response.text
+
+    async def _check_server(self, url: str) -> WorkerLoad:
+        """Health, model and server info of one server; its KV capacity."""
+        try:
+            await self._call("GET", url, "/health", expect_json=False)
+            model = await self._call("GET", url, "/get_model_info")
+            info = await self._call("GET", url, "/get_server_info")
+        except SglangError as error:
+            raise SglangError(f"engine.urls: {error}") from None
+        if not model.get("is_generation", True):
+            raise SglangError(f"SGLang server {url} serves an embedding/reward model ({model.get('model_path')}), "
+                              "not a generation model")
+        self.server_info[url] = info
+        capacity = int(info.get("max_total_num_tokens") or 0)
+        log.info("sglang server %s: version %s, model %s, KV capacity %d tokens", url, info.get("version"),
+                 model.get("model_path"), capacity)
+        return WorkerLoad(url, capacity)
+
+    async def _launch_servers(self) -> list[str]:
+        """Start `servers` SGLang servers on free ports and wait until each answers /health."""
+        started = []
+        for i in range(self.servers):
+            port = free_port(self.host)
+            command = server_command(self.launch_command, self.model_path, self.host, port, self.server_args)
+            started.append((self.processes.start(f"server_{i}", command, gpu_env(i, self.gpus_per_server)),
+                            f"http://{self.host}:{port}"))
+        await asyncio.gather(*(self.processes.wait_ready(p, url + "/health", self.launch_timeout)
+                               for p, url in started))
+        return [url for _, url in started]
+
+    async def _start_router(self, urls: list[str]) -> str:
+        """The router's URL: `router_url`, or a started sglang-router once it sees every worker healthy."""
+        if self.router_url:
+            return self.router_url
+        port = free_port(self.host)
+        command = router_command(self.router_command, self.host, port, urls, self.router_args)
+        router = self.processes.start("router", command)
+        url = f"http://{self.host}:{port}"
+        await self.processes.wait_ready(router, url + "/health", self.launch_timeout)
+        for _ in range(int(self.launch_timeout * 5)):
+            workers = (await self._call("GET", url, "/workers")).get("workers", [])
+            if len(workers) == len(urls) and all(w.get("is_healthy") for w in workers):
+                return url
+            await asyncio.sleep(0.2)
+        raise SglangError(f"sglang-router at {url} did not report {len(urls)} healthy workers; log {router.log_path}")
+
+
+def _payload(prompt: list[int], sampling: SamplingParams, limit: int, rid: str) -> dict[str, Any]:
+    """The /generate body (token ids in, logprobs of the output tokens out)."""
+    params: dict[str, Any] = {"max_new_tokens": limit, "temperature": sampling.temperature, "top_p": sampling.top_p,
+                              "top_k": sampling.top_k, "stop_token_ids": list(sampling.stop_token_ids),
+                              "no_stop_trim": True, "skip_special_tokens": False}
+    if sampling.stop:
+        params["stop"] = list(sampling.stop)
+    if sampling.seed is not None:
+        params["sampling_seed"] = sampling.seed
+    return {"input_ids": prompt, "sampling_params": params, "return_logprob": True, "logprob_start_len": -1,
+            "rid": rid, "stream": False}
+
+
+def parse_generate(body: dict[str, Any], version: int, url: str = "") -> GenerateResult:
+    """A `/generate` answer as a `GenerateResult`; `version` when the server reports none that is a number."""
+    meta = body.get("meta_info") or {}
+    pairs = meta.get("output_token_logprobs")
+    if pairs is None:
+        raise SglangError(f"SGLang server {url}: /generate answered without meta_info.output_token_logprobs "
+                          "(the client asks for return_logprob=true)")
+    ids = tuple(int(p[1]) for p in pairs)
+    if "output_ids" in body and tuple(body["output_ids"]) != ids:
+        raise SglangError(f"SGLang server {url}: output_ids and output_token_logprobs disagree")
+    reason = meta.get("finish_reason") or {"type": "abort"}
+    finish = FINISH.get(reason.get("type"))
+    if finish is None:
+        raise SglangError(f"SGLang server {url}: unknown finish_reason {reason!r}")
+    matched = reason.get("matched") if finish == "stop" else None
+    served = str(meta.get("weight_version", ""))
+    return GenerateResult(ids, tuple(float(p[0]) for p in pairs), finish,  # type: ignore[arg-type]
+                          int(served) if served.isdigit() else version, matched)
+
+
+def _check_choice(key: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{key}={value!r}; choose one of {list(allowed)}")

@@ -46,6 +46,9 @@ class SamplingParams:
     """Token ids that end generation (the template's end-of-turn and eos); the id itself is kept."""
     seed: int | None = None
     """Per-request sampling seed; None draws from the engine's generator."""
+    stop_context: tuple[int, ...] = ()
+    """Ids this generation continues (a preempted generation's output so far, already at the end of the input
+    ids): stop strings are matched across them and the new ids, so a stop split by the abort still ends it."""
 
 
 @dataclass(frozen=True)

@@ -193,6 +193,7 @@ class _Scheduler:
         for request in group:
             if request.sampling.stop:
                 request.matcher = StopStringMatcher(self.tokenizer, request.sampling.stop)
+                request.matcher.prime(request.sampling.stop_context)
             request.epoch = self.prefix.epoch
         for request in (r for r in group if r.media):
             self._guarded([request], lambda rows: self._join(rows, self.prefiller.media(rows[0])))

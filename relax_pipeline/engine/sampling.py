@@ -111,6 +111,12 @@ class StopStringMatcher:
         self._read = 0
         self._tail = ""
 
+    def prime(self, token_ids: Sequence[int]) -> None:
+        """Take ids generated before this request (a resumed generation's earlier output) as seen text, so a
+        stop string that starts in them and ends in a new id is found; a stop inside them alone is not reported."""
+        for token_id in token_ids:
+            self.push(token_id)
+
     def push(self, token_id: int) -> str | None:
         """Add one generated id; return the stop string now contained in the text, if any."""
         self._ids.append(token_id)

@@ -237,13 +237,15 @@ class TurnService:
 
 
 def _resume_input(prepared: PreparedTurn, done: GenerateResult | None) -> tuple[list[int], SamplingParams]:
-    """Prompt and sampling of the next piece: partial tokens appended, the remaining token budget."""
+    """Prompt and sampling of the next piece: partial tokens appended (and given as the stop strings' context),
+    the remaining token budget."""
     if done is None:
         return prepared.prompt_ids, prepared.sampling
     sampling = prepared.sampling
     seed = None if sampling.seed is None else derive_seed(sampling.seed, len(done.output_ids))
     left = max(sampling.max_new_tokens - len(done.output_ids), 1)
-    return prepared.prompt_ids + list(done.output_ids), dataclasses.replace(sampling, max_new_tokens=left, seed=seed)
+    return prepared.prompt_ids + list(done.output_ids), dataclasses.replace(
+        sampling, max_new_tokens=left, seed=seed, stop_context=tuple(done.output_ids))
 
 
 def joined(first: GenerateResult | None, more: GenerateResult) -> GenerateResult:

@@ -229,6 +229,23 @@ async def test_stop_string(engine: HFEngine, width: int) -> None:
     assert (stopped.finish_reason, stopped.matched_stop) == ("stop", text)
 
 
+@pytest.mark.asyncio
+async def test_stop_string_split_by_a_resume_still_stops(engine: HFEngine) -> None:
+    """A preempted generation resumes with its tokens so far appended to the prompt; a stop string that began
+    before the abort and ends after it must still end the continuation (`SamplingParams.stop_context`)."""
+    free = await engine.generate(prompt(8), GREEDY, rid="free")
+    decode = engine.tokenizer.decode
+    k = next(k for k in range(2, len(free.output_ids)) if 0 < len(decode(free.output_ids[k : k + 1]).strip()) < 4
+             and "\ufffd" not in decode(free.output_ids[: k + 1]))
+    text = decode(free.output_ids[: k + 1])[-6:]
+    assert text not in decode(free.output_ids[:k]) and text not in decode(free.output_ids[k : k + 1])
+    head = free.output_ids[:k]
+    sampling = SamplingParams(24, temperature=0.0, stop=(text,), stop_context=head)
+    resumed = await engine.generate(prompt(8) + list(head), sampling, rid="resumed")
+    assert resumed.output_ids == free.output_ids[k : k + 1]
+    assert (resumed.finish_reason, resumed.matched_stop) == ("stop", text)
+
+
 def test_stop_matcher_waits_for_whole_characters(model_path: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(str(model_path))
     ids = tokenizer.encode("zz \u00e9\u00e9\u00e9 end")

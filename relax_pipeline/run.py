@@ -241,7 +241,8 @@ class _Parts:
         """Findings of job=check: what would run, and anything that would stop it."""
         findings = {
             "model": str(self.model_path), "dataset_rows": len(self.dataset),
-            "agent_command": self.agent.command, "resident_groups": self.capacity.groups,
+            "agent_command": self.agent.command, "agent_services": [s.name for s in self.services.specs],
+            "resident_groups": self.capacity.groups,
             "resident_sessions": self.capacity.sessions, "max_context_len": self.context_len,
             "eval_datasets": {s.name: len(s.dataset) for s in self.eval_sets},
         }

@@ -4,8 +4,8 @@
 
 Each row: `input` is the task text (one user message); `metadata` carries the repository (`repo`: file
 name → text, one module and its test) and `test_command` (`python test_<module>.py`, plain asserts, exit 0
-when the bug is fixed); `solution` is a shell command that fixes the bug (rewrites the module) (tests and docs use it; the agent
-never sees it). The same seed gives byte-identical output: `data.jsonl` here is
+when the bug is fixed); `solution` is a shell command that fixes the bug by rewriting the module (tests
+use it; the agent never sees it). The same seed gives byte-identical output: `data.jsonl` here is
 `python make_repos.py 0 data.jsonl 16`.
 """
 

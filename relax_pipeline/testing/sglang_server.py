@@ -60,12 +60,14 @@ class FakeState:
         self.calls: Counter[str] = Counter()
         self.unknown: list[str] = []
         self.live: set[str] = set()
+        self.rids: list[str] = []
+        """Every /generate rid, in arrival order (which worker served what)."""
         self.running_tokens = 0
         self.peak_tokens = 0
 
     def stats(self) -> dict[str, Any]:
         return {"calls": dict(self.calls), "unknown": self.unknown, "peak_tokens": self.peak_tokens,
-                "weight_version": self.weight_version}
+                "weight_version": self.weight_version, "rids": self.rids}
 
 
 def create_app(state: FakeState) -> FastAPI:
@@ -132,6 +134,7 @@ async def _generate(state: FakeState, body: dict[str, Any]) -> Response:
     sampling = _sampling(params)
     tokens = len(ids) + sampling.max_new_tokens
     state.live.add(rid)
+    state.rids.append(rid)
     state.running_tokens += tokens
     state.peak_tokens = max(state.peak_tokens, state.running_tokens)
     try:

@@ -228,7 +228,8 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
 
 
 def collect(proc: subprocess.Popen[bytes], timeout: float) -> tuple[bytes, bool]:
-    """Read the output tail until EOF; kill the group at the deadline. (tail, timed out)."""
+    """Read the output tail until EOF; kill the group at the deadline and once init has ended (leftovers
+    outside a PID namespace). (tail, timed out)."""
     assert proc.stdout is not None
     fd, tail, timed_out = proc.stdout.fileno(), bytearray(), False
     deadline = time.monotonic() + timeout
@@ -242,23 +243,31 @@ def collect(proc: subprocess.Popen[bytes], timeout: float) -> tuple[bytes, bool]
                 break
             tail += chunk
             del tail[:-OUTPUT_LIMIT]
-        elif proc.poll() is not None:
+        elif _exited(proc):
             _kill_group(proc)
+    _kill_group(proc)
     proc.wait()
     return bytes(tail), timed_out
 
 
-def result_of(status: str, output: bytes, timed_out: bool, returncode: int | None) -> SandboxResult:
-    """The result from init's status line; a set-up failure is `SandboxUnavailable`."""
+def _exited(proc: subprocess.Popen[bytes]) -> bool:
+    """True once `unshare`/init has ended; it stays unreaped (WNOWAIT), so its pid still names the group."""
+    return os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+
+
+def result_of(status: str, output: bytes, timed_out: bool, closed: bool = False) -> SandboxResult:
+    """The result from init's status line; killed by `close()`: -9; a set-up failure: `SandboxUnavailable`."""
     text = output.decode("utf-8", "replace")
     kind, _, value = status.strip().partition(" ")
     if kind in ("exit", "signal"):
         return SandboxResult(int(value) if kind == "exit" else -int(value), text, False)
     if timed_out:
         return SandboxResult(TIMEOUT_RETURNCODE, text, True)
+    if closed:
+        return SandboxResult(-signal.SIGKILL, text, False)
     if kind == "error":
         raise SandboxUnavailable(f"the sandbox could not be set up: {value}")
-    raise SandboxUnavailable(f"the sandbox ended without a status (exit code {returncode}); output: {text[-2000:]}")
+    raise SandboxUnavailable(f"the sandbox ended without reporting a status; its output: {text[-2000:]}")
 
 
 def _read_status(fd: int) -> str:
@@ -292,7 +301,8 @@ class Sandbox:
         self._lock = threading.Lock()
         self._live: set[subprocess.Popen[bytes]] = set()
         self._closed = False
-        self.uid = UID_BASE + (os.getpid() % 100_000) * 1000 + next(_uid_counter) % 1000 if os.geteuid() == 0 else None
+        switch = os.geteuid() == 0 and self.isolation.mode != "userns"
+        self.uid = UID_BASE + (os.getpid() % 100_000) * 1000 + next(_uid_counter) % 1000 if switch else None
         self._etc: Path | None = None
         if self.uid is not None and self.isolation.mode == "root":
             self._etc = Path(tempfile.mkdtemp(prefix="relax-sandbox-"))
@@ -319,7 +329,7 @@ class Sandbox:
             os.close(write_end)
         try:
             output, timed_out = collect(proc, self.limits.timeout if timeout is None else timeout)
-            return result_of(_read_status(read_end), output, timed_out, proc.returncode)
+            return result_of(_read_status(read_end), output, timed_out, self._closed)
         finally:
             os.close(read_end)
             with self._lock:

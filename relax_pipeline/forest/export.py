@@ -6,9 +6,10 @@ under `export.implicit=leaves` (the default): chains in leaf order, each with it
 each generated turn trained once, in the first chain that holds it (`Exported.shared` names the response
 nodes an earlier chain already trains). `export.implicit=strict` refuses a forked session with a message
 naming every leaf and every recorded fork. Explicit records are canonicalized
-like requests and must end exactly on a committed state that holds at least one generated turn; a record that does not is reported with the
-closest committed state and the first message index where it diverges. Names must be non-empty and
-unique (checked when the output file is read). This module builds no samples (`sample.py`).
+like requests and must end exactly on a committed state that holds at least one generated turn; a record
+that does not is reported with the closest committed state and the first message index where it diverges.
+Names must be non-empty and unique (checked when the output file is read). This module builds no samples
+(`sample.py`).
 """
 
 from __future__ import annotations

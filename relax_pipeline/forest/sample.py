@@ -23,7 +23,7 @@ from typing import Any
 
 from relax_pipeline.canonical.form import Context, Message
 from relax_pipeline.engine.base import ImageFeatures
-from relax_pipeline.forest.store import Node, SessionForest
+from relax_pipeline.forest.store import Node, SessionForest, TurnTiming
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,8 @@ class Sample:
     """Patch grid per image, in order (a small summary for dumps)."""
     image_tokens: tuple[int, ...] = ()
     """Expanded placeholder tokens per image, in order."""
+    turn_timings: tuple[TurnTiming | None, ...] = ()
+    """Queue, generation and total time of each generated turn of the lineage, in order (None: not measured)."""
 
     @property
     def response_length(self) -> int:
@@ -78,6 +80,7 @@ def build_sample(forest: SessionForest, node: Node, shared: frozenset[int] = fro
         tuple(versions), tuple(m for s in path for m in s.messages), path[0].context or Context(),
         node.state_hash.hex(), len(responses), bool(responses) and responses[-1].finish_reason == "length",
         sum(s.abort_count for s in responses), *_multimodal([m for s in path for m in s.media]),
+        tuple(s.timing for s in responses),
     )
 
 

@@ -71,6 +71,23 @@ def stored_ids(values: Sequence[int]) -> array:
 
 
 @dataclass(frozen=True)
+class TurnTiming:
+    """Where one model turn's time went; connects the turn service (which measures it) to the dump's
+    `timing.turns`. A preempted turn's parked time counts as queue."""
+
+    queue_ms: float
+    """Waiting to generate: the group's first-request barrier, a held or parked lease."""
+    generation_ms: float
+    """Inside the engine (its own admission queue included), summed over the pieces of a resumed turn."""
+    total_ms: float
+    """From the service taking the request to the turn being committed."""
+
+    def as_dict(self) -> dict[str, float]:
+        return {"queue_ms": round(self.queue_ms, 3), "generation_ms": round(self.generation_ms, 3),
+                "total_ms": round(self.total_ms, 3)}
+
+
+@dataclass(frozen=True)
 class Node:
     """One committed step of a conversation; connects the turn service to samples and dumps."""
 
@@ -99,6 +116,8 @@ class Node:
     """Images this observation brought, in order (vision-language models only)."""
     train_ids: array = field(default_factory=lambda: NO_IDS)
     """Processor-expanded `token_ids` when the node has images; empty means the same as `token_ids`."""
+    timing: TurnTiming | None = None
+    """How long the turn queued and generated (responses committed by the turn service)."""
 
     @property
     def training_ids(self) -> array:
@@ -284,14 +303,15 @@ class SessionForest:
         return self._add(node)
 
     def add_response(
-        self, parent: Node, message: Message, result: GenerateResult, sampling: SamplingParams, ends_turn: bool
+        self, parent: Node, message: Message, result: GenerateResult, sampling: SamplingParams, ends_turn: bool,
+        timing: TurnTiming | None = None,
     ) -> Node:
         """Commit one generated assistant turn below an observation node."""
         node = Node(
             len(self.nodes), parent.id, "response", (message,), token_array(result.output_ids),
             chain(parent.state_hash, message), parent.depth + 1, logprobs=logprob_array(result.logprobs),
             weight_versions=stored_ids(result.token_versions), sampling=sampling,
-            finish_reason=result.finish_reason, ends_turn=ends_turn, abort_count=result.abort_count,
+            finish_reason=result.finish_reason, ends_turn=ends_turn, abort_count=result.abort_count, timing=timing,
         )
         return self._add(node)
 

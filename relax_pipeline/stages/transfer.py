@@ -10,6 +10,10 @@ dump schema exactly; writing them is `tracking/dump.py`'s job.
 Rows of samples with images keep the schema (`tokens` are the processor-expanded training ids) and add
 `multimodal: {"image_grid_thw", "image_tokens"}`; their messages carry image parts whose data URIs are
 replaced by the image's digest (`data:elided;blake2b=...`), so a dump never holds pixels or base64.
+
+`timing` holds the session's marks (epoch seconds of `created`, `running`, `exited`, ...), `agent_s`, and, on
+context rows, `turns`: one `{"queue_ms", "generation_ms", "total_ms"}` per generated turn of the context, in
+order (`forest.store.TurnTiming`).
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ class Transfer:
             prompt_length=sample.prompt_length, response_length=sample.response_length,
             turn_count=sample.turn_count, abort_count=sample.abort_count,
         )
+        row["timing"]["turns"] = [t.as_dict() if t else None for t in sample.turn_timings]
         if sample.image_grid_thw:
             row["multimodal"] = {"image_grid_thw": [list(g) for g in sample.image_grid_thw],
                                  "image_tokens": list(sample.image_tokens)}
@@ -86,7 +91,7 @@ def _base(group: Group, session: Session, status: str, error: str | None) -> dic
     }
 
 
-def _timing(session: Session) -> dict[str, float]:
+def _timing(session: Session) -> dict[str, Any]:
     marks = dict(session.timing)
     start = marks.get("running", marks.get("created", 0.0))
     end = marks.get("exited") or max(marks.values(), default=start)

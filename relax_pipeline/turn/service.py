@@ -21,7 +21,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import secrets
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +39,7 @@ from relax_pipeline.engine.base import (
 from relax_pipeline.engine.parsers import OutputParser
 from relax_pipeline.engine.sampling import derive_seed
 from relax_pipeline.engine.template import ChatTemplate
-from relax_pipeline.forest.store import Match, Node, SessionForest
+from relax_pipeline.forest.store import Match, Node, SessionForest, TurnTiming
 from relax_pipeline.turn.errors import ProtocolError
 from relax_pipeline.turn.leases import LeaseClosed
 from relax_pipeline.turn.records import SamplingDefaults, TurnRequest, TurnResult
@@ -177,26 +179,30 @@ class TurnService:
         """`run` for a request already matched by `prepare` (the gateway checks it before a stream opens)."""
         rid = rid or _rid()
         lease = session.lease if session is not None else None
+        clock = _TurnClock()
         if lease is None:
-            result = await self.engine.generate(prepared.prompt_ids, prepared.sampling, rid, media=prepared.media)
+            with clock.generating():
+                result = await self.engine.generate(prepared.prompt_ids, prepared.sampling, rid, media=prepared.media)
         else:
-            result = await self._leased(prepared, rid, session, lease)
+            result = await self._leased(prepared, rid, session, lease, clock)
         if result.finish_reason == "abort":
             raise ProtocolError(499, "generation was aborted before it finished; nothing was committed")
-        turn = self.commit(forest, prepared, result)
+        turn = self.commit(forest, prepared, result, clock.timing())
         if prepared.match.fork is not None:
             log.info("session %s turn %d forked: %s", session.id if session else "-", forest.turn_count,
                      prepared.match.fork.describe())
         return turn
 
-    async def _leased(self, prepared: PreparedTurn, rid: str, session: Session, lease: Lease) -> GenerateResult:
+    async def _leased(self, prepared: PreparedTurn, rid: str, session: Session, lease: Lease,
+                      clock: _TurnClock) -> GenerateResult:
         """Generate under the lease; a preempted generation resumes with its partial tokens appended."""
         done: GenerateResult | None = None
         while True:
             aborts = done.abort_count if done else 0
             try:
                 async with lease.generation(session, rid, aborts) as flight:
-                    more = await self.engine.generate(*_resume_input(prepared, done), rid, media=prepared.media)
+                    with clock.generating():
+                        more = await self.engine.generate(*_resume_input(prepared, done), rid, media=prepared.media)
             except LeaseClosed as closed:
                 raise ProtocolError(404, str(closed)) from None
             done = joined(done, more)
@@ -205,7 +211,8 @@ class TurnService:
             done = dataclasses.replace(done, abort_count=aborts + 1)
             lease.count_abort(session)
 
-    def commit(self, forest: SessionForest, prepared: PreparedTurn, result: GenerateResult) -> TurnResult:
+    def commit(self, forest: SessionForest, prepared: PreparedTurn, result: GenerateResult,
+               timing: TurnTiming | None = None) -> TurnResult:
         message, ends_turn = self._parse(result, prepared.match.context.tools)
         parent = prepared.match.parent
         if prepared.match.full and parent is not None:
@@ -213,7 +220,7 @@ class TurnService:
         else:
             observation = forest.add_observation(prepared.match, prepared.observation_ids, prepared.new_media,
                                                  self._train_ids(prepared))
-        node = forest.add_response(observation, message, result, prepared.sampling, ends_turn)
+        node = forest.add_response(observation, message, result, prepared.sampling, ends_turn, timing)
         finish = "length" if result.finish_reason == "length" else "tool_calls" if message.tool_calls else "stop"
         return TurnResult(message, finish, len(prepared.prompt_ids), result, node.id)
 
@@ -234,6 +241,26 @@ class TurnService:
             text = text[: text.index(result.matched_stop)]
         parsed = self.parser.parse(text, tools=tools)
         return Message("assistant", parsed.content, parsed.reasoning, parsed.tool_calls), ends_turn
+
+
+class _TurnClock:
+    """Measures one turn: time inside the engine (`generating`), the rest until `timing()` is queue."""
+
+    def __init__(self) -> None:
+        self._start = time.perf_counter()
+        self._generating = 0.0
+
+    @contextmanager
+    def generating(self) -> Iterator[None]:
+        began = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._generating += time.perf_counter() - began
+
+    def timing(self) -> TurnTiming:
+        total = time.perf_counter() - self._start
+        return TurnTiming(1000 * (total - self._generating), 1000 * self._generating, 1000 * total)
 
 
 def _resume_input(prepared: PreparedTurn, done: GenerateResult | None) -> tuple[list[int], SamplingParams]:

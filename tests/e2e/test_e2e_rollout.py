@@ -50,6 +50,10 @@ def check_row(row: dict) -> None:
         assert mask in (0, 1)
         assert (logprob == 0.0) if mask == 0 else (logprob <= 0.0)
     assert row["loss_mask"][0] == 1 and row["status"] in ("completed", "truncated")
+    turns = row["timing"]["turns"]
+    assert len(turns) == row["turn_count"], "one timing entry per generated turn"
+    for t in turns:
+        assert min(t.values()) >= 0 and t["total_ms"] == pytest.approx(t["queue_ms"] + t["generation_ms"], abs=0.01)
 
 
 def test_rollout_three_turns_with_openai_sdk_agents(tmp_path: Path, tiny_path: Path) -> None:

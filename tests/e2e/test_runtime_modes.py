@@ -121,6 +121,8 @@ def test_partial_rollout_resumes_an_aborted_generation_in_the_next_step(tmp_path
     assert versions == sorted(versions) and set(versions) == {0, 1}, "tokens keep the version that made them"
     assert _letters(row, tiny_path) == (LETTERS * 12)[:300], "no token lost or duplicated across the abort"
     assert row["loss_mask"] == [1] * 300
+    (turn,) = row["timing"]["turns"]
+    assert turn["queue_ms"] > 1.0 and turn["generation_ms"] > 0, "the parked time between the pieces is queue"
 
 
 def test_partial_rollout_protects_a_request_after_max_aborted_count(tmp_path: Path, tiny_path: Path) -> None:

@@ -139,6 +139,8 @@ class Sessions:
         except SandboxUnavailable as error:
             return _answer(2, log, f"sandbox unavailable: {error}")
         except Exception:  # noqa: BLE001 - any failure is this session's, answered with its traceback
+            if live.cancelled.is_set():  # a command was refused by the sandbox DELETE had just closed
+                return _answer(130, log, "cancelled by DELETE")
             return _answer(1, log, traceback.format_exc())
         finally:
             with self._lock:

@@ -187,7 +187,7 @@ class HttpAgent:
         try:
             async with httpx.AsyncClient(timeout=self.spec.grace_s, trust_env=False) as client:
                 response = await client.delete(url)
-            self._note(f"DELETE {url} -> HTTP {response.status_code}")
+            self._note(f"DELETE {url} -> HTTP {response.status_code} {response.text[:200]}")
         except httpx.HTTPError as error:
             self._note(f"DELETE {url} failed: {type(error).__name__}: {error}")
             log.warning("could not cancel session %s on the agent server: %s", self._session_id, error)

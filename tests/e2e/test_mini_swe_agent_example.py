@@ -37,14 +37,14 @@ def rows_of(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def scripted(tmp_path: Path, tiny_path: Path, script: list[dict]) -> list[dict]:
+def scripted(tmp_path: Path, tiny_path: Path, script: list[dict], *overrides: str) -> list[dict]:
     """One rollout step on the first repository, every session replaying `script`."""
     row = json.loads(DATA.read_text().splitlines()[0])
     (tmp_path / "one.jsonl").write_text(json.dumps(row) + "\n")
     (tmp_path / "script.jsonl").write_text("".join(json.dumps(line) + "\n" for line in script))
     run(compose_run(tmp_path, tiny_path, "job=rollout", "engine=scripted", f"engine.script={tmp_path}/script.jsonl",
                     f"dataset.path={tmp_path}/one.jsonl", "rollout.num_steps=1", "rollout.batch_size=1",
-                    "rollout.max_response_len=256"))
+                    "rollout.max_response_len=256", *overrides))
     return rows_of(tmp_path / "dump" / "r_0.jsonl")
 
 
@@ -87,6 +87,16 @@ def test_submitting_without_the_fix_earns_zero(tmp_path: Path, tiny_path: Path) 
     rows = scripted(tmp_path, tiny_path, [SUBMIT])
     assert len(rows) == 2 and all(r["status"] == "completed" for r in rows)
     assert all(r["reward"] == 0.0 and r["metadata"]["tests_passed"] is False for r in rows)
+
+
+def test_timeout_cancels_the_session_on_the_server(tmp_path: Path, tiny_path: Path) -> None:
+    rows = scripted(tmp_path, tiny_path, [
+        {"content": "Wait.", "tool_calls": [{"name": "bash", "arguments": {"command": "sleep 60"}}]}, SUBMIT,
+    ], "agent.timeout=2")
+    failed = [r for r in rows if r["status"] == "failed"]
+    assert failed and all(r["status"] in ("failed", "dropped") for r in rows)
+    assert "timed out after 2 s of active time" in failed[0]["error"]
+    assert '"cancelled":true' in failed[0]["error"], "the server knew the session and cancelled it"
 
 
 @pytest.mark.skipif(network_isolation() is None, reason="this platform can isolate the network")

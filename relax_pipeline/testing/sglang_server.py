@@ -12,7 +12,8 @@ Behaviour as SGLang's: a `/generate` of an aborted rid answers with the tokens a
 far and `finish_reason {"type": "abort"}`; an abort of an unknown rid is ignored; stop tokens stay in
 `output_ids`; `weight_version` starts as "default" and becomes the update's `weight_version`; a weight
 update loads every `*.safetensors` of the folder (and clears the prefix cache). `--decode-delay-s` sleeps
-before each forward pass so tests can abort a generation mid-way; `--max-total-num-tokens` is the KV
+before each forward pass so tests can abort a generation mid-way; `--ignore-stop` generates to
+`max_new_tokens` whatever the stop tokens (exact lengths); `--max-total-num-tokens` is the KV
 capacity it reports. Not SGLang: logprobs follow the embedded engine's contract (full vocabulary at the
 sampling temperature), there is no radix cache eviction, streaming or batch input.
 
@@ -50,8 +51,11 @@ SAMPLING_KEYS = {"max_new_tokens", "temperature", "top_p", "top_k", "stop", "sto
 class FakeState:
     """What the fake serves and records."""
 
-    def __init__(self, engine: HFEngine, model_path: str, capacity: int, disabled: set[str]) -> None:
+    def __init__(self, engine: HFEngine, model_path: str, capacity: int, disabled: set[str],
+                 ignore_stop: bool = False) -> None:
         self.engine = engine
+        self.ignore_stop = ignore_stop
+        """Generate to max_new_tokens whatever stop tokens the request names (tests that need exact lengths)."""
         self.model_path = model_path
         self.capacity = capacity
         self.disabled = disabled
@@ -131,7 +135,7 @@ async def _generate(state: FakeState, body: dict[str, Any]) -> Response:
             else "input_ids (a non-empty list of token ids) is required; this fake takes no text"
         return JSONResponse({"error": {"message": why}}, status_code=400)
     rid = str(body.get("rid") or f"fake-{time.monotonic_ns()}")
-    sampling = _sampling(params)
+    sampling = _sampling(params, state.ignore_stop)
     tokens = len(ids) + sampling.max_new_tokens
     state.live.add(rid)
     state.rids.append(rid)
@@ -147,12 +151,13 @@ async def _generate(state: FakeState, body: dict[str, Any]) -> Response:
     return JSONResponse(_answer(state, rid, len(ids), result, bool(body.get("return_logprob"))))
 
 
-def _sampling(params: dict[str, Any]) -> SamplingParams:
-    stop = params.get("stop") or ()
+def _sampling(params: dict[str, Any], ignore_stop: bool = False) -> SamplingParams:
+    stop = () if ignore_stop else params.get("stop") or ()
+    stop_ids = () if ignore_stop else tuple(params.get("stop_token_ids") or ())
     return SamplingParams(int(params.get("max_new_tokens", 128)), float(params.get("temperature", 1.0)),
                           float(params.get("top_p", 1.0)), int(params.get("top_k", -1)),
                           (stop,) if isinstance(stop, str) else tuple(stop),
-                          tuple(params.get("stop_token_ids") or ()), params.get("sampling_seed"))
+                          stop_ids, params.get("sampling_seed"))
 
 
 def _answer(state: FakeState, rid: str, prompt_len: int, result: GenerateResult, logprobs: bool) -> dict[str, Any]:
@@ -206,9 +211,9 @@ class FakeSglangServer:
 
     def __init__(self, model_path: str | Path, capacity: int = 65536, decode_delay_s: float = 0.0,
                  disabled: set[str] | None = None, seed: int = 0, host: str = "127.0.0.1", port: int = 0,
-                 max_context_len: int = 4096) -> None:
+                 max_context_len: int = 4096, ignore_stop: bool = False) -> None:
         self.engine = HFEngine(str(model_path), seed=seed, max_context_len=max_context_len, kv_cache_mb=64)
-        self.state = FakeState(self.engine, str(model_path), capacity, set(disabled or ()))
+        self.state = FakeState(self.engine, str(model_path), capacity, set(disabled or ()), ignore_stop)
         self.decode_delay_s = decode_delay_s
         self.server = GatewayServer(create_app(self.state), host=host, port=port, prefix="")
 
@@ -219,7 +224,7 @@ class FakeSglangServer:
     async def start(self) -> None:
         await self.engine.start()
         eos = self.engine.tokenizer.eos_token_id
-        self.engine.default_stop_token_ids = (eos,) if isinstance(eos, int) else ()
+        self.engine.default_stop_token_ids = (eos,) if isinstance(eos, int) and not self.state.ignore_stop else ()
         if self.decode_delay_s > 0:
             _slow_down(self.engine, self.decode_delay_s)
         await self.server.start()
@@ -238,7 +243,8 @@ class FakeSglangServer:
 
 async def _serve(args: argparse.Namespace) -> None:
     server = FakeSglangServer(args.model_path, args.max_total_num_tokens, args.decode_delay_s, seed=args.random_seed,
-                              host=args.host, port=args.port, max_context_len=args.context_length)
+                              host=args.host, port=args.port, max_context_len=args.context_length,
+                              ignore_stop=args.ignore_stop)
     await server.start()
     log.info("fake SGLang server on %s", server.url)
     try:
@@ -256,6 +262,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--context-length", type=int, default=4096)
     parser.add_argument("--max-total-num-tokens", type=int, default=65536)
     parser.add_argument("--decode-delay-s", type=float, default=0.0)
+    parser.add_argument("--ignore-stop", action="store_true", help="generate to max_new_tokens (exact lengths)")
     args, ignored = parser.parse_known_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if ignored:

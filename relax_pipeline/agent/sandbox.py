@@ -25,9 +25,11 @@ no core files, `PR_SET_NO_NEW_PRIVS`, a wall `timeout` after which the whole tre
 In root mode each `Sandbox` gets its own uid (a number in /etc/passwd of the sandbox only, named `sandbox`),
 so one session's fork bomb does not starve another's and `close()` can find every process by uid. Before
 each run the workdir tree is chowned to that uid (symlinks are not followed, hard-linked files are
-skipped) and made 0700, so sessions cannot read each other's directories; the caller (root) still reads
-everything. Paths the sandbox uid could not enter (the caller's Python under /root, a workdir under a 0700
-folder) are revealed alone inside a small tmpfs; the rest of such a folder stays hidden.
+skipped) and made 0700, so sessions cannot read each other's directories; after the last live run its
+files go back to the caller's uid, so the caller reads, edits, deletes them and runs `git` there (git
+refuses a repository owned by another uid) as its own. Paths the sandbox uid could not enter (the caller's
+Python under /root, a workdir under a 0700 folder) are revealed alone inside a small tmpfs; the rest of
+such a folder (other sessions' directories, /root's files) stays hidden.
 
 The command's environment is NOT the caller's (keys stay out): PATH (the caller's), HOME=workdir,
 TMPDIR=workdir/.tmp (created; /tmp itself is read-only), USER/LOGNAME=sandbox, LANG=C.UTF-8, then the
@@ -199,14 +201,16 @@ def inside(workdir: Path, cwd: Path | None) -> Path:
     return resolved
 
 
-def hand_over(workdir: Path, uid: int, gid: int) -> None:
-    """Chown the workdir tree to the sandbox user without following links; hard-linked files are skipped."""
+def hand_over(workdir: Path, uid: int, gid: int, only_from: int | None = None) -> None:
+    """Chown the workdir tree to `uid` without following links, and make the workdir 0700. Only entries owned
+    by `only_from` when given; otherwise every entry but hard-linked files (a link to a file elsewhere)."""
     os.chown(workdir, uid, gid)
     os.chmod(workdir, 0o700)
     for folder, dirs, files in os.walk(workdir):
         for name in [*dirs, *files]:
             st = os.lstat(os.path.join(folder, name))
-            if st.st_uid != uid and (stat.S_ISDIR(st.st_mode) or st.st_nlink == 1):
+            mine = st.st_uid == only_from if only_from is not None else stat.S_ISDIR(st.st_mode) or st.st_nlink == 1
+            if st.st_uid != uid and mine:
                 os.lchown(os.path.join(folder, name), uid, gid)
 
 
@@ -332,8 +336,7 @@ class Sandbox:
             return result_of(_read_status(read_end), output, timed_out, self._closed)
         finally:
             os.close(read_end)
-            with self._lock:
-                self._live.discard(proc)
+            self._restore(proc)
 
     def close(self) -> None:
         """Kill every process of this sandbox still alive and remove its private files; idempotent.
@@ -344,8 +347,7 @@ class Sandbox:
         for proc in live:
             _kill_group(proc)
         if self.uid is not None:
-            for pid in processes_of(self.uid):
-                _kill_pid(pid)
+            self._end_strays(self.uid)
         if self._cleanup is not None:
             self._cleanup()
 
@@ -356,11 +358,27 @@ class Sandbox:
         self.close()
 
     def _prepare(self) -> None:
-        """Create TMPDIR; in root mode hand the workdir over to the sandbox uid (only while no run is live)."""
+        """Create TMPDIR; with a sandbox uid and no run live, end its strays and hand the workdir over to it."""
         (self.workdir / ".tmp").mkdir(exist_ok=True)
         with self._lock:
             if self.uid is not None and not self._live:
+                self._end_strays(self.uid)
                 hand_over(self.workdir, self.uid, self.uid)
+
+    def _restore(self, proc: subprocess.Popen[bytes]) -> None:
+        """The run is over: when it was the last one live, its files go back to the caller's uid."""
+        with self._lock:
+            self._live.discard(proc)
+            if self.uid is not None and not self._live:
+                self._end_strays(self.uid)
+                hand_over(self.workdir, os.getuid(), os.getgid(), only_from=self.uid)
+
+    @staticmethod
+    def _end_strays(uid: int) -> None:
+        """Kill any process of the sandbox uid (none outside a run, but for `setsid` escapes in plain mode),
+        so no process races a hand-over walk."""
+        for pid in processes_of(uid):
+            _kill_pid(pid)
 
     def _plan(self, command: str, cwd: Path, env: Mapping[str, str] | None, status_fd: int) -> InitPlan:
         """The init script's instructions for one run."""

@@ -9,6 +9,7 @@ forced on this root machine, for the escapes it must stop by mounts alone.
 
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
 import signal
@@ -131,10 +132,13 @@ def test_caller_files_are_usable_inside_and_results_readable_after(make_sandbox:
     box = make_sandbox()
     box.workdir.joinpath("repo").mkdir(exist_ok=True)
     box.workdir.joinpath("repo", "given.txt").write_text("from the caller\n")
-    result = box.run("cat given.txt && echo more >> given.txt && echo made > made.txt", cwd=Path("repo"))
+    result = box.run("cat given.txt && echo more >> given.txt && echo made > made.txt; id -u", cwd=Path("repo"))
     assert result.returncode == 0 and "from the caller" in result.output, result.output
     assert (box.workdir / "repo" / "given.txt").read_text() == "from the caller\nmore\n"
     assert (box.workdir / "repo" / "made.txt").read_text() == "made\n"
+    assert result.output.endswith(f"{box.uid if box.uid is not None else 0}\n")
+    owners = {p.stat().st_uid for p in [box.workdir, *box.workdir.rglob("*")]}
+    assert owners == {os.getuid()}
 
 
 def test_environment_is_the_given_one_not_the_callers(

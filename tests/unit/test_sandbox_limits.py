@@ -162,6 +162,10 @@ def test_hand_over_follows_no_link_and_skips_hard_links(tmp_path: Path) -> None:
     assert owners == {"work": 4321, "sub": 4321, "file": 4321, "link": 4321}
     assert outside.stat().st_uid == 0 and (work / "hard").stat().st_uid == 0
     assert work.stat().st_mode & 0o777 == 0o700
+    os.chown(work / "sub", 999, 999)
+    hand_over(work, 0, 0, only_from=4321)
+    owners = {p.name: p.lstat().st_uid for p in [work, work / "sub", work / "sub" / "file", work / "link"]}
+    assert owners == {"work": 0, "sub": 999, "file": 0, "link": 0}
 
 
 def test_no_network_namespace_is_refused_unless_allowed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -132,6 +132,18 @@ def test_a_scripted_multi_agent_session_credits_main_and_useful_searchers(tmp_pa
     assert check_retriever_once(tmp_path) == 8, "two searchers per session, one retriever per run"
 
 
+def test_job_check_starts_no_service_and_names_a_missing_service_cwd(tmp_path: Path, tiny_path: Path) -> None:
+    register()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=["experiment=search_r1", "job=check", f"output_dir={tmp_path}",
+                                           f"model.cache_dir={tiny_path.parent}",
+                                           f"agent.services.retriever.cwd={tmp_path / 'gone'}"])
+    with pytest.raises(ValueError, match=rf"agent.services.retriever.cwd='{tmp_path / 'gone'}' is not a directory"):
+        run(cfg)
+    assert "check: agent_services = ['retriever']" in (tmp_path / "run.log").read_text()
+    assert not (tmp_path / "services").exists(), "job=check starts nothing"
+
+
 def test_the_retriever_names_the_extra_when_bm25s_is_missing(tmp_path: Path) -> None:
     """A python without bm25s (a stub module raising ImportError) exits at once naming the install command."""
     (tmp_path / "bm25s.py").write_text("raise ImportError('no bm25s here')\n")

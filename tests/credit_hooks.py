@@ -100,3 +100,8 @@ def advantage_recording(metadata_by_slot: list[dict[str | None, dict]]) -> list[
 def reject_all(samples: list[dict]) -> bool:
     """`credit.filter_path`: keep no group (every start of a step is filtered and replaced)."""
     return False
+
+
+def rm_none(sample: dict[str, Any]) -> None:
+    """A reward model that scores nothing."""
+    return None

@@ -36,6 +36,7 @@ class CustomAdvantageCredit(RewardCredit):
     option = "custom_advantage"
     uses = ("advantage_path",)
     several_contexts = True
+    needs_reward = False
 
     async def score(self, group: CreditGroup) -> None:
         await self.fill_rewards(group)

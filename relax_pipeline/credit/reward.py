@@ -1,10 +1,12 @@
 """`credit=reward`: credit from exported rewards; the base class of every `credit=` option.
 
 A context's reward is what the agent exported: a number, or an object whose `credit.reward_key` field
-is the primary value (its other numeric fields are kept in `CreditContext.reward_object` for metrics). `null`
-or absent rewards stay `None`. The base scalar credit of a group comes from `credit.estimator`
+is the primary value (its other numeric fields are kept in `CreditContext.reward_object` for metrics). A train
+context left without a reward (`null` or absent, and no reward model) fails its session, naming the `reward` field
+and `credit.rm_path`: the estimator needs every reward, and a group without one would silently train nothing
+(eval contexts without one are kept, unscored). The base scalar credit of a group comes from `credit.estimator`
 (`credit/advantage.py`: GRPO's group-centred reward, optionally std-normalized, RLOO, REINFORCE++) over
-all its contexts in order; a group with any missing reward gets no advantage (so it is not trained).
+all its contexts in order.
 
 Subclasses change one step: where missing rewards come from (credit/reward_model.py) or how the base
 credit is computed (credit/custom_advantage.py). Token expansion and whitening are the trainer's.
@@ -88,11 +90,26 @@ class RewardCredit:
             return True
         return bool(await call_user(self.group_filter, [c.sample_dict() for c in group.contexts]))
 
+    needs_reward: bool = True
+    """Whether every context must end with a reward (the estimator needs one); the advantage hook does not."""
+
     async def fill_rewards(self, group: CreditGroup) -> None:
+        """Each context's primary reward; a train context left without one fails its session (`needs_reward`;
+    eval contexts without one only count as unscored)."""
         for context in group.contexts:
             if context.reward_object is None and context.truncated_failure:
                 context.reward_object = self.truncated_reward
             context.reward = self.primary_of(context, context.reward_object)
+            if context.reward is None and self.needs_reward and group.mode == "train":
+                raise RewardError(self._no_reward(context), context.session_id)
+
+    def _no_reward(self, context: CreditContext) -> str:
+        """Why a context has no reward, naming what to set."""
+        name = "the implicit context" if context.name is None else f"context {context.name!r}"
+        if not self.uses:
+            return (f"{name} has no reward: the agent exported none (write \"reward\" to RELAX_OUTPUT_JSON) and "
+                    "the run has no reward model (set credit=custom_rm credit.rm_path=module.function)")
+        return f"{name} has no reward: credit.rm_path={self.rm_path!r} returned null; return a number or an object"
 
     def fill_advantages(self, group: CreditGroup) -> None:
         """The estimator over the group's units (`CreditContext.unit`); the chains of one forked session's

@@ -1,7 +1,8 @@
 """The step's accounting line: a step whose every group is filtered goes on short and says how many groups it
 started, the first groups plus every replacement, up to `MAX_STARTS_PER_NEED` per needed group (the audit found
 the replacements uncounted); `samples=` counts only rows with credit, and rows without credit are counted apart
-(`uncredited=`; the audit found them counted as samples). Real agents, engine and gateway."""
+(`uncredited=`; the audit found them counted as samples), and a train session that ends without a reward fails
+naming the fix instead of passing untrained. Real agents, engine and gateway."""
 
 from __future__ import annotations
 
@@ -26,12 +27,15 @@ def test_short_step_counts_every_start(tmp_path: Path, tiny_path: Path) -> None:
     assert f"only 0 of 1 groups after {MAX_STARTS_PER_NEED} starts" in log
 
 
-def test_rows_without_credit_are_not_counted_as_samples(tmp_path: Path, tiny_path: Path) -> None:
-    """The minimal agent with its reward file pointed elsewhere: every session exports no reward."""
+def test_a_train_session_without_a_reward_fails_naming_the_fix(tmp_path: Path, tiny_path: Path) -> None:
+    """The minimal agent with its reward file pointed elsewhere exports no reward, and the run has no reward model:
+    each group is dropped with that reason (the audit found such sessions passing silently, trained on nothing)."""
     agent = f"{sys.executable} {REPO_ROOT}/examples/minimal_agent/agent.py"
     cfg = compose_config(tmp_path, tiny_path, "agent=single_turn", "rollout.max_response_len=2",
-                         f"agent.command='RELAX_OUTPUT_JSON=/dev/null {agent}'")
+                         "rollout.batch_size=1", f"agent.command='RELAX_OUTPUT_JSON=/dev/null {agent}'")
     run(cfg)
     rows = [json.loads(line) for line in (tmp_path / "dump" / "r_0.jsonl").read_text().splitlines()]
-    assert len(rows) == 4 and all(r["status"] in ("completed", "truncated") and r["advantage"] is None for r in rows)
-    assert "samples=0 uncredited=4" in (tmp_path / "run.log").read_text()
+    failed = [r for r in rows if r["status"] == "failed"]
+    assert failed and all("has no reward" in r["error"] and "credit.rm_path" in r["error"] for r in failed)
+    assert not [r for r in rows if r["status"] in ("completed", "truncated")]
+    assert "samples=0 uncredited=0" in (tmp_path / "run.log").read_text()

@@ -1,7 +1,7 @@
 """Runs one real harness through `run(cfg)` with `engine=scripted`, and checks what the run recorded.
 
 `run_harness` composes `job=rollout agent=<preset> engine=scripted` on the toy dataset (one group of
-`samples` sessions), with a context limit large enough for the coding agents' system prompts, and returns
+`samples` sessions; the runners export no reward, so the exact-match reward model scores them), with a context limit large enough for the coding agents' system prompts, and returns
 the dump rows, the run's metrics and its access lines. `check_run` asserts the tier's contract: at least one
 trained sample, no failed or dropped session, no gateway 4xx/5xx, no fork, and token-exact turn boundaries
 (`len(tokens) == prompt_length + response_length`, loss 1 exactly on the tokens the engine generated,
@@ -94,6 +94,7 @@ def run_harness(tmp_path: Path, tiny_path: Path, agent: str, script: list[dict],
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=quote_placeholders([
             "job=rollout", f"agent={agent}", "dataset=toy", "engine=scripted",
+            "credit=custom_rm", "credit.rm_path=relax_pipeline.credit.examples.exact_match",
             f"engine.script={write_script(tmp_path, script)}", f"engine._target_={__name__}.RecordingScriptEngine",
             "rollout.num_steps=1", "rollout.batch_size=1", f"rollout.n_samples_per_prompt={samples}",
             "rollout.max_response_len=512", "rollout.max_context_len=262144", f"output_dir={tmp_path}",

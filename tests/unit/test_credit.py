@@ -105,6 +105,23 @@ def test_reward_credit_reads_exports_and_centres_by_group() -> None:
     assert scored == [(1.0, 0.5), (0.0, -0.5)]
 
 
+def test_a_train_context_without_a_reward_fails_its_session_naming_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    rows = Made([[(None, 1.0, {})], [(None, None, {})]]).stage(RewardCredit(), monkeypatch)
+    assert [r["status"] for r in rows] == ["dropped", "failed"]
+    assert "the implicit context has no reward" in rows[1]["error"] and "credit.rm_path" in rows[1]["error"]
+
+
+def test_a_reward_model_returning_null_fails_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    rows = Made([[("main", None, {})]]).stage(CustomRMCredit(rm_path="credit_hooks.rm_none"), monkeypatch)
+    assert rows[0]["status"] == "failed"
+    assert "context 'main' has no reward: credit.rm_path='credit_hooks.rm_none' returned null" in rows[0]["error"]
+
+
+def test_eval_contexts_without_a_reward_stay_unscored() -> None:
+    assert Made([[(None, None, {})], [(None, 1.0, {})]], mode="eval").score(RewardCredit()) == [
+        (None, None), (1.0, None)]
+
+
 def test_reward_credit_refuses_paths_it_does_not_use() -> None:
     with pytest.raises(ValueError, match="credit.rm_path='credit_hooks.rm_sync' is not used by credit=reward"):
         RewardCredit(rm_path="credit_hooks.rm_sync")

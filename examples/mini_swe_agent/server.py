@@ -45,6 +45,7 @@ for _key, _value in {"MSWEA_CONFIGURED": "true", "MSWEA_COST_TRACKING": "ignore_
                      "MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT": "1"}.items():
     os.environ.setdefault(_key, _value)  # offline, no first-run setup, no price, the pipeline owns retries
 
+import litellm  # noqa: E402
 import uvicorn  # noqa: E402
 from fastapi import FastAPI  # noqa: E402
 from minisweagent.agents.default import DefaultAgent  # noqa: E402
@@ -53,6 +54,8 @@ from minisweagent.environments.local import LocalEnvironment  # noqa: E402
 from minisweagent.models.litellm_model import LitellmModel  # noqa: E402
 
 from relax_pipeline.agent.sandbox import Sandbox, SandboxLimits, SandboxUnavailable  # noqa: E402
+
+litellm.suppress_debug_info = True  # no 'Provider List' banner per cost lookup of our unpriced model
 
 LOG_LIMIT = 8000
 """Characters of a session's log sent back (its end)."""

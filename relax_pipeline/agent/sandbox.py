@@ -325,7 +325,7 @@ class Sandbox:
         if self._closed:
             raise RuntimeError("Sandbox.run() after close(); make a new Sandbox for the session")
         plan_cwd = inside(self.workdir, cwd)
-        self._prepare()
+        (self.workdir / ".tmp").mkdir(exist_ok=True)
         read_end, write_end = os.pipe()
         try:
             proc = self._spawn(self._plan(command, plan_cwd, env, write_end), write_end)
@@ -356,14 +356,6 @@ class Sandbox:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def _prepare(self) -> None:
-        """Create TMPDIR; with a sandbox uid and no run live, end its strays and hand the workdir over to it."""
-        (self.workdir / ".tmp").mkdir(exist_ok=True)
-        with self._lock:
-            if self.uid is not None and not self._live:
-                self._end_strays(self.uid)
-                hand_over(self.workdir, self.uid, self.uid)
 
     def _restore(self, proc: subprocess.Popen[bytes]) -> None:
         """The run is over: when it was the last one live, its files go back to the caller's uid."""
@@ -409,10 +401,14 @@ class Sandbox:
         )
 
     def _spawn(self, plan: InitPlan, status_fd: int) -> subprocess.Popen[bytes]:
-        """Start init (under unshare), hand it the plan on stdin, and register the run as live."""
+        """Start init (under unshare), hand it the plan on stdin, and register the run as live. With a sandbox
+        uid and no run live, its strays are ended and the workdir is handed over to it first."""
         net = ("--net",) if plan.loopback_up else ()
         argv = [*self.isolation.unshare, *net, sys.executable, "-I", "-S", str(INIT_SCRIPT)]
         with self._lock:
+            if self.uid is not None and not self._live:
+                self._end_strays(self.uid)
+                hand_over(self.workdir, self.uid, self.uid)
             proc = subprocess.Popen(
                 argv,
                 stdin=subprocess.PIPE,

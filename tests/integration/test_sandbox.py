@@ -267,3 +267,14 @@ def test_user_namespace_mode_refuses_the_same_escapes(
     assert "WROTE" not in result.output and "FAILED" in result.output, result.output
     assert not [t for t in targets if (t / name).exists()] and (box.workdir / name).read_text() == "ok\n"
     assert alive_with(marker) == []
+
+
+def test_sessions_cannot_read_each_other(make_sandbox: MakeSandbox, tmp_path: Path) -> None:
+    mine = make_sandbox()
+    other = Sandbox(tmp_path / "other", SandboxLimits(timeout=30.0))
+    try:
+        assert other.run("echo secret > notes.txt").returncode == 0
+        result = mine.run(f"cat {other.workdir / 'notes.txt'} && echo READ")
+        assert "READ" not in result.output and "secret" not in result.output, result.output
+    finally:
+        other.close()

@@ -13,7 +13,10 @@ gets, by platform (probed once per process by running `unshare ... true`):
 - **non-root with user namespaces** (`unshare -rn true` works): the same namespaces and read-only mounts;
   the command is uid 0 of the user namespace (the caller's uid outside) with every capability dropped, so
   it cannot undo the mounts; RLIMIT_NPROC is counted per user namespace (kernel >= 5.14), on older kernels
-  across all of the caller's processes.
+  across all of the caller's processes. Checked on this machine as uid 65534: writes and remounts refused,
+  host port refused, CapEff/CapBnd 0, fork bomb bounded, `setsid` leftovers gone. Differences from root:
+  no uid of its own (the caller's files outside are protected by the read-only mounts alone), no reveal
+  (the caller can reach its own Python), no /etc/passwd entry needed.
 - **no namespaces**: `SandboxUnavailable` unless `allow_network=true`; then nothing stops writes outside the
   workdir (as root the command still runs as its own uid), leftovers are killed by process group (a
   `setsid` escape survives), and a fork bomb meets RLIMIT_NPROC (root) and the timeout.

@@ -12,7 +12,7 @@ SKIP = ["*__pycache__*", "*.egg-info*"]
 PACKAGES = find_namespace_packages(include=["relax_pipeline*"], exclude=SKIP)
 EXAMPLES = ["relax_pipeline.examples",
             *(f"relax_pipeline.examples.{p}" for p in find_namespace_packages("examples", exclude=SKIP))]
-DATA = ["*.yaml", "*.jinja", "*.txt", "*.jsonl", "*.json", "*.md", "*.sh", "*.png"]
+DATA = ["*.yaml", "*.jinja", "*.txt", "*.jsonl", "*.json", "*.md", "*.sh", "*.png", "*.html", "*.js", "*.css"]
 
 setup(
     packages=[*PACKAGES, *EXAMPLES],

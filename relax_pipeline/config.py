@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONF_DIR = Path(__file__).resolve().parent / "conf"
 """The config groups ship inside the package, so a wheel can run."""
-JOBS = ("train", "rollout", "check", "eval")
+JOBS = ("train", "rollout", "check", "eval", "view")
 _EVAL_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 
 
@@ -470,6 +470,21 @@ class DebugConfig:
 
 
 @dataclass
+class ViewConfig:
+    """`job=view`: the run viewer (`relax_pipeline/view/`) over a finished or running run's output folder."""
+
+    dir: str | None = None
+    """The run's output folder to show; None shows `output_dir`."""
+    host: str = "127.0.0.1"
+    """Where the viewer listens; only this machine by default."""
+    port: int = 8765
+    """The viewer's port; 0 picks a free one (the log line says which)."""
+    tokenizer: str | None = None
+    """Hugging Face folder whose tokenizer turns token ids into text; None finds the run's (its newest
+    checkpoint, else `model.path` or the built tiny model named in its config.yaml)."""
+
+
+@dataclass
 class ExportConfig:
     implicit: str = "leaves"
     """Implicit export of a forked session: `leaves` (each root-to-leaf chain is a context, dump field
@@ -479,7 +494,8 @@ class ExportConfig:
 @dataclass
 class Config:
     job: str = "train"
-    """train, rollout, check or eval (evaluate model.path on every eval.datasets entry once; train nothing)."""
+    """train, rollout, check, eval (evaluate model.path on every eval.datasets entry once; train nothing) or view
+    (serve the run viewer on `view.dir`)."""
     seed: int = 0
     """One seed for data order, sampling and init."""
     protocol: ProtocolConfig = field(default_factory=ProtocolConfig)
@@ -498,6 +514,7 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    view: ViewConfig = field(default_factory=ViewConfig)
     output_dir: str | None = None
     """Where run.log and dumps go; None means Hydra's output folder (or ./outputs/<time> in-process)."""
 

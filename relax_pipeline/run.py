@@ -5,7 +5,9 @@ steps, credit, dump; no training), `check` (validate the config, the model, the 
 setup, print findings, start nothing) and `eval` (evaluate `model.path`, a base model or any checkpoint
 folder, on every `eval.datasets` entry once: metrics, `eval_<name>.csv` per dataset, one summary line
 each; no steps, no training; its eval groups in flight default to filling the engine's batch,
-`engine.max_batch_size`, unless `runtime.eval_concurrency` is set). Everything is built here, in one
+`engine.max_batch_size`, unless `runtime.eval_concurrency` is set) and `view` (serve the run viewer,
+`relax_pipeline/view/`, on `view.dir` or `output_dir` until interrupted; it builds nothing else).
+Every step's metrics also go to `metrics.jsonl` (`tracking/metrics_file.py`). Everything is built here, in one
 place, from the config groups; the step loop itself is `loop.py`. `__main__` stays thin and tests call
 `run` in-process. A failed run raises after logging, as its last line, one sentence saying why.
 
@@ -58,9 +60,11 @@ from relax_pipeline.stages.runtime import Runtime
 from relax_pipeline.stages.transfer import Transfer
 from relax_pipeline.tracking.dump import RolloutDump
 from relax_pipeline.tracking.logs import run_logging
+from relax_pipeline.tracking.metrics_file import MetricsFile
 from relax_pipeline.train.base import Trainer
 from relax_pipeline.turn.service import SamplingDefaults, TurnService
 from relax_pipeline.turn.sessions import ForestStore
+from relax_pipeline.view.server import serve_view
 
 log = logging.getLogger("relax_pipeline")
 
@@ -68,6 +72,8 @@ log = logging.getLogger("relax_pipeline")
 def run(cfg: DictConfig) -> dict[str, float]:
     """Run the configured job; returns the last step's metrics (or the check's findings)."""
     register()
+    if cfg.job == "view":  # reads a run folder; writes nothing into it (no run.log, no config.yaml)
+        return serve_view(cfg.view.dir or cfg.output_dir, cfg.view.host, cfg.view.port, cfg.view.tokenizer)
     output_dir = _output_dir(cfg)
     with run_logging(output_dir) as log_path, StopSignals() as signals:
         try:
@@ -168,7 +174,7 @@ class _Parts:
         self.is_eval = cfg.job == "eval"
         self.strategy = build_runtime(cfg)
         check_slots(self.slot_plan(), cfg.runtime.external_slots)
-        self.tracker = build(cfg.tracking, output_dir=str(output_dir))
+        self.tracker = MetricsFile(build(cfg.tracking, output_dir=str(output_dir)), output_dir)
         self.engine = build(cfg.engine, model_path=str(self.model_path), seed=cfg.seed,
                             max_context_len=self.context_len, **engine_context(cfg.engine, output_dir))
         self.trainer = self._trainer() if cfg.job == "train" else None

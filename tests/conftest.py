@@ -1,6 +1,6 @@
 """Shared fixtures (the tiny models built once per test run, the text model's tokenizer and chat template) and
-the tier markers: every test under `tests/unit`, `tests/integration`, `tests/e2e` or `tests/harness` carries that
-folder's marker, so `pytest -m unit` runs the fast tier (no server, no subprocess) in well under a minute."""
+the tier markers: every test under `tests/unit`, `tests/integration`, `tests/e2e`, `tests/harness` or `tests/browser`
+carries that folder's marker, so `pytest -m unit` runs the fast tier (no server, no subprocess) in well under a minute."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def template(tokenizer) -> ChatTemplate:  # noqa: ANN001
     return ChatTemplate(tokenizer)
 
 
-TIERS = ("unit", "integration", "e2e", "harness")
+TIERS = ("unit", "integration", "e2e", "harness", "browser")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

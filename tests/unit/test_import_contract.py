@@ -17,6 +17,7 @@ ROOT = Path(relax_pipeline.__file__).parent
 FLOORS: tuple[tuple[str, ...], ...] = (
     ("__main__",),
     ("run",),
+    ("view",),
     ("loop",),
     ("config",),
     ("scheduling",),

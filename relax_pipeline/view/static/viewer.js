@@ -1,0 +1,276 @@
+// The run viewer's page: hash routes #/curves, #/steps/<step>?status=&page=, #/session/<step>/<session_id>.
+// Draws from the JSON API of view/app.py; curves are inline SVG drawn here (no library, no CDN).
+"use strict";
+
+const PAGE_SIZE = 50;
+const COLORS = ["#2463c9", "#d9480f", "#2b8a3e", "#862e9c", "#c92a2a", "#0b7285", "#5f3dc4", "#e67700"];
+const VERSION_COLORS = ["#cfe2ff", "#ffd8a8", "#c3fae8", "#eebefa", "#ffc9c9", "#d3f9d8", "#fff3bf", "#d0bfff"];
+const CHARTS = [
+  ["Reward", [/^rollout\/raw_reward$/, /^rollout\/sampled_reward$/]],
+  ["Pass rate", [/^passrate$/, /^rollout\/sampled_passrate$/]],
+  ["Eval accuracy", [/^eval\/.+\/raw_reward$/]],
+  ["Loss", [/^train\/loss$/, /^train\/pg_loss$/]],
+  ["KL", [/^train\/kl$/, /^train\/ppo_kl$/]],
+  ["Entropy", [/^train\/entropy$/]],
+  ["Truncated ratio", [/^rollout\/truncated_ratio$/]],
+  ["Fork count", [/^rollout\/fork_count$/]],
+  ["Step time (s)", [/^perf\/step_time$/]],
+];
+const state = { run: null, extra: [], colorMode: "mask" };
+
+function h(tag, attrs, ...children) {
+  const el = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === null || v === undefined || v === false) continue;
+    if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
+    else if (k === "dataset") Object.assign(el.dataset, v);
+    else el.setAttribute(k, v === true ? "" : v);
+  }
+  for (const c of children.flat(Infinity)) if (c !== null && c !== undefined) el.append(c instanceof Node ? c : String(c));
+  return el;
+}
+
+function svg(tag, attrs, ...children) {
+  const el = document.createElementNS("http://www.w3.org/2000/svg", tag);
+  for (const [k, v] of Object.entries(attrs || {})) el.setAttribute(k, v);
+  for (const c of children) el.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  return el;
+}
+
+async function api(path) {
+  const response = await fetch(path, { cache: "no-store" });
+  if (!response.ok) throw new Error(`${path}: ${response.status} ${(await response.json()).detail || ""}`);
+  return response.json();
+}
+
+const fmt = (v) => (v === null || v === undefined ? "–" : typeof v === "number" ? +v.toPrecision(4) : String(v));
+
+function route() {
+  const [path, query] = (location.hash.slice(1) || "/curves").split("?");
+  return { parts: path.split("/").filter(Boolean).map(decodeURIComponent), query: new URLSearchParams(query || "") };
+}
+
+async function render() {
+  const { parts, query } = route();
+  const view = document.getElementById("view");
+  try {
+    state.run = await api("/api/run");
+    header(state.run);
+    let page;
+    if (parts[0] === "session") page = await sessionPage(parts[1], parts.slice(2).join("/"));
+    else if (parts[0] === "steps") page = await stepsPage(parts[1], query);
+    else page = await curvesPage();
+    view.replaceChildren(page);
+  } catch (error) {
+    view.replaceChildren(h("p", { class: "card" }, `Could not load: ${error.message}`));
+  }
+  document.getElementById("nav-curves").classList.toggle("active", !parts[0] || parts[0] === "curves");
+  document.getElementById("nav-sessions").classList.toggle("active", parts[0] === "steps" || parts[0] === "session");
+}
+
+function header(run) {
+  document.getElementById("folder").textContent = `${run.folder} · job=${run.job ?? "?"} · model=${run.model ?? "?"}`;
+  const ago = run.updated ? Math.max(0, Math.round(run.now - run.updated)) : null;
+  document.getElementById("updated").textContent = ago === null ? "nothing written yet" : `last write ${ago}s ago`;
+}
+
+// ---- curves ----------------------------------------------------------------------------------------------
+
+async function curvesPage() {
+  const { source, curves } = await api("/api/metrics");
+  const keys = Object.keys(curves).sort();
+  const used = new Set();
+  const cards = CHARTS.map(([title, patterns]) => {
+    const series = keys.filter((k) => patterns.some((p) => p.test(k)));
+    series.forEach((k) => used.add(k));
+    return chartCard(title, series, curves);
+  });
+  for (const key of state.extra) if (curves[key]) cards.push(chartCard(key, [key], curves));
+  const others = keys.filter((k) => !used.has(k) && !state.extra.includes(k));
+  const pick = h("select", { id: "add-metric", onchange: (e) => { state.extra.push(e.target.value); render(); } },
+    h("option", { value: "" }, `add a chart (${others.length} more metrics)…`), others.map((k) => h("option", { value: k }, k)));
+  return h("div", {},
+    h("div", { class: "toolbar" }, h("h2", {}, "Curves"), h("span", { class: "muted" }, `from ${source}, ${state.run.steps.filter((s) => s.kind === "train").length} step dumps`), pick),
+    h("div", { class: "charts" }, cards));
+}
+
+function chartCard(title, series, curves) {
+  const card = h("div", { class: "card chart", dataset: { chart: title } }, h("h3", {}, title));
+  const lines = series.map((k) => [k, curves[k] || []]).filter(([, pts]) => pts.length);
+  if (!lines.length) {
+    card.dataset.empty = "1";
+    card.append(h("p", { class: "muted" }, "no data (yet)"));
+    return card;
+  }
+  card.append(drawChart(lines), h("div", { class: "legend" }, lines.map(([k], i) => [h("i", { style: `background:${COLORS[i % COLORS.length]}` }), k])));
+  return card;
+}
+
+function drawChart(lines) {
+  const W = 340, H = 180, L = 44, R = 10, T = 8, B = 26;
+  const all = lines.flatMap(([, pts]) => pts);
+  const xs = all.map((p) => p[0]), ys = all.map((p) => p[1]);
+  let [x0, x1, y0, y1] = [Math.min(...xs), Math.max(...xs), Math.min(...ys), Math.max(...ys)];
+  if (x0 === x1) { x0 -= 1; x1 += 1; }
+  if (y0 === y1) { y0 -= Math.abs(y0) * 0.1 || 1; y1 += Math.abs(y1) * 0.1 || 1; }
+  const X = (x) => L + ((x - x0) / (x1 - x0)) * (W - L - R), Y = (y) => T + (1 - (y - y0) / (y1 - y0)) * (H - T - B);
+  const g = svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "img" });
+  for (let i = 0; i <= 4; i++) {
+    const v = y0 + ((y1 - y0) * i) / 4;
+    g.append(svg("line", { class: "grid", x1: L, x2: W - R, y1: Y(v), y2: Y(v) }),
+      svg("text", { x: L - 4, y: Y(v) + 3, "text-anchor": "end" }, fmt(v)));
+  }
+  for (const x of [...new Set(xs)].sort((a, b) => a - b).filter((_, i, a) => a.length < 12 || i % Math.ceil(a.length / 10) === 0))
+    g.append(svg("text", { x: X(x), y: H - B + 14, "text-anchor": "middle" }, x));
+  g.append(svg("line", { class: "axis", x1: L, x2: L, y1: T, y2: H - B }), svg("line", { class: "axis", x1: L, x2: W - R, y1: H - B, y2: H - B }),
+    svg("text", { x: W - R, y: H - 2, "text-anchor": "end" }, "step"));
+  lines.forEach(([key, pts], i) => {
+    const color = COLORS[i % COLORS.length];
+    g.append(svg("polyline", { points: pts.map(([x, y]) => `${X(x)},${Y(y)}`).join(" "), fill: "none", stroke: color, "stroke-width": 1.6 }));
+    for (const [x, y] of pts)
+      g.append(svg("circle", { class: "point", cx: X(x), cy: Y(y), r: 3.5, fill: color, "data-series": key, "data-step": x, "data-value": y },
+        svg("title", {}, `${key}\nstep ${x}: ${fmt(y)}`)));
+  });
+  return g;
+}
+
+// ---- sessions of a step -----------------------------------------------------------------------------------
+
+async function stepsPage(step, query) {
+  const steps = state.run.steps;
+  if (!steps.length) return h("p", { class: "card" }, "No rollout dump yet: the run writes one per step with debug.save_rollout_data=PATH_{rollout_id}.jsonl.");
+  step = step ?? steps[steps.length - 1].id;
+  const status = query.get("status") || "";
+  const page = Math.max(0, parseInt(query.get("page") || "0", 10));
+  const data = await api(`/api/steps/${encodeURIComponent(step)}/sessions?offset=${page * PAGE_SIZE}&limit=${PAGE_SIZE}` + (status ? `&status=${status}` : ""));
+  const go = (s, st, p) => `#/steps/${encodeURIComponent(s)}?` + new URLSearchParams({ ...(st ? { status: st } : {}), page: p });
+  const picker = h("select", { id: "step", onchange: (e) => { location.hash = go(e.target.value, status, 0); } },
+    steps.map((s) => h("option", { value: s.id, selected: s.id === step }, s.kind === "train" ? `step ${s.id}` : s.id)));
+  const chips = [h("a", { class: "chip" + (status ? "" : " active"), href: go(step, "", 0), dataset: { status: "" } }, `all (${data.all})`),
+    ...state.run.statuses.map((s) => h("a", { class: "chip" + (s === status ? " active" : ""), href: go(step, s, 0), dataset: { status: s } }, `${s} (${data.counts[s]})`))];
+  const pages = Math.max(1, Math.ceil(data.total / PAGE_SIZE));
+  const pager = h("div", { class: "pager" },
+    h("button", { id: "prev", disabled: page === 0, onclick: () => { location.hash = go(step, status, page - 1); } }, "‹ prev"),
+    h("span", { id: "page-info" }, `page ${page + 1} of ${pages} · ${data.total} sessions · ${data.rows} rows in the step`),
+    h("button", { id: "next", disabled: page + 1 >= pages, onclick: () => { location.hash = go(step, status, page + 1); } }, "next ›"));
+  return h("div", {}, h("div", { class: "toolbar" }, h("h2", {}, "Sessions"), picker, chips), sessionTable(step, data.sessions), pager);
+}
+
+function sessionTable(step, sessions) {
+  const head = h("tr", {}, ["session", "group", "status", "reward", "advantage", "turns", "branches", "reason"].map((c) => h("th", {}, c)));
+  const rows = sessions.map((s) => h("tr", {
+    class: "session-row", dataset: { session: s.session_id, status: s.status },
+    onclick: () => { location.hash = `#/session/${encodeURIComponent(step)}/${encodeURIComponent(s.session_id)}`; },
+  },
+    h("td", { class: "mono" }, s.session_id), h("td", { class: "mono" }, s.group_id),
+    h("td", {}, [...new Set(s.statuses)].map((st) => h("span", { class: `status ${st}` }, st + " "))),
+    h("td", {}, s.rewards.map(fmt).join(", ")), h("td", {}, s.advantages.map(fmt).join(", ")),
+    h("td", {}, s.turns), h("td", {}, s.branches || ""), h("td", { class: "reason" }, s.error || "")));
+  return h("table", { id: "sessions" }, h("thead", {}, head), h("tbody", {}, rows));
+}
+
+// ---- one session --------------------------------------------------------------------------------------------
+
+async function sessionPage(step, sessionId) {
+  const s = await api(`/api/steps/${encodeURIComponent(step)}/sessions/${encodeURIComponent(sessionId)}`);
+  const back = h("a", { href: `#/steps/${encodeURIComponent(step)}` }, `‹ step ${step}`);
+  const forks = s.forks.length
+    ? h("ul", { id: "forks" }, s.forks.map((f) => h("li", {}, `turn ${f.turn}: ${f.why}`)))
+    : h("p", { class: "muted" }, "no fork recorded in run.log");
+  const mode = h("div", { class: "toolbar", id: "color-mode" }, h("strong", {}, "token colour:"),
+    ["mask", "version"].map((m) => h("label", {}, h("input", { type: "radio", name: "mode", value: m, checked: state.colorMode === m,
+      onchange: () => { state.colorMode = m; document.getElementById("contexts").className = `color-${m}`; } }), m === "mask" ? " loss mask" : " weight version")),
+    h("span", { class: "legend" }, h("i", { style: "background:#c7ecd2" }), "loss 1 (generated)", h("i", { style: "background:#e4e8ee" }), "loss 0 (observation)",
+      h("span", { class: "muted" }, " · prompt tokens grey text · hover a token for its logprob")));
+  return h("div", {},
+    h("div", { class: "toolbar" }, back, h("h2", {}, `Session ${s.session_id}`), h("span", { class: "muted" }, `group ${s.group_id} · tokens decoded with ${s.tokenizer}`)),
+    h("div", { class: "card" }, h("h3", {}, "Forest"), renderTree(s.tree, s.contexts), h("h3", {}, "Fork records"), forks),
+    mode, h("div", { id: "contexts", class: `color-${state.colorMode}` }, s.contexts.map(renderContext)));
+}
+
+function leafLabel(c) {
+  const which = c.name ? `context ${c.name}` : c.branch !== null && c.branch !== undefined ? `branch ${c.branch}` : "context";
+  return `${which} · ${c.status} · reward ${fmt(c.reward)} · adv ${fmt(c.advantage)}`;
+}
+
+function renderTree(nodes, contexts) {
+  const item = (node) => h("li", { class: "node", dataset: { node: node.id, depth: node.depth } },
+    h("span", { class: `role ${node.role}` }, node.role), node.text,
+    node.forks.length || node.children.length > 1 ? h("span", { class: "fork", title: node.forks.join("\n") }, `fork${node.forks.length ? ": " + node.forks.join("; ") : ""}`) : null,
+    node.contexts.map((i) => h("a", { class: "leaf", href: `#ctx-${i}`, dataset: { context: i },
+      onclick: (e) => { e.preventDefault(); document.getElementById(`ctx-${i}`).scrollIntoView(); } }, leafLabel(contexts[i]))),
+    node.children.length ? h("ul", {}, node.children.map((id) => item(nodes[id]))) : null);
+  const root = nodes[0];
+  if (!root.children.length) return h("p", { class: "muted" }, "no messages: the session failed or was dropped before it exported anything");
+  return h("ul", { class: "tree", id: "tree" }, root.children.map((id) => item(nodes[id])));
+}
+
+function renderContext(c, i) {
+  const turns = (c.timing && c.timing.turns) || [];
+  const fields = [["status", h("span", { class: `status ${c.status}` }, c.status)], ["reward", fmt(c.reward)], ["advantage", fmt(c.advantage)],
+    ["prompt / response tokens", `${c.prompt_length} / ${c.response_length}`], ["turns", c.turn_count], ["aborts", c.abort_count],
+    ["error", c.error || "–"], ["metadata", JSON.stringify(c.metadata)]];
+  const timing = turns.length ? h("table", { class: "timing" }, h("tr", {}, ["turn", "queue ms", "generation ms", "total ms"].map((x) => h("th", {}, x))),
+    turns.map((t, n) => h("tr", {}, h("td", {}, n + 1), h("td", {}, fmt(t.queue_ms)), h("td", {}, fmt(t.generation_ms)), h("td", {}, fmt(t.total_ms))))) : null;
+  const messages = h("details", {}, h("summary", {}, `${(c.messages || []).length} messages`),
+    (c.messages || []).map((m) => h("div", { class: `msg ${m.role}` }, h("strong", {}, m.role + ": "), messageBody(m))));
+  return h("div", { class: "card context", id: `ctx-${i}`, dataset: { context: i, branch: c.branch ?? "" } },
+    h("h3", {}, leafLabel(c)), h("dl", { class: "kv" }, fields.map(([k, v]) => [h("dt", {}, k), h("dd", {}, v)])),
+    timing, messages, versionLegend(c), tokenStrip(c));
+}
+
+function messageBody(m) {
+  const parts = [];
+  if (m.reasoning_content) parts.push(`[reasoning] ${m.reasoning_content}\n`);
+  if (typeof m.content === "string") parts.push(m.content);
+  else if (Array.isArray(m.content)) parts.push(m.content.map((p) => (p.type === "text" ? p.text : `[${p.type}]`)).join(" "));
+  for (const call of m.tool_calls || []) parts.push(`\n[tool call] ${call.function?.name}(${call.function?.arguments})`);
+  return parts.join("");
+}
+
+function versionLegend(c) {
+  const versions = [...new Set(c.weight_versions)].sort((a, b) => a - b);
+  return h("div", { class: "legend versions" }, "weight versions:", versions.map((v) => [h("span", { class: "swatch", style: `background:${VERSION_COLORS[v % VERSION_COLORS.length]}` }), `v${v}`]));
+}
+
+function tokenStrip(c) {
+  const strip = h("div", { class: "tokens" });
+  const P = c.prompt_length;
+  c.pieces.forEach((piece, i) => {
+    const r = i - P;
+    const text = piece.replace(/\n/g, "↵\n");
+    if (r < 0) { strip.append(h("span", { class: "tok prompt", dataset: { i, id: c.tokens[i] } }, text)); return; }
+    const v = c.weight_versions[r];
+    strip.append(h("span", {
+      class: `tok resp m${c.loss_mask[r]}`, style: `--vc:${VERSION_COLORS[v % VERSION_COLORS.length]}`,
+      dataset: { i, id: c.tokens[i], mask: c.loss_mask[r], lp: c.rollout_logprobs[r], v },
+    }, text));
+  });
+  return strip;
+}
+
+function tooltip(event) {
+  const tip = document.getElementById("tip");
+  const tok = event.target.closest && event.target.closest(".tok");
+  if (!tok) { tip.hidden = true; return; }
+  const d = tok.dataset, piece = JSON.stringify(tok.textContent.replace(/↵\n/g, "\n"));
+  tip.textContent = d.mask === undefined
+    ? `token ${d.i} · id ${d.id} · ${piece}\nprompt token`
+    : `token ${d.i} · id ${d.id} · ${piece}\nlogprob ${(+d.lp).toFixed(4)} · loss mask ${d.mask} · weight v${d.v}`;
+  tip.style.left = `${event.clientX + 12}px`;
+  tip.style.top = `${event.clientY + 14}px`;
+  tip.hidden = false;
+}
+
+// ---- wiring -------------------------------------------------------------------------------------------------
+
+let timer = null;
+document.addEventListener("mouseover", tooltip);
+document.addEventListener("mousemove", (e) => { if (!document.getElementById("tip").hidden) tooltip(e); });
+window.addEventListener("hashchange", render);
+document.getElementById("refresh").addEventListener("click", render);
+document.getElementById("auto").addEventListener("change", (e) => {
+  clearInterval(timer);
+  if (e.target.checked) timer = setInterval(() => { if (route().parts[0] !== "session") render(); }, 5000);
+});
+render();

@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -142,6 +144,29 @@ def test_job_check_starts_no_service_and_names_a_missing_service_cwd(tmp_path: P
         run(cfg)
     assert "check: agent_services = ['retriever']" in (tmp_path / "run.log").read_text()
     assert not (tmp_path / "services").exists(), "job=check starts nothing"
+
+
+@pytest.mark.parametrize("signals", [1, 2])
+def test_ctrl_c_stops_the_retriever(tmp_path: Path, tiny_path: Path, signals: int) -> None:
+    """One SIGINT: the clean stop ends the retriever in close(); a second SIGINT (exit at once) SIGKILLs it."""
+    stubborn = "trap '' TERM; touch $RELAX_SESSION_IO_DIR/started; sleep 120"
+    command = [sys.executable, "-m", "relax_pipeline", "experiment=search_r1", "job=rollout", f"output_dir={tmp_path}",
+               f"model.cache_dir={tiny_path.parent}", f'agent.command="{stubborn}"']
+    proc = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not list((tmp_path / "sessions").glob("*/started")):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.2)
+    pid = int(STARTED.findall((tmp_path / "run.log").read_text())[0][0])
+    for _ in range(signals):
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.5)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "Traceback" not in stderr, stderr[-3000:]
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    stat = Path(f"/proc/{pid}/stat")
+    assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z", "the retriever outlived the run"
 
 
 def test_the_retriever_names_the_extra_when_bm25s_is_missing(tmp_path: Path) -> None:

@@ -91,8 +91,9 @@ def test_failing_agents_are_recorded_and_the_run_goes_on(tmp_path: Path, tiny_pa
         "if '+' in task['messages'][0]['content']:\n"
         "    print('agent gave up on purpose'); sys.exit(3)\n"
         "import openai\n"
-        "c = openai.OpenAI(base_url=os.environ['RELAX_BASE_URL'], api_key=os.environ['RELAX_SESSION_ID'])\n"
+        "c = openai.OpenAI(base_url=os.environ['RELAX_BASE_URL'], api_key=os.environ['RELAX_API_KEY'])\n"
         "c.chat.completions.create(model='m', messages=task['messages'])\n"
+        "json.dump({'reward': 1.0}, open(os.environ['RELAX_OUTPUT_JSON'], 'w'))\n"
     )
     cfg = compose_config(tmp_path, tiny_path, f"agent.command='{sys.executable} {script}'",
                          "rollout.batch_size=4")

@@ -1,6 +1,7 @@
 """Shared fixtures (the tiny models built once per test run, the text model's tokenizer and chat template) and
 the tier markers: every test under `tests/unit`, `tests/integration`, `tests/e2e`, `tests/harness` or `tests/browser`
-carries that folder's marker, so `pytest -m unit` runs the fast tier (no server, no subprocess) in well under a minute."""
+carries that folder's marker, so `pytest -m unit` runs the fast tier (no server, no subprocess) in well under a
+minute."""
 
 from __future__ import annotations
 

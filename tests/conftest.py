@@ -1,7 +1,7 @@
 """Shared fixtures (the tiny models built once per test run, the text model's tokenizer and chat template) and
-the tier markers: every test under `tests/unit`, `tests/integration`, `tests/e2e`, `tests/harness` or `tests/browser`
-carries that folder's marker, so `pytest -m unit` runs the fast tier (no server, no subprocess) in well under a
-minute."""
+the tier markers: every test under `tests/unit`, `tests/integration`, `tests/e2e`, `tests/harness`, `tests/browser`,
+`tests/fuzz` or `tests/soak` carries that folder's marker, so `pytest -m unit` runs the fast tier (no server, no
+subprocess) in well under a minute."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def template(tokenizer) -> ChatTemplate:  # noqa: ANN001
     return ChatTemplate(tokenizer)
 
 
-TIERS = ("unit", "integration", "e2e", "harness", "browser")
+TIERS = ("unit", "integration", "e2e", "harness", "browser", "fuzz", "soak")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

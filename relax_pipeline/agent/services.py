@@ -201,9 +201,12 @@ class Service:
             return f.read().decode("utf-8", errors="replace")
 
     def failure(self, reason: str) -> ServiceFailure:
-        """A `ServiceFailure` naming the service, the reason, the log path and the log tail."""
-        return ServiceFailure(f"agent.services.{self.spec.name} {reason} (full log: {self.log_path}); "
-                              f"last output:\n{self.tail()}")
+        """A `ServiceFailure` naming the service, the reason, the log's last line and path (first line: the run's
+        one-sentence failure), then the log tail."""
+        tail = self.tail()
+        last = next((line.strip() for line in reversed(tail.splitlines()) if line.strip()), "(empty)")
+        return ServiceFailure(f"agent.services.{self.spec.name} {reason}; its log ends: {last} (full log: "
+                              f"{self.log_path})\nlast output:\n{tail}")
 
 
 class Services:

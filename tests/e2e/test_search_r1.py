@@ -169,10 +169,19 @@ def test_ctrl_c_stops_the_retriever(tmp_path: Path, tiny_path: Path, signals: in
     assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z", "the retriever outlived the run"
 
 
-def test_the_retriever_names_the_extra_when_bm25s_is_missing(tmp_path: Path) -> None:
-    """A python without bm25s (a stub module raising ImportError) exits at once naming the install command."""
-    (tmp_path / "bm25s.py").write_text("raise ImportError('no bm25s here')\n")
-    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
-    done = subprocess.run([sys.executable, str(REPO_ROOT / "examples" / "search_r1" / "retriever.py"), "--port", "9"],
-                          capture_output=True, text=True, env=env, timeout=60)
-    assert done.returncode == 1 and "pip install -e '.[examples]'" in done.stderr
+def test_without_bm25s_the_run_fails_at_start_naming_the_extra(tmp_path: Path, tiny_path: Path) -> None:
+    """A python without bm25s (a stub module raising ImportError): the retriever exits at once naming the install
+    command, and the run fails before any session, its last log line saying so."""
+    stub = tmp_path / "stub"
+    stub.mkdir()
+    (stub / "bm25s.py").write_text("raise ImportError('no bm25s here')\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(stub), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-m", "relax_pipeline", "experiment=search_r1", f"output_dir={tmp_path}",
+                           f"model.cache_dir={tiny_path.parent}"], capture_output=True, text=True, env=env,
+                          cwd=tmp_path, timeout=300)
+    assert done.returncode != 0
+    last = (tmp_path / "run.log").read_text().strip().splitlines()[-1]
+    assert ("run failed: ServiceFailure: agent.services.retriever exited with exit code 1 before it was healthy; its "
+            "log ends: retriever: the bm25s package is missing; install the examples extra: pip install -e "
+            "'.[examples]'") in last
+    assert not (tmp_path / "sessions").exists(), "no session started"

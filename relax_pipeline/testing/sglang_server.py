@@ -13,9 +13,11 @@ far and `finish_reason {"type": "abort"}`; an abort of an unknown rid is ignored
 `output_ids`; `weight_version` starts as "default" and becomes the update's `weight_version`; a weight
 update loads every `*.safetensors` of the folder (and clears the prefix cache). `--decode-delay-s` sleeps
 before each forward pass so tests can abort a generation mid-way; `--ignore-stop` generates to
-`max_new_tokens` whatever the stop tokens (exact lengths); `--max-total-num-tokens` is the KV
-capacity it reports. Not SGLang: logprobs follow the embedded engine's contract (full vocabulary at the
-sampling temperature), there is no radix cache eviction, streaming or batch input.
+`max_new_tokens` whatever the stop tokens (exact lengths); `--kv-cache-mb 0` turns the prefix cache off
+(a benchmark replaying the same prompts then meets no warmer cache than the original run);
+`--max-total-num-tokens` is the KV capacity it reports. Not SGLang: logprobs follow the embedded engine's
+contract (full vocabulary at the sampling temperature), there is no radix cache eviction, streaming or batch
+input.
 
 Run it as SGLang's launcher would be: `python -m relax_pipeline.testing.sglang_server --model-path M --host H
 --port P [--decode-delay-s S] [--max-total-num-tokens N]` (unknown SGLang flags are accepted and ignored),
@@ -211,8 +213,8 @@ class FakeSglangServer:
 
     def __init__(self, model_path: str | Path, capacity: int = 65536, decode_delay_s: float = 0.0,
                  disabled: set[str] | None = None, seed: int = 0, host: str = "127.0.0.1", port: int = 0,
-                 max_context_len: int = 4096, ignore_stop: bool = False) -> None:
-        self.engine = HFEngine(str(model_path), seed=seed, max_context_len=max_context_len, kv_cache_mb=64)
+                 max_context_len: int = 4096, ignore_stop: bool = False, kv_cache_mb: int = 64) -> None:
+        self.engine = HFEngine(str(model_path), seed=seed, max_context_len=max_context_len, kv_cache_mb=kv_cache_mb)
         self.state = FakeState(self.engine, str(model_path), capacity, set(disabled or ()), ignore_stop)
         self.decode_delay_s = decode_delay_s
         self.server = GatewayServer(create_app(self.state), host=host, port=port, prefix="")
@@ -244,7 +246,7 @@ class FakeSglangServer:
 async def _serve(args: argparse.Namespace) -> None:
     server = FakeSglangServer(args.model_path, args.max_total_num_tokens, args.decode_delay_s, seed=args.random_seed,
                               host=args.host, port=args.port, max_context_len=args.context_length,
-                              ignore_stop=args.ignore_stop)
+                              ignore_stop=args.ignore_stop, kv_cache_mb=args.kv_cache_mb)
     await server.start()
     log.info("fake SGLang server on %s", server.url)
     try:
@@ -263,6 +265,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-total-num-tokens", type=int, default=65536)
     parser.add_argument("--decode-delay-s", type=float, default=0.0)
     parser.add_argument("--ignore-stop", action="store_true", help="generate to max_new_tokens (exact lengths)")
+    parser.add_argument("--kv-cache-mb", type=int, default=64, help="the embedded engine's prefix cache; 0: off")
     args, ignored = parser.parse_known_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if ignored:

@@ -68,7 +68,9 @@ class Viewer:
     def sessions(self, step: str, status: str | None, offset: int, limit: int) -> dict[str, Any]:
         if status and status not in STATUSES:
             raise HTTPException(404, f"status={status!r} is not a row status; choose one of {list(STATUSES)}")
-        return {"step": step, **self.indexes.get(self.dump(step).path).page(status, offset, limit)}
+        page = self.indexes.get(self.dump(step).path).page(status, offset, limit)
+        self.text.preload()  # a session is likely opened next
+        return {"step": step, **page}
 
     def session(self, step: str, session_id: str) -> dict[str, Any]:
         index = self.indexes.get(self.dump(step).path)

@@ -4,7 +4,8 @@ Where the tokenizer comes from, first found wins: the folder given (`view.tokeni
 run's newest checkpoint (every checkpoint folder holds the tokenizer); `model.path` of the run's
 `config.yaml`; the locally built `tiny`/`tiny_vl` model its config names (`model.name`, `model.cache_dir`,
 `seed`), when that build is present. Without one, pieces are shown as `#<id>`. The tokenizer is loaded on
-first use (transformers imports take seconds; the run's overview does not wait for them) and each id is
+first use or by `preload` in a background thread (transformers imports take seconds; the run's overview does
+not wait for them) and each id is
 decoded once (`decode([id])`: a byte-level piece that is part of a multi-byte character shows as U+FFFD).
 
 This module never builds or downloads a model.
@@ -63,6 +64,11 @@ class TokenText:
     @property
     def source(self) -> str:
         return str(self.folder) if self.folder is not None else "none (token ids shown)"
+
+    def preload(self) -> None:
+        """Load the tokenizer in a background thread (once), so the first session opened does not wait for it."""
+        if not self._loaded and not self._lock.locked():
+            threading.Thread(target=self._load, name="view-tokenizer", daemon=True).start()
 
     def pieces(self, ids: Sequence[int]) -> list[str]:
         tokenizer = self._load()

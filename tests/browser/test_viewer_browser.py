@@ -160,3 +160,15 @@ def test_tokens_are_coloured_by_loss_mask_and_by_weight_version_with_logprob_on_
     assert page.locator("#ctx-0 .tok.resp").first.evaluate("e => getComputedStyle(e).backgroundColor") == \
         VERSION_COLOURS[0]
     shot(page, "versions")
+
+
+def test_refresh_shows_a_step_the_run_wrote_after_the_page_opened(page: Any, run_dir: Path) -> None:
+    page.goto(page.base + "#/curves")
+    points = page.locator('[data-chart="Reward"] circle.point[data-series="rollout/raw_reward"]')
+    points.first.wait_for()
+    assert points.count() == STEPS
+    with open(run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:  # what the next step of a running run adds
+        f.write(json.dumps({"step": STEPS, "time": 0.0, "metrics": {"rollout/raw_reward": 0.5}}) + "\n")
+    page.click("#refresh")
+    page.wait_for_function(f"document.querySelectorAll('[data-chart=\"Reward\"] circle.point"
+                           f"[data-series=\"rollout/raw_reward\"]').length === {STEPS + 1}")

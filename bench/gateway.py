@@ -128,7 +128,7 @@ def _open_session(store: Any, index: int) -> str:
 
     session = store.open("g", index, 0, "train", {})
     store.set_status(session, Status.RUNNING)
-    return session.id
+    return session.key
 
 
 async def _start_bare() -> Any:

@@ -1,6 +1,6 @@
 """The minimal relax_pipeline agent: one model call through the OpenAI SDK, exported implicitly.
 
-The pipeline starts this once per session with RELAX_INPUT_JSON, RELAX_BASE_URL and RELAX_SESSION_ID
+The pipeline starts this once per session with RELAX_INPUT_JSON, RELAX_BASE_URL and RELAX_API_KEY
 set (DESIGN §3.2). It asks the model once, appends the assistant message (`model_dump()`) and writes
 only a reward: the recorded conversation itself is the implicit export.
 """
@@ -15,7 +15,7 @@ from openai import AsyncOpenAI
 async def main() -> None:
     with open(os.environ["RELAX_INPUT_JSON"], encoding="utf-8") as f:
         task = json.load(f)
-    client = AsyncOpenAI(base_url=os.environ["RELAX_BASE_URL"], api_key=os.environ["RELAX_SESSION_ID"])
+    client = AsyncOpenAI(base_url=os.environ["RELAX_BASE_URL"], api_key=os.environ["RELAX_API_KEY"])
     messages = task["messages"]
     response = await client.chat.completions.create(model="policy", messages=messages)
     messages.append(response.choices[0].message.model_dump())

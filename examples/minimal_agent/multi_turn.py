@@ -44,7 +44,7 @@ def observe(message: dict, question: str) -> list[dict]:
 async def main() -> None:
     with open(os.environ["RELAX_INPUT_JSON"], encoding="utf-8") as f:
         task = json.load(f)
-    client = AsyncOpenAI(base_url=os.environ["RELAX_BASE_URL"], api_key=os.environ["RELAX_SESSION_ID"],
+    client = AsyncOpenAI(base_url=os.environ["RELAX_BASE_URL"], api_key=os.environ["RELAX_API_KEY"],
                          max_retries=0)
     messages = list(task["messages"])
     question = messages[-1]["content"]

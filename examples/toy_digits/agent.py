@@ -19,7 +19,7 @@ def chat(messages: list) -> dict:
     url = os.environ["RELAX_BASE_URL"].rstrip("/") + "/v1/chat/completions"
     body = json.dumps({"model": "policy", "messages": messages}).encode()
     request = urllib.request.Request(url, body, {"Content-Type": "application/json",
-                                                 "Authorization": "Bearer " + os.environ["RELAX_SESSION_ID"]})
+                                                 "Authorization": "Bearer " + os.environ["RELAX_API_KEY"]})
     with urllib.request.urlopen(request, timeout=600) as response:
         return json.load(response)["choices"][0]["message"]
 

@@ -2,15 +2,25 @@
 
 Every front-end resource is served under the service prefix in both forms, `{prefix}/v1/<resource>`
 and `{prefix}/<resource>` (the OpenAI SDKs append the bare resource to a base URL that keeps its path).
-`Authorization: Bearer <session id>` (or `x-api-key`) selects the session: missing or unknown → 401, a
-session that is not running (not started, finished, failed, dropped) → 404. A request can only read and
-write its own session's forest. Bodies are parsed with `orjson.loads` on the raw bytes (no pydantic on
-the hot path); errors are shaped per protocol. JSON and Buffered SSE share one path up to rendering; a
-client that disconnects mid-generation aborts its generation, and nothing is committed. Every model
-request writes one access line (`relax_pipeline.gateway.access`: api, session, status, tokens, ms) to
-run.log, and every 4xx/5xx is a WARNING with its message. Each answer's id is recorded against the
-response node it committed (`ForestStore.remember_response`), for Responses' `previous_response_id`. This module does
-not start a server (`server.py`) and holds no turn logic (`turn/service.py`).
+`Authorization: Bearer <session key>` (or `x-api-key`; the key is `RELAX_API_KEY`, a random secret
+separate from the session id, which is logged and so is no credential) selects the session: missing or
+unknown → 401, a session that is not running (not started, finished, failed, dropped) → 404, each before
+the body is read. A request can only read and write its own session's forest. Bodies are parsed with
+`orjson.loads` on the raw bytes (no pydantic on the hot path); errors are shaped per protocol. JSON and
+Buffered SSE share one path up to rendering. Every model request writes one access line
+(`relax_pipeline.gateway.access`: api, session, status, tokens, ms) to run.log, and every 4xx/5xx is a
+WARNING with its message. Each answer's id is recorded against the response node it committed
+(`ForestStore.remember_response`), for Responses' `previous_response_id`. The OpenAPI document of the
+served routes is `openapi.py`'s, at `GET {prefix}/openapi.json`. This module does not start a server
+(`server.py`) and holds no turn logic (`turn/service.py`).
+
+A client that disconnects: a turn is committed when its generation ends, and the forest only grows, so
+what counts is whether the disconnect came first. Noticed during generation (JSON or SSE, heartbeats
+included), the generation is aborted, nothing is committed and the access line says 499. Once generation
+has ended the turn is committed even if the client then leaves before reading the terminal frames: the
+agent's next request replays its own history, which either continues that response or branches before it
+(a recorded fork, and the unseen response stays a leaf of its own chain). The turn is then in the forest
+like any other: we do not know whether the client read it, only that the engine produced it.
 
 Model turns are served as raw ASGI routes (`asgi.py`): no FastAPI dependency machinery, one task to
 watch for a disconnect instead of a polled turn task, responses rendered with orjson, and an access
@@ -36,6 +46,7 @@ from starlette.types import Receive, Scope
 
 from relax_pipeline.canonical.form import CanonicalError
 from relax_pipeline.gateway.asgi import DisconnectWatch, GatewayApp, TurnRoute, header, json_response, read_body
+from relax_pipeline.gateway.openapi import openapi_document
 from relax_pipeline.protocol.base import Frontend, TurnMeta, parse_turn
 from relax_pipeline.protocol.chat import ChatFrontend
 from relax_pipeline.protocol.errors import ProtocolError, anthropic_body, openai_body
@@ -67,20 +78,27 @@ def create_app(store: ForestStore, turns: TurnService, prefix: str = "/agentic_a
             if isinstance(frontend, MessagesFrontend):
                 app.add_api_route(f"{base}/messages/count_tokens", gateway.count_tokens, methods=["POST"])
         app.add_api_route(f"{base}/models", gateway.models, methods=["GET"])
+    document = openapi_document(prefix, [frontend.name for frontend in served])
+    app.add_api_route(f"{prefix}/openapi.json", partial(_openapi, document), methods=["GET"])
     resources = ", ".join(p for f in served for p in f.paths)
     app.add_exception_handler(StarletteHTTPException, _http_error_handler(resources))
     return GatewayApp(app, turn_routes)
 
 
+async def _openapi(document: dict[str, Any]) -> Response:
+    """The OpenAPI document of the served routes (no credential needed)."""
+    return json_response(document)
+
+
 def _http_error_handler(resources: str):  # noqa: ANN202 - a Starlette exception handler
     async def handle(request: Request, error: Exception) -> Response:
-        """Unknown routes and wrong methods answer in the OpenAI error shape too."""
+        """Unknown routes and wrong methods answer in the OpenAI error shape too (a 405 keeps its `Allow`)."""
         status = getattr(error, "status_code", 500)
         message = f"{request.method} {request.url.path}: {getattr(error, 'detail', 'error')}"
         if status == 404:
             message += f"; this gateway serves {resources} and models"
         access_log.warning("%s %s status=%d error=%s", request.method, request.url.path, status, message)
-        return json_response(openai_body(ProtocolError(status, message)), status)
+        return json_response(openai_body(ProtocolError(status, message)), status, getattr(error, "headers", None))
 
     return handle
 
@@ -220,10 +238,12 @@ class _Gateway:
         """Authenticate: Bearer token (or x-api-key) must name a session that is running."""
         key = _credential(scope)
         if not key:
-            raise ProtocolError(401, "missing credential: send 'Authorization: Bearer <RELAX_SESSION_ID>'")
-        session = self.store.get(key)
+            raise ProtocolError(401, "missing credential: send 'Authorization: Bearer <RELAX_API_KEY>'")
+        session = self.store.authenticate(key)
+        if session is None and self.store.get(key) is not None:
+            raise ProtocolError(401, "a session id is not a credential: send the session's key, RELAX_API_KEY")
         if session is None:
-            raise ProtocolError(401, "unknown credential: use the RELAX_SESSION_ID given to this agent")
+            raise ProtocolError(401, "unknown credential: send the RELAX_API_KEY given to this agent")
         if session.status is Status.CREATED:
             raise ProtocolError(404, f"session {session.id} has not started yet")
         if not session.status.serving:

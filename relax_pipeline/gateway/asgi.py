@@ -108,10 +108,10 @@ class DisconnectWatch:
             self._waiter.cancel()
 
 
-def json_response(body: Any, status: int = 200) -> Response:
+def json_response(body: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> Response:
     """`body` as compact UTF-8 JSON (orjson; the standard library for what orjson refuses)."""
     try:
         payload = orjson.dumps(body)
     except TypeError:  # orjson.JSONEncodeError: big ints, non-string keys
         payload = json.dumps(body, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
-    return Response(payload, status_code=status, media_type="application/json")
+    return Response(payload, status_code=status, media_type="application/json", headers=headers)

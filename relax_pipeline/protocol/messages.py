@@ -254,7 +254,7 @@ def _kind(block: Any, param: str, allowed: tuple[str, ...] = ()) -> Any:
         raise CanonicalError("a content block must be an object with a 'type'", param)
     kind = block.get("type")
     if allowed and kind not in allowed:
-        known = "unsupported" if kind not in KNOWN_BLOCKS else "misplaced"
+        known = "misplaced" if isinstance(kind, str) and kind in KNOWN_BLOCKS else "unsupported"
         raise CanonicalError(f"{known} content block type {kind!r} here; send one of {', '.join(allowed)}",
                              f"{param}.type")
     return kind

@@ -158,7 +158,7 @@ def parse_unit(unit: Unit, _param: str) -> Message:
 
 def _message(raw: Mapping[str, Any], param: str) -> Message:
     role = raw.get("role")
-    if role not in MESSAGE_ROLES:
+    if not isinstance(role, str) or role not in MESSAGE_ROLES:
         raise CanonicalError(f"role must be one of {', '.join(MESSAGE_ROLES)}, got {role!r}", f"{param}.role")
     content, images = content_of(raw.get("content"), f"{param}.content")
     return make_message(MESSAGE_ROLES[role], content, param, images=images)

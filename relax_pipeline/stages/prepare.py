@@ -76,7 +76,7 @@ class Prepare:
             "RELAX_SESSION_IO_DIR": str(folder),
             "RELAX_BASE_URL": self.base_url,
             "RELAX_SESSION_ID": session.id,
-            "RELAX_API_KEY": session.id,
+            "RELAX_API_KEY": session.key,
             "RELAX_MODEL": self.model_name,
             "RELAX_ROLLOUT_MODE": group.mode,
             "RELAX_GROUP_ID": group.id,

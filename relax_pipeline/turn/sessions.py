@@ -12,6 +12,11 @@ designed for every runtime mode, of which `sync` uses the first and the terminal
 here); `parked`: between steps under partial/fully-async modes. The gateway serves requests only in
 `waiting`/`running`/`parked` states and answers 404 in terminal ones. Every session ends in exactly one
 terminal state with a reason, so nothing is lost silently. The store does no I/O.
+
+Credentials: each session has an id (`sess-` + 24 random hex digits; it names the session in logs, the dump
+and agent-server URLs, so it is not secret) and a separate key (`rk-` + 32 random url-safe characters from
+`secrets`, unrelated to the id, never logged). `authenticate` finds a session by its key only: an id, a
+forged id or another session's logged id opens nothing.
 """
 
 from __future__ import annotations
@@ -93,6 +98,8 @@ class Session:
     """The group's lease (barrier, hold, preemption); None serves requests at once (tests, eval)."""
     responses: dict[str, int] = field(default_factory=dict)
     """Response id → the response node it committed (so a request may continue from it by id)."""
+    key: str = field(default_factory=lambda: "rk-" + secrets.token_urlsafe(24), repr=False)
+    """The session's secret credential (`RELAX_API_KEY`); random, independent of `id`, never logged."""
 
     def mark(self, event: str) -> None:
         self.timing[event] = time.time()
@@ -107,6 +114,7 @@ class ForestStore:
 
     def __init__(self) -> None:
         self._sessions: dict[str, Session] = {}
+        self._keys: dict[str, Session] = {}
 
     def open(self, group_id: str, index: int, rollout_id: int, mode: str, prompt: dict[str, Any],
              seed: int = 0) -> Session:
@@ -114,10 +122,16 @@ class ForestStore:
         session = Session("sess-" + secrets.token_hex(12), group_id, index, rollout_id, mode, prompt, seed=seed)
         session.mark("created")
         self._sessions[session.id] = session
+        self._keys[session.key] = session
         return session
 
     def get(self, session_id: str) -> Session | None:
+        """The session named `session_id` (not a credential: see `authenticate`)."""
         return self._sessions.get(session_id)
+
+    def authenticate(self, key: str) -> Session | None:
+        """The session whose secret key is `key`; None for anything else (a session id included)."""
+        return self._keys.get(key)
 
     def set_status(self, session: Session, status: Status, error: str | None = None) -> None:
         """Move a session to `status`; a terminal state is final and keeps its first reason."""

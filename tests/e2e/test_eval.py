@@ -25,7 +25,7 @@ if task["metadata"].get("fail"):
     print("this eval prompt fails on purpose"); sys.exit(4)
 url = os.environ["RELAX_BASE_URL"].rstrip("/") + "/v1/chat/completions"
 body = json.dumps({"model": "policy", "messages": task["messages"]}).encode()
-headers = {"Content-Type": "application/json", "Authorization": "Bearer " + os.environ["RELAX_SESSION_ID"]}
+headers = {"Content-Type": "application/json", "Authorization": "Bearer " + os.environ["RELAX_API_KEY"]}
 reply = json.load(urllib.request.urlopen(urllib.request.Request(url, body, headers)))["choices"][0]["message"]
 conversation = task["messages"] + [reply]
 meta = {"mode": mode, "outcome": 1.0, "usefulness": 0.5}

@@ -31,7 +31,7 @@ from relax_pipeline.train.torch_backend import load_policy
 MAKE_DATASET = REPO_ROOT / "examples" / "multimodal" / "make_dataset.py"
 REWARD_AGENT = """import json, os, openai
 task = json.load(open(os.environ["RELAX_INPUT_JSON"]))
-client = openai.OpenAI(base_url=os.environ["RELAX_BASE_URL"], api_key=os.environ["RELAX_SESSION_ID"], max_retries=0)
+client = openai.OpenAI(base_url=os.environ["RELAX_BASE_URL"], api_key=os.environ["RELAX_API_KEY"], max_retries=0)
 reply = client.chat.completions.create(model="m", messages=task["messages"]).choices[0].message.content or ""
 json.dump({"reward": float(len(reply) % 3)}, open(os.environ["RELAX_OUTPUT_JSON"], "w"))
 """

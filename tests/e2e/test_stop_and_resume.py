@@ -35,7 +35,7 @@ if os.environ["RELAX_ROLLOUT_MODE"] == "train" and group.startswith("g1-") and o
 task = json.load(open(os.environ["RELAX_INPUT_JSON"]))
 url = os.environ["RELAX_BASE_URL"].rstrip("/") + "/v1/chat/completions"
 body = json.dumps({"model": "policy", "messages": task["messages"]}).encode()
-headers = {"Content-Type": "application/json", "Authorization": "Bearer " + os.environ["RELAX_SESSION_ID"]}
+headers = {"Content-Type": "application/json", "Authorization": "Bearer " + os.environ["RELAX_API_KEY"]}
 reply = json.load(urllib.request.urlopen(urllib.request.Request(url, body, headers)))["choices"][0]["message"]
 digits = sum(ch.isdigit() for ch in reply.get("content") or "")
 with open(os.environ["RELAX_OUTPUT_JSON"], "w") as f:

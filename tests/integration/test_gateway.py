@@ -64,12 +64,12 @@ class Gateway:
         return session
 
     def sdk(self, session: Session) -> openai.AsyncOpenAI:
-        return openai.AsyncOpenAI(base_url=self.base_url, api_key=session.id, max_retries=0)
+        return openai.AsyncOpenAI(base_url=self.base_url, api_key=session.key, max_retries=0)
 
     async def post(self, session: Session | None, body: Any, path: str = "v1/chat/completions",
                    headers: dict[str, str] | None = None, timeout: float | None = None) -> httpx.Response:
         """POST a raw body (bytes are sent as they are, anything else as JSON)."""
-        auth = {"Authorization": f"Bearer {session.id}"} if session is not None else {}
+        auth = {"Authorization": f"Bearer {session.key}"} if session is not None else {}
         content = body if isinstance(body, bytes) else json.dumps(body).encode()
         return await self.http.post(self.base_url + path, content=content, timeout=timeout or 30.0,
                                     headers={"content-type": "application/json", **auth, **(headers or {})})
@@ -192,7 +192,7 @@ async def test_models_health_and_both_url_forms(template: ChatTemplate, tokenize
             assert [m.id for m in listed.data] == ["relax"]
             reply = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
             assert reply.choices[0].message.content == "Hi there."
-        auth = {"Authorization": f"Bearer {session.id}"}
+        auth = {"Authorization": f"Bearer {session.key}"}
         for path in ("models", "v1/models", "v1/models?beta=true"):
             listed_raw = await gw.http.get(gw.base_url + path, headers=auth)
             assert listed_raw.status_code == 200
@@ -269,7 +269,7 @@ async def test_credentials(template: ChatTemplate, tokenizer: Any) -> None:
                             401, "authentication_error")
         assert_openai_error(await gw.http.get(gw.base_url + "v1/models"), 401, "authentication_error")
         assert engine.prompts == [] and session.forest.nodes == []
-        by_key = await gw.post(None, HELLO, headers={"x-api-key": session.id})
+        by_key = await gw.post(None, HELLO, headers={"x-api-key": session.key})
         assert by_key.status_code == 200, by_key.text
         assert kinds(session) == ["root", "observation", "response"]
 
@@ -282,7 +282,7 @@ async def test_finished_session_answers_404(template: ChatTemplate, tokenizer: A
         gw.store.set_status(session, Status.COMPLETED)
         error = assert_openai_error(await gw.post(session, HELLO), 404, "not_found_error")
         assert session.id in error["message"] and "completed" in error["message"]
-        models = await gw.http.get(gw.base_url + "models", headers={"Authorization": f"Bearer {session.id}"})
+        models = await gw.http.get(gw.base_url + "models", headers={"Authorization": f"Bearer {session.key}"})
         assert_openai_error(models, 404, "not_found_error")
     assert len(engine.prompts) == 1 and len(session.forest.nodes) == 3
 

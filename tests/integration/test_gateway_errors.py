@@ -195,7 +195,7 @@ async def test_stream_must_be_a_boolean(gw: Gateway) -> None:
 
 async def test_unknown_route_and_wrong_method_answer_in_openai_shape(gw: Gateway) -> None:
     session = gw.open_session()
-    async with httpx.AsyncClient(base_url=gw.base_url, headers={"Authorization": f"Bearer {session.id}"}) as raw:
+    async with httpx.AsyncClient(base_url=gw.base_url, headers={"Authorization": f"Bearer {session.key}"}) as raw:
         missing = await raw.post("v1/responses", json={"input": "hi"})
         wrong = await raw.get("v1/chat/completions")
     assert missing.status_code == 404 and set(missing.json()["error"]) == {"message", "type", "param", "code"}

@@ -38,7 +38,7 @@ async def gw(template: ChatTemplate, tokenizer: Any) -> AsyncIterator[Gateway]:
 
 
 def claude(gw: Gateway, session: Session) -> anthropic.AsyncAnthropic:
-    return anthropic.AsyncAnthropic(base_url=gw.base_url.rstrip("/"), api_key=session.id, max_retries=0)
+    return anthropic.AsyncAnthropic(base_url=gw.base_url.rstrip("/"), api_key=session.key, max_retries=0)
 
 
 # ---- 1. a tool that printed nothing ------------------------------------------------------------------------

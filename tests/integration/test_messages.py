@@ -56,11 +56,11 @@ class Gateway:
         return session
 
     def client(self, session: Session) -> anthropic.AsyncAnthropic:
-        return anthropic.AsyncAnthropic(base_url=self.server.base_url.rstrip("/"), api_key=session.id,
+        return anthropic.AsyncAnthropic(base_url=self.server.base_url.rstrip("/"), api_key=session.key,
                                         max_retries=0, _strict_response_validation=True)
 
     async def post(self, session: Session | None, body: Any, path: str = "v1/messages") -> httpx.Response:
-        headers = {"x-api-key": session.id} if session else {}
+        headers = {"x-api-key": session.key} if session else {}
         return await self.http.post(self.server.base_url + path, json=body, headers=headers, timeout=30.0)
 
 
@@ -257,7 +257,7 @@ async def test_messages_turn_continued_through_chat(template: ChatTemplate, toke
         first = await gw.client(session).messages.create(model="m", max_tokens=200, system=SYSTEM,
                                                          messages=[USER], tools=TOOLS)
         call = first.content[1]
-        chat = openai.AsyncOpenAI(base_url=gw.server.base_url, api_key=session.id, max_retries=0)
+        chat = openai.AsyncOpenAI(base_url=gw.server.base_url, api_key=session.key, max_retries=0)
         assistant = {"role": "assistant", "content": None, "reasoning_content": first.content[0].thinking,
                      "tool_calls": [{"id": call.id, "type": "function",
                                      "function": {"name": call.name, "arguments": json.dumps(call.input)}}]}

@@ -157,7 +157,7 @@ async def test_openai_chat_sdk_sends_images_in_user_and_tool_messages(vl_templat
     engine = ScriptedEngine(vl_template.tokenizer, ["A red box.", "Blue."], vision=vision)
     async with running_gateway(vl_template, engine, frontends=ALL) as gw:
         session = gw.open_session()
-        client = openai.AsyncOpenAI(base_url=gw.base_url, api_key=session.id, max_retries=0,
+        client = openai.AsyncOpenAI(base_url=gw.base_url, api_key=session.key, max_retries=0,
                                     _strict_response_validation=True)
         messages: list[Any] = [{"role": "user", "content": [{"type": "text", "text": "What is this?"},
                                                              chat_image(RED_URI)]}]
@@ -179,7 +179,7 @@ async def test_openai_responses_sdk_sends_input_image(vl_template: ChatTemplate,
     engine = ScriptedEngine(vl_template.tokenizer, ["Red.", "Blue."], vision=vision)
     async with running_gateway(vl_template, engine, frontends=ALL) as gw:
         session = gw.open_session()
-        client = openai.AsyncOpenAI(base_url=gw.base_url, api_key=session.id, max_retries=0,
+        client = openai.AsyncOpenAI(base_url=gw.base_url, api_key=session.key, max_retries=0,
                                     _strict_response_validation=True)
         user = {"role": "user", "content": [{"type": "input_text", "text": "Colour?"},
                                             {"type": "input_image", "image_url": RED_URI, "detail": "auto"}]}
@@ -206,7 +206,7 @@ async def test_anthropic_sdk_sends_image_blocks_in_user_and_tool_results(vl_temp
     tools = [{"name": "look", "description": "Take a picture.", "input_schema": {"type": "object"}}]
     async with running_gateway(vl_template, engine, frontends=ALL) as gw:
         session = gw.open_session()
-        client = anthropic.AsyncAnthropic(base_url=gw.base_url.rstrip("/"), api_key=session.id, max_retries=0,
+        client = anthropic.AsyncAnthropic(base_url=gw.base_url.rstrip("/"), api_key=session.key, max_retries=0,
                                           _strict_response_validation=True)
         messages: list[Any] = [{"role": "user", "content": [red, {"type": "text", "text": "Look again."}]}]
         first = await client.messages.create(model="m", max_tokens=64, messages=messages, tools=tools)
@@ -253,7 +253,7 @@ async def test_text_only_model_answers_images_with_400(template: ChatTemplate, t
     async with running_gateway(template, engine, frontends=ALL) as gw:
         session = gw.open_session()
         answers = [await gw.post(session, chat), await gw.post(session, responses, "v1/responses"),
-                   await gw.post(session, messages, "v1/messages", headers={"x-api-key": session.id})]
+                   await gw.post(session, messages, "v1/messages", headers={"x-api-key": session.key})]
         with pytest.raises(openai.BadRequestError, match="text-only"):
             await gw.sdk(session).chat.completions.create(model="m", messages=chat["messages"])
     for reply, param in zip(answers[:2], ("messages[2].content[1]", "input[0].content[0]"), strict=True):

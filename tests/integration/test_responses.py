@@ -69,7 +69,7 @@ async def responses_gateway(template: ChatTemplate, engine: ScriptedEngine, hear
 
 
 def strict_sdk(gw: Gateway, session: Session) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=gw.base_url, api_key=session.id, max_retries=0,
+    return openai.AsyncOpenAI(base_url=gw.base_url, api_key=session.key, max_retries=0,
                               _strict_response_validation=True)
 
 

@@ -76,7 +76,7 @@ def _serve(template: ChatTemplate, engine: ScriptedEngine, ready: list[Any], sto
 
 
 @pytest.fixture(scope="module")
-def live(template: ChatTemplate, tokenizer: Any, request: pytest.FixtureRequest) -> Iterator[Live]:
+def live(template: ChatTemplate, tokenizer: Any) -> Iterator[Live]:
     ready: list[Any] = []
     stop = threading.Event()
     engine = ScriptedEngine(tokenizer, ["Hello.", "<tool_call>\n{\"name\": \"calc\", \"arguments\": {}}\n</tool_call>"],
@@ -89,13 +89,6 @@ def live(template: ChatTemplate, tokenizer: Any, request: pytest.FixtureRequest)
     yield ready[0]
     stop.set()
     thread.join(timeout=30)
-    tried = sum(n for op, n in SEEN.items() if op != "500")
-    line = (f"fuzz: {tried} cases tried over {len([op for op in SEEN if op != '500'])} operations "
-            f"({dict((k, v) for k, v in SEEN.items() if k != '500')}), {SEEN['500']} responses with status 500")
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:
-        reporter.write_line(line)
-    print(line)
 
 
 @SCHEMA.parametrize()

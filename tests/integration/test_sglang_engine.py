@@ -207,3 +207,26 @@ def test_launched_fake_servers_behind_the_real_sglang_router(tiny_path: Path, tm
                 os.kill(pid, 0)
 
     asyncio.run(go())
+
+
+def test_engine_sglang_composes_typed_and_binds_its_class(tiny_path: Path) -> None:
+    import inspect
+
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import ConfigCompositionException
+    from hydra.utils import get_class
+    from omegaconf import OmegaConf
+
+    from relax_pipeline.config import CONF_DIR, engine_context, register
+
+    register()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=["engine=sglang", "engine.urls=[http://127.0.0.1:30000]",
+                                           "engine.admission=kv", "+engine.server_args.tp_size=2"])
+        with pytest.raises(ConfigCompositionException):
+            compose("config", overrides=["engine=sglang", "engine.admision=kv"])
+    node = OmegaConf.to_container(cfg.engine, resolve=True)
+    target = get_class(node.pop("_target_"))
+    assert target is SglangEngine and node["server_args"] == {"tp_size": 2}
+    assert engine_context(cfg.engine, tiny_path) == {"output_dir": str(tiny_path)}
+    inspect.signature(target).bind(model_path="m", seed=0, max_context_len=128, output_dir="o", **node)

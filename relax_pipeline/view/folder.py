@@ -69,17 +69,21 @@ class LogReader:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self._reset()
+
+    def _reset(self) -> None:
         self._offset = 0
         self.steps: list[tuple[int, dict[str, float]]] = []
         self.forks: dict[str, list[ForkRecord]] = {}
         self.last_line = ""
 
     def refresh(self) -> None:
+        """Read the lines added since the last call (a shorter file was rewritten: read it again)."""
         if not self.path.exists():
             return
         size = self.path.stat().st_size
-        if size < self._offset:  # rewritten: start over
-            self.__init__(self.path)  # type: ignore[misc]
+        if size < self._offset:
+            self._reset()
         with open(self.path, "rb") as f:
             f.seek(self._offset)
             chunk = f.read(size - self._offset)
@@ -91,12 +95,12 @@ class LogReader:
     def _read(self, line: str) -> None:
         if line.strip():
             self.last_line = line
-        if match := FORK_LINE.search(line):
+        if " forked: " in line and (match := FORK_LINE.search(line)):
             index = FORK_MESSAGE.search(match.group(3))
             record = ForkRecord(match.group(1), int(match.group(2)), match.group(3),
                                 int(index.group(1)) if index else None)
             self.forks.setdefault(record.session_id, []).append(record)
-        elif match := STEP_LINE.search(line) or EVAL_LINE.search(line):
+        elif " metrics " in line and (match := STEP_LINE.search(line) or EVAL_LINE.search(line)):
             self.steps.append((int(match.group(1)), parse_pairs(match.group(2))))
 
 

@@ -1,6 +1,7 @@
 """`engine=sglang`: the `Engine` protocol as a client of SGLang's native HTTP API (token in, token out).
 
-API followed: SGLang's `python/sglang/srt/entrypoints/http_server.py` as of 0.5.3 (`SGLANG_API_VERSION`).
+API followed: SGLang's `python/sglang/srt/entrypoints/http_server.py` of the 0.5.3 line (`SGLANG_API_VERSION`;
+read at sgl-project/sglang commit 0025436e, whose `version.py` era is 0.5.3rc2; sglang-router 0.3.2).
 Endpoints used, and nothing else (`relax_pipeline.testing.sglang_server` implements exactly these):
 
 - `GET /health`, `GET /get_model_info` (`is_generation`), `GET /get_server_info` (`version`,

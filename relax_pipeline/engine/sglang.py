@@ -132,6 +132,8 @@ class SglangEngine:
         self._pool: WorkerPool | None = None
         self._shared: WorkerLoad | None = None
         self._flights: dict[str, _Flight] = {}
+        self._background: set[asyncio.Task[None]] = set()
+        """Aborts sent for cancelled generations (kept referenced until done)."""
         self._http: httpx.AsyncClient | None = None
         self._tokenizer: Any = None
         self._written: Path | None = None
@@ -183,7 +185,9 @@ class SglangEngine:
             flight.answered.set_result(result)
         except asyncio.CancelledError:
             if not flight.aborted:  # the caller gave up: stop the server's work too
-                asyncio.get_running_loop().create_task(self._send_abort(rid, worker))
+                task = asyncio.get_running_loop().create_task(self._send_abort(rid, worker))
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
             raise
         finally:
             self._flights.pop(rid, None)

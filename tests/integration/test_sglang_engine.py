@@ -87,6 +87,24 @@ def test_abort_returns_the_partial_output_and_the_resume_continues(tiny_path: Pa
     asyncio.run(go())
 
 
+def test_a_cancelled_generate_is_aborted_on_the_server(tiny_path: Path, tmp_path: Path) -> None:
+    async def go() -> None:
+        async with fakes(tiny_path, decode_delay_s=0.02) as [server], \
+                client(tiny_path, [server], tmp_path) as engine:
+            task = asyncio.create_task(engine.generate(list(range(3, 20)), SamplingParams(400, seed=1), "gone"))
+            await asyncio.sleep(0.5)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            for _ in range(100):
+                if not server.state.live:
+                    break
+                await asyncio.sleep(0.05)
+            assert server.state.calls["POST /abort_request"] == 1 and not server.state.live
+
+    asyncio.run(go())
+
+
 def _moved_weights(tiny_path: Path) -> dict[str, torch.Tensor]:
     from transformers import AutoModelForCausalLM
 

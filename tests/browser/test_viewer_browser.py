@@ -4,7 +4,9 @@ for Python (`pip install -e '.[view]'`; no `playwright install` download: the OS
 The run: two training steps on the tiny model (CPU) with `tests/agents/forking_agent.py`, which forks its session
 on "+" prompts (it rewrites its first answer), fails on purpose on one prompt (a failed and a dropped row), and
 an eval dataset evaluated before the first step and after each. The tests open that run's folder in the viewer
-and check what a person would look at; each view is saved as `docs/img/viewer_*.png` (the README shows them).
+and check what a person would look at; each view is saved as a screenshot, into `docs/img/viewer_*.png` (the README
+shows them) when `RELAX_SCREENSHOTS=docs` is set, else into the test's temporary folder, so a test run leaves the
+checkout clean. Regenerate the README's images with `RELAX_SCREENSHOTS=docs pytest -m browser tests/browser`.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,7 +28,7 @@ from relax_pipeline.view.server import ViewServer
 
 playwright = pytest.importorskip("playwright.sync_api", reason="pip install -e '.[view]' (playwright==1.65.2)")
 REPO = Path(__file__).resolve().parents[2]
-IMAGES = REPO / "docs" / "img"
+IMAGES = REPO / "docs" / "img" if os.environ.get("RELAX_SCREENSHOTS") == "docs" else Path(tempfile.mkdtemp("-viewer"))
 AGENT = REPO / "tests" / "agents" / "forking_agent.py"
 STEPS = 2
 PROMPTS = ["What is 2 + 3?", "What is 7 - 4?", "Please fail now.", "What is 5 + 1?", "What is 9 - 2?", "What is 4 + 4?"]

@@ -8,7 +8,8 @@ with a finite number for every exported name; that number is the context's base 
 trainer). Returning None filters the whole group: its sessions end `filtered` and its prompt goes back to
 the data source. Rewards are still read from the exports, for the dump and the metrics.
 
-A malformed result stops the run with an error naming `credit.advantage_path`, the slot and the name.
+A malformed result (or an exception) drops the group with an error naming `credit.advantage_path`, the slot
+and the name (`stages/reward.py`); the run goes on with a replacement group.
 Eval groups never call the function: they get the estimator's credit, as with `credit=reward`.
 """
 

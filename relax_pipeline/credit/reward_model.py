@@ -12,8 +12,8 @@ numeric fields become `rollout/<field>/*` metrics. Credit then follows `credit.e
 instead (RM scores, then the hook: `credit/custom_advantage.py`).
 
 A value that is not a number, an object or null fails its session (like a bad exported reward); a group
-RM result that is not a list of the group's length stops the run with an error naming `credit.rm_path`.
-Exceptions raised by the user function propagate unchanged. No retries, no batching across groups.
+RM result that is not a list of the group's length drops the group with an error naming `credit.rm_path`.
+Exceptions raised by the user function drop the group with the error (`stages/reward.py`). No retries.
 """
 
 from __future__ import annotations

@@ -7,8 +7,10 @@ reward and the advantage and may filter the group; the scored contexts go back o
 A reward that cannot be read fails the session, and so drops the group, like any other session
 failure; so does a train session that exports several contexts when the run lacks what that needs
 (`credit=custom_advantage` and dynamic batching, `config.multi_context_missing`): the failure names the keys.
-Filtered groups are logged here with the reason. What it does not do: read or write dump rows (Transfer)
-or give prompts back (Pipeline).
+A reward model, advantage hook or group filter that raises or returns the wrong shape drops the group with
+the error (naming the `credit.*` key) instead of stopping the run: the pipeline starts a replacement group
+like for any other drop. Filtered groups are logged here with the reason. What it does not do: read or write
+dump rows (Transfer) or give prompts back (Pipeline).
 """
 
 from __future__ import annotations
@@ -44,11 +46,16 @@ class Reward:
                               for e in exports.get(s.id, [])])
         try:
             await self.credit.score(scored)
+            if not scored.filtered and not await self.credit.keep(scored):
+                filter_group(scored, "credit.filter_path rejected the group")
         except RewardError as error:
             self._fail(group, error.session_id, str(error))
             return
-        if not scored.filtered and not await self.credit.keep(scored):
-            filter_group(scored, "credit.filter_path rejected the group")
+        except Exception as error:  # noqa: BLE001 - user code (reward model, advantage hook, filter): drop, go on
+            reason = f"{self._user_keys()}: {type(error).__name__}: {error}"
+            log.warning("group %s dropped: the credit failed: %s", group.id, reason)
+            drop_group(self.store, group, reason)
+            return
         group.contexts, group.filtered = scored.contexts, scored.filtered
         if group.filtered:
             log.info("group %s filtered: %s", group.id, group.filtered)
@@ -77,6 +84,12 @@ class Reward:
         sample = build_sample(session.forest, exported.node, exported.shared)
         return CreditContext(slot, session.id, exported.name, sample, metadata, session.prompt, raw,
                              branch=exported.branch, truncated_failure=session.id in group.truncated)
+
+    def _user_keys(self) -> str:
+        """The configured user functions (`credit.rm_path=...`), so a failure names the key to look at."""
+        keys = [f"credit.{key}={value!r}" for key in ("rm_path", "advantage_path", "filter_path")
+                if (value := getattr(self.credit, key, None))]
+        return ", ".join(keys) or "credit"
 
     def _fail(self, group: Group, session_id: str | None, reason: str) -> None:
         failed = next((s for s in group.sessions if s.id == session_id), None)

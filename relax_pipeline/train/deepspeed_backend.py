@@ -46,19 +46,17 @@ from typing import Any
 
 import torch
 
+from relax_pipeline.models.folder import WEIGHTS_FILE, copy_model_files, save_weights
 from relax_pipeline.models.spec import is_multimodal
 from relax_pipeline.models.tiny import default_cache_dir
 from relax_pipeline.train.optim import adamw
 from relax_pipeline.train.torch_backend import (
-    WEIGHTS_FILE,
     TorchTrainer,
-    copy_model_files,
     cpu_state_dict,
     fresh_optimizer_warning,
     frozen_copy,
     load_policy,
     load_weights,
-    save_weights,
     write_state,
 )
 

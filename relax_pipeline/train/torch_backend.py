@@ -39,8 +39,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
+from relax_pipeline.models.folder import WEIGHTS_FILE, copy_model_files, save_weights
 from relax_pipeline.train.advantages import AdvantageSettings
 from relax_pipeline.train.batching import BatchSettings, TrainSample, global_batches
 from relax_pipeline.train.losses import LossSettings
@@ -48,11 +49,8 @@ from relax_pipeline.train.optim import OptimSettings, adamw, clip_and_step
 from relax_pipeline.train.step import StepSettings, mean_metrics, optimizer_step
 
 log = logging.getLogger(__name__)
-WEIGHTS_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"
 STATE_FILE = "trainer_state.pt"
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".index.json")
-"""Files of a model folder that `copy_model_files` leaves behind: weights, their indexes, training state."""
 
 
 class TorchTrainer:
@@ -188,31 +186,6 @@ def cpu_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
             copies[key] = tensor.detach().to("cpu", copy=True)
         out[name] = copies[key]
     return out
-
-
-def save_weights(weights: dict[str, torch.Tensor], file: Path) -> None:
-    """safetensors file of `weights`, each shared tensor stored once under its first name (Hugging Face
-    ties the others again on load), marked `format: pt` as `from_pretrained` expects."""
-    seen: set[int] = set()
-    unique = {}
-    for name, tensor in weights.items():
-        if id(tensor) not in seen:
-            seen.add(id(tensor))
-            unique[name] = tensor.contiguous()
-    save_file(unique, str(file), metadata={"format": "pt"})
-
-
-def copy_model_files(model_path: Path, folder: Path) -> None:
-    """Copy the model folder's own files (config, generation config, tokenizer, chat template, processor)
-    into the checkpoint `folder`, leaving weights and training state behind (`WEIGHT_SUFFIXES`); a model
-    path without `generation_config.json` gets one from its config, so every checkpoint has one."""
-    for source in model_path.iterdir():
-        if source.is_file() and not source.name.endswith(WEIGHT_SUFFIXES):
-            shutil.copy2(source, folder / source.name)
-    if not (folder / "generation_config.json").exists():
-        from transformers import AutoConfig, GenerationConfig
-
-        GenerationConfig.from_model_config(AutoConfig.from_pretrained(folder)).save_pretrained(folder)
 
 
 def fresh_optimizer_warning(path: Path) -> None:

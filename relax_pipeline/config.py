@@ -23,6 +23,7 @@ from hydra.errors import InstantiationException
 from hydra.utils import get_class, instantiate
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from relax_pipeline.gateway.server import check_bind, check_public_url
 from relax_pipeline.train.advantages import AdvantageSettings
 from relax_pipeline.train.base import Trainer
 from relax_pipeline.train.batching import BatchSettings
@@ -52,6 +53,24 @@ class ProtocolConfig:
     """URL path the gateway serves under; RELAX_BASE_URL keeps it."""
     sse_heartbeat_s: float = 15.0
     """Seconds between Buffered SSE heartbeats."""
+
+
+@dataclass
+class GatewayConfig:
+    """Where the gateway listens and the base URL agents are given (`gateway/server.py`)."""
+
+    host: str = "127.0.0.1"
+    """Address to bind: 127.0.0.1 (this machine only), one of this machine's addresses, or 0.0.0.0 / :: (every
+    interface). Anything but loopback needs gateway.allow_remote=true."""
+    port: int = 0
+    """TCP port; 0 picks a free one (run.log says which)."""
+    public_url: str | None = None
+    """Base URL agents are given (RELAX_BASE_URL, also what agent.executor=http sends), such as
+    http://node0.cluster:8000/agentic_api/: keeps protocol.service_prefix and ends with '/'. None: derived from
+    the bound address (a wildcard bind advertises this machine's primary address)."""
+    allow_remote: bool = False
+    """Allow a bind other hosts can reach; sessions then authenticate only with RELAX_API_KEY. false: loopback
+    binds only, where a session's RELAX_SESSION_ID also opens that session."""
 
 
 CAPACITY_KEYS = ("concurrency", "eval_concurrency", "external_slots")
@@ -499,6 +518,7 @@ class Config:
     seed: int = 0
     """One seed for data order, sampling and init."""
     protocol: ProtocolConfig = field(default_factory=ProtocolConfig)
+    gateway: GatewayConfig = field(default_factory=GatewayConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     credit: CreditConfig = field(default_factory=CreditConfig)
     engine: Any = None
@@ -651,6 +671,7 @@ def validate(cfg: DictConfig) -> None:
     _check_multi_context(cfg)
     _check_eval(cfg)
     _check_executor(cfg.agent)
+    _check_gateway(cfg.gateway, cfg.protocol.service_prefix)
 
 
 def multi_context_missing(cfg: DictConfig) -> list[str]:
@@ -679,6 +700,13 @@ def _check_executor(agent: DictConfig) -> None:
     if executor == "http" and not agent.get("server_url"):
         raise ValueError("agent.executor=http needs agent.server_url (the agent server's base URL, for example "
                          "http://127.0.0.1:8700); or use agent.executor=local")
+
+
+def _check_gateway(gateway: DictConfig, service_prefix: str) -> None:
+    """The bind (`gateway.allow_remote` for a non-loopback host) and `gateway.public_url`'s form."""
+    check_bind(gateway.host, gateway.port, gateway.allow_remote)
+    if gateway.public_url is not None:
+        check_public_url(gateway.public_url, service_prefix)
 
 
 def _check_eval(cfg: DictConfig) -> None:

@@ -1,41 +1,60 @@
-"""Gateway server lifecycle: uvicorn inside the run's event loop, on 127.0.0.1 and a free port.
+"""Gateway server lifecycle: uvicorn inside the run's event loop, on `gateway.host`:`gateway.port`.
 
-`GatewayServer.start()` binds port 0 (or a configured port), waits until uvicorn accepts connections
-and exposes `base_url`, the agents' `RELAX_BASE_URL` (service path included, trailing `/`).
-`stop()` shuts it down. It shares the event loop with the pipeline, so no thread hop sits on the
-request path; the engine's compute runs in its own worker thread.
+`GatewayServer.start()` binds the configured host and port (port 0: a free one), waits until uvicorn
+accepts connections and exposes `base_url`, the agents' `RELAX_BASE_URL` (service path included, trailing
+`/`): `gateway.public_url` when set (what agents on other hosts reach: a DNS name, a proxy, a tunnel), else
+derived from the bound address (a wildcard bind, `0.0.0.0` or `::`, advertises this machine's primary
+address). `stop()` shuts it down. It shares the event loop with the pipeline, so no thread hop sits on
+the request path; the engine's compute runs in its own worker thread.
+
+Binding anything but a loopback address opens the gateway to other hosts, so `check_bind` refuses it
+unless `gateway.allow_remote=true` (the app then takes only each session's secret key, `RELAX_API_KEY`;
+see `gateway/app.py`). `check_public_url` refuses a public URL that drops the service prefix or the
+trailing `/`. `config.validate` runs both checks at start-up, and the constructor runs them again.
 
 The listening socket is created with `IPPROTO_TCP`, so asyncio sets TCP_NODELAY on every accepted
 connection (it does so only for sockets whose protocol is TCP, and an accepted socket inherits the
 listener's). With protocol 0, uvicorn's separate header and body writes left the body waiting for the
 client's delayed ACK: about 40 ms per keep-alive request instead of about 1 ms. This module does not
-pick the event loop (the run's `asyncio.run` loop serves) and serves IPv4 hosts only.
+pick the event loop (the run's `asyncio.run` loop serves), does not terminate TLS (put a proxy in front
+and name it in `gateway.public_url`) and does not authenticate (the app does).
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import socket
+from urllib.parse import urlsplit
 
 import uvicorn
 from starlette.types import ASGIApp
 
+WILDCARD_HOSTS = ("", "0.0.0.0", "::")
+"""Hosts that bind every interface."""
+_PROBE = ("198.51.100.1", 9)
+"""A documentation address (TEST-NET-2): connecting a UDP socket to it picks the source address of the
+default route without sending a packet."""
+
 
 class GatewayServer:
-    """One uvicorn server for one run."""
+    """One uvicorn server for one run, on `host`:`port`, advertising `base_url`."""
 
-    def __init__(self, app: ASGIApp, host: str = "127.0.0.1", port: int = 0, prefix: str = "/agentic_api") -> None:
+    def __init__(self, app: ASGIApp, host: str = "127.0.0.1", port: int = 0, prefix: str = "/agentic_api",
+                 public_url: str | None = None, allow_remote: bool = False) -> None:
         self.app = app
         self.host = host
         self.port = port
         self.prefix = "/" + prefix.strip("/") if prefix.strip("/") else ""
+        check_bind(host, port, allow_remote)
+        if public_url is not None:
+            check_public_url(public_url, self.prefix)
+        self.public_url = public_url
         self._server: uvicorn.Server | None = None
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self.host, self.port))
+        sock = _listen(self.host, self.port)
         self.port = sock.getsockname()[1]
         config = uvicorn.Config(self.app, log_level="warning", lifespan="off", access_log=False,
                                 timeout_keep_alive=30, backlog=2048)
@@ -47,8 +66,18 @@ class GatewayServer:
             await asyncio.sleep(0.01)
 
     @property
+    def bound_url(self) -> str:
+        """Where the server listens, with the service path (`http://0.0.0.0:PORT/agentic_api/` on a wildcard)."""
+        return f"http://{url_host(self.host)}:{self.port}{self.prefix}/"
+
+    @property
     def base_url(self) -> str:
-        return f"http://{self.host}:{self.port}{self.prefix}/"
+        """What agents use (`RELAX_BASE_URL`): `public_url`, else the bound address (a wildcard bind names
+        this machine's primary address)."""
+        if self.public_url is not None:
+            return self.public_url
+        host = machine_address(self.host) if self.host in WILDCARD_HOSTS else self.host
+        return f"http://{url_host(host)}:{self.port}{self.prefix}/"
 
     async def stop(self) -> None:
         if self._server is None or self._task is None:
@@ -56,3 +85,84 @@ class GatewayServer:
         self._server.should_exit = True
         await self._task
         self._server = None
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to `host`:`port` (IPv4 or IPv6 as the host says); errors name `gateway.host/port`."""
+    try:
+        family, _, proto, _, address = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
+                                                          proto=socket.IPPROTO_TCP, flags=socket.AI_PASSIVE)[0]
+    except OSError as error:
+        raise ValueError(f"gateway.host={host!r} does not resolve ({error}); use an address of this machine, "
+                         "127.0.0.1, or 0.0.0.0") from None
+    sock = socket.socket(family, socket.SOCK_STREAM, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as error:
+        sock.close()
+        raise ValueError(f"gateway.host={host!r} gateway.port={port}: cannot bind ({error.strerror}); choose a free "
+                         "port (gateway.port=0 picks one) and an address of this machine") from None
+    return sock
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` (an address or a name) binds only this machine's loopback interface."""
+    if host in WILDCARD_HOSTS:
+        return False
+    try:
+        return ipaddress.ip_address(host.split("%")[0]).is_loopback
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except OSError:
+        return False
+    return all(ipaddress.ip_address(str(info[4][0]).split("%")[0]).is_loopback for info in infos)
+
+
+def check_bind(host: str, port: int, allow_remote: bool) -> None:
+    """Refuse a bind other hosts could reach unless `gateway.allow_remote=true`; refuse a port out of range."""
+    if not 0 <= port <= 65535:
+        raise ValueError(f"gateway.port={port} is not a TCP port; use 0 (a free port) or 1-65535")
+    if allow_remote or is_loopback(host):
+        return
+    raise ValueError(f"gateway.host={host!r} is not a loopback address, so other hosts could reach the gateway; set "
+                     "gateway.allow_remote=true to serve agents elsewhere (sessions then authenticate only with "
+                     "their RELAX_API_KEY), or bind gateway.host=127.0.0.1")
+
+
+def check_public_url(url: str, prefix: str) -> None:
+    """`gateway.public_url` must be an http(s) URL that keeps the service prefix and ends with `/`."""
+    parts = urlsplit(url)
+    path = "/" + prefix.strip("/") + "/" if prefix.strip("/") else "/"
+    problems = []
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        problems.append("it must start with http:// or https:// and name a host")
+    if not parts.path.endswith(path):
+        problems.append(f"its path must end with the service prefix and a slash, {path!r} (protocol.service_prefix)")
+    if parts.query or parts.fragment:
+        problems.append("it must have no query or fragment")
+    if problems:
+        example = f"http://HOST:PORT{path}"
+        raise ValueError(f"gateway.public_url={url!r}: {'; '.join(problems)}; for example {example}")
+
+
+def machine_address(host: str = "0.0.0.0") -> str:
+    """This machine's primary address of `host`'s family (the default route's source), else loopback."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    probe = ("2001:db8::1", 9) if family == socket.AF_INET6 else _PROBE
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as udp:
+            udp.connect(probe)
+            address = str(udp.getsockname()[0])
+    except OSError:
+        address = ""
+    if not address or ipaddress.ip_address(address.split("%")[0]).is_loopback:
+        return "::1" if family == socket.AF_INET6 else "127.0.0.1"
+    return address
+
+
+def url_host(host: str) -> str:
+    """`host` as it appears in a URL (IPv6 addresses in brackets)."""
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host

@@ -15,8 +15,13 @@ terminal state with a reason, so nothing is lost silently. The store does no I/O
 
 Credentials: each session has an id (`sess-` + 24 random hex digits; it names the session in logs, the dump
 and agent-server URLs, so it is not secret) and a separate key (`rk-` + 32 random url-safe characters from
-`secrets`, unrelated to the id, never logged). `authenticate` finds a session by its key only: an id, a
-forged id or another session's logged id opens nothing.
+`secrets`, unrelated to the id, never logged). `authenticate` finds a session by its key; only when asked
+(`session_ids=True`, what a loopback gateway passes: DESIGN §3.3's `Bearer <RELAX_SESSION_ID>`) also by its
+own id. Either way a credential opens only the session it belongs to; a forged id or key opens nothing.
+
+Memory: `release` forgets an ended session once its group's rows are written (the pipeline does it at the
+end of each step), keeping only its key, id and final status, so a run of days holds the sessions of its
+live groups, not every forest it ever recorded.
 """
 
 from __future__ import annotations
@@ -115,6 +120,8 @@ class ForestStore:
     def __init__(self) -> None:
         self._sessions: dict[str, Session] = {}
         self._keys: dict[str, Session] = {}
+        self._released: dict[str, tuple[str, Status]] = {}
+        """Key → (id, final status) of released sessions: enough to answer their late requests with a 404."""
 
     def open(self, group_id: str, index: int, rollout_id: int, mode: str, prompt: dict[str, Any],
              seed: int = 0) -> Session:
@@ -129,9 +136,27 @@ class ForestStore:
         """The session named `session_id` (not a credential: see `authenticate`)."""
         return self._sessions.get(session_id)
 
-    def authenticate(self, key: str) -> Session | None:
-        """The session whose secret key is `key`; None for anything else (a session id included)."""
-        return self._keys.get(key)
+    def authenticate(self, credential: str, session_ids: bool = False) -> Session | None:
+        """The session whose secret key is `credential`; with `session_ids` (a loopback gateway) also the
+        session whose id it is. None for anything else (a session id too, unless `session_ids`)."""
+        session = self._keys.get(credential)
+        if session is None and session_ids:
+            session = self._sessions.get(credential)
+        return session
+
+    def released(self, key: str) -> tuple[str, Status] | None:
+        """(id, final status) of the released session whose key is `key`; None for any other key."""
+        return self._released.get(key)
+
+    def release(self, session: Session) -> bool:
+        """Forget an ended session whose rows are written (its forest, memo and prompt go with it); its key
+        keeps answering 404. A session still live is kept; returns whether `session` was released."""
+        if not session.status.terminal:
+            return False
+        self._sessions.pop(session.id, None)
+        self._keys.pop(session.key, None)
+        self._released[session.key] = (session.id, session.status)
+        return True
 
     def set_status(self, session: Session, status: Status, error: str | None = None) -> None:
         """Move a session to `status`; a terminal state is final and keeps its first reason."""

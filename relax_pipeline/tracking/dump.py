@@ -50,7 +50,7 @@ class RolloutDump:
             return None
         path.parent.mkdir(parents=True, exist_ok=True)
         payload = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows).encode()
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
         try:
             size = _repair(fd, path)
             _append(fd, path, payload, size)

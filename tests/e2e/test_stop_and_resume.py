@@ -108,8 +108,9 @@ def test_sigint_saves_a_loadable_checkpoint_that_resumes_exactly_and_evaluates(t
                                  f"trainer.checkpoint_dir={folder}")))
     straight = work / "straight"
     run(compose_config(overrides(straight, tiny_path, "job=train")))
-    assert [r["tokens"] for r in read(out / "dump" / "r_1.jsonl")] == [r["tokens"] for r in
-                                                                         read(straight / "dump" / "r_1.jsonl")]
+    resumed = read(out / "dump" / "r_1.jsonl")
+    assert resumed[:len(step1)] == step1, "the resumed run appends to the dump; the dropped rows stay"
+    assert [r["tokens"] for r in resumed[len(step1):]] == [r["tokens"] for r in read(straight / "dump" / "r_1.jsonl")]
     a, b = (load_file(o / "checkpoints" / "step_2" / "model.safetensors") for o in (out, straight))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert sorted(p.name for p in folder.iterdir()) == ["step_2"], "trainer.keep_checkpoints=1"

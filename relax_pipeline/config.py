@@ -9,6 +9,7 @@ express are checked by `validate`, which names the key and the allowed values.
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import logging
 import re
@@ -197,10 +198,14 @@ class SglangEngineConfig:
 ENGINE_SCHEMAS = {"hf": EngineConfig, "scripted": ScriptedEngineConfig, "sglang": SglangEngineConfig}
 
 
-def engine_context(engine: DictConfig, output_dir: Path) -> dict[str, Any]:
-    """Run-level arguments an engine class takes besides its keys: `output_dir` (engine=sglang's logs and weights)."""
+def engine_context(engine: DictConfig, output_dir: Path, ray: DictConfig | None = None) -> dict[str, Any]:
+    """Run-level arguments an engine class takes besides its keys: `output_dir` (engine=sglang's logs and weights),
+    `ray` (the run's `ray.*` keys, for servers placed on a Ray cluster)."""
     taken = inspect.signature(get_class(engine._target_)).parameters
-    return {"output_dir": str(output_dir)} if "output_dir" in taken else {}
+    context: dict[str, Any] = {"output_dir": str(output_dir)} if "output_dir" in taken else {}
+    if "ray" in taken and ray is not None:
+        context["ray"] = OmegaConf.to_container(ray, resolve=True)
+    return context
 """The typed schema of each `engine=` option (its yaml names `<option>_schema` in its defaults)."""
 
 
@@ -381,8 +386,24 @@ class SandboxConfig:
     """Wall seconds per command; then its whole process tree is killed."""
 
 
-AGENT_EXECUTORS = ("local", "http")
-"""Where agents run (`agent.executor`): a local process group per session, or a session sent to an agent server."""
+AGENT_EXECUTORS = ("local", "http", "ray")
+"""Where agents run (`agent.executor`): a local process group per session, a session sent to an agent server, or a
+session run on a node of a Ray cluster (`agent/ray_executor.py`)."""
+
+
+@dataclass
+class RayConfig:
+    """The Ray cluster of `agent.executor=ray` and `engine.placement=ray` (`agent/ray_runtime.py`): connected once,
+    on first use, and left at the end of the run."""
+
+    address: str | None = None
+    """null: start a local Ray instance for this run (stopped at the end); `auto` (a cluster started with `ray
+    start` on this machine) or `ray://HOST:10001` / `HOST:6379`: join that cluster."""
+    num_cpus: int | None = None
+    """address=null: logical CPUs of the local instance (null: the machine's cores)."""
+    runtime_env: dict[str, Any] = field(default_factory=dict)
+    """Ray runtime_env of the run's workers ({working_dir: ..., pip: [...], env_vars: {...}}): how nodes get the
+    package and the agent's code when they do not share this machine's install."""
 
 
 @dataclass
@@ -400,8 +421,12 @@ class AgentConfig:
     """Sessions export several training contexts; needs credit=custom_advantage and dynamic batching
     (trainer.batching.use_dynamic_batch_size)."""
     executor: str = "local"
-    """local (one process group per session on this machine) or http (each session is POSTed to
-    agent.server_url, an agent server that runs it; docs/agentic-rollout.md has the contract)."""
+    """local (one process group per session on this machine), http (each session is POSTed to
+    agent.server_url, an agent server that runs it; docs/agentic-rollout.md has the contract) or ray (each session
+    runs on a node of the Ray cluster at ray.address; files travel with the call, no shared disk)."""
+    resources: dict[str, float] = field(default_factory=dict)
+    """executor=ray: what one session holds on its node ({num_cpus: 1}, {num_gpus: 1}, {sandbox: 1} for a custom
+    resource); a node runs as many sessions at once as its Ray resources allow; {}: no limit."""
     server_url: str | None = None
     """executor=http: base URL of the agent server (its POST /sessions runs one session)."""
     services: dict[str, ServiceConfig] = field(default_factory=dict)
@@ -534,6 +559,8 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
+    """The Ray cluster (agent.executor=ray, engine.placement=ray)."""
     view: ViewConfig = field(default_factory=ViewConfig)
     output_dir: str | None = None
     """Where run.log and dumps go; None means Hydra's output folder (or ./outputs/<time> in-process)."""
@@ -697,6 +724,12 @@ def _check_executor(agent: DictConfig) -> None:
     executor = agent.get("executor", "local")
     if executor not in AGENT_EXECUTORS:
         raise ValueError(f"agent.executor={executor!r} is not an executor; choose one of {list(AGENT_EXECUTORS)}")
+    for key, value in (agent.get("resources") or {}).items():
+        if not isinstance(value, int | float) or value < 0:
+            raise ValueError(f"agent.resources.{key}={value!r} must be a number >= 0 (what one session holds)")
+    if executor == "ray" and importlib.util.find_spec("ray") is None:
+        raise ValueError("agent.executor=ray needs Ray: pip install 'relax_pipeline[ray]' (ray[default]==2.60.0); "
+                         "or use agent.executor=local")
     if executor == "http" and not agent.get("server_url"):
         raise ValueError("agent.executor=http needs agent.server_url (the agent server's base URL, for example "
                          "http://127.0.0.1:8700); or use agent.executor=local")

@@ -33,6 +33,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from relax_pipeline.agent import ray_runtime
 from relax_pipeline.agent.services import Services, service_problems
 from relax_pipeline.config import (
     build,
@@ -165,7 +166,7 @@ class _Parts:
         self.context_len = cfg.rollout.max_context_len or context_len(self.model_path)
         check_context_len(cfg.rollout.max_response_len, self.context_len)
         self.protocol = build(cfg.protocol)
-        self.agent = build(cfg.agent, sandbox=OmegaConf.to_container(cfg.sandbox))
+        self.agent = build(cfg.agent, sandbox=OmegaConf.to_container(cfg.sandbox), ray=OmegaConf.to_container(cfg.ray))
         self.services = Services(self.agent.services, output_dir)  # started by _run_job, never for job=check
         self.dataset = build(cfg.dataset)
         self.credit = build(cfg.credit)
@@ -176,7 +177,7 @@ class _Parts:
         check_slots(self.slot_plan(), cfg.runtime.external_slots)
         self.tracker = MetricsFile(build(cfg.tracking, output_dir=str(output_dir)), output_dir)
         self.engine = build(cfg.engine, model_path=str(self.model_path), seed=cfg.seed,
-                            max_context_len=self.context_len, **engine_context(cfg.engine, output_dir))
+                            max_context_len=self.context_len, **engine_context(cfg.engine, output_dir, cfg.ray))
         self.trainer = self._trainer() if cfg.job == "train" else None
         self.server: GatewayServer | None = None
         if cfg.job != "check":
@@ -277,6 +278,7 @@ class _Parts:
             await self.engine.close()
         finally:
             await self.services.stop()
+            ray_runtime.shutdown()  # the agent runners and Ray itself when this run started it; no-op without Ray
             if self.trainer is not None:
                 self.trainer.close()
             self.tracker.finish()

@@ -1,9 +1,10 @@
 """Where a session's agent runs: the `AgentRun` protocol the stages drive, and the factory that picks it.
 
 `agent.executor` chooses: `local` runs `AgentProcess` (a process group on this machine, `agent/launcher.py`),
-`http` runs `HttpAgent` (the session sent to an agent server, `agent/http_executor.py`). Both count
-`agent.timeout` as active time on `timer`, which the group lease pauses and resumes, and both raise
-`AgentFailure` (exit code, reason, log tail) from `wait`. Not here: how either one works.
+`http` runs `HttpAgent` (the session sent to an agent server, `agent/http_executor.py`), `ray` runs `RayAgent`
+(the session run on a node of a Ray cluster, `agent/ray_executor.py`; Ray is imported on first use). All count
+`agent.timeout` as active time on `timer`, which the group lease pauses and resumes, and all raise
+`AgentFailure` (exit code, reason, log tail) from `wait`. Not here: how any of them works.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from typing import Protocol
 
 from relax_pipeline.agent.http_executor import HttpAgent
 from relax_pipeline.agent.launcher import ActiveTimer, AgentExit, AgentProcess, AgentSpec
+from relax_pipeline.agent.ray_executor import RayAgent
 
-EXECUTORS = {"local": AgentProcess, "http": HttpAgent}
+EXECUTORS = {"local": AgentProcess, "http": HttpAgent, "ray": RayAgent}
 """`agent.executor` value → the class that runs one session."""
 
 

@@ -117,7 +117,8 @@ class AgentSpec:
     multi_context: bool = False
     """Sessions export several training contexts (checked at start: config.validate; at run time: stages/reward)."""
     executor: str = "local"
-    """`local`: an `AgentProcess` per session; `http`: the session is sent to `server_url` (`agent/http_executor`)."""
+    """`local`: an `AgentProcess` per session; `http`: the session is sent to `server_url` (`agent/http_executor`);
+    `ray`: the session runs on a Ray node (`agent/ray_executor`)."""
     server_url: str | None = None
     """executor=http: the agent server's base URL."""
     services: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -125,6 +126,10 @@ class AgentSpec:
     startup_timeout."""
     sandbox: dict[str, Any] = field(default_factory=dict)
     """The run's `sandbox.*` limits, sent with every executor=http session (`agent/sandbox.py` applies them)."""
+    resources: dict[str, float] = field(default_factory=dict)
+    """executor=ray: what one session holds on its node (`num_cpus`, `num_gpus`, `memory`, custom resources)."""
+    ray: dict[str, Any] = field(default_factory=dict)
+    """executor=ray: the run's `ray.*` keys (address, num_cpus, runtime_env; `agent/ray_runtime.py`)."""
 
     def __post_init__(self) -> None:
         reserved = sorted(k for k in self.env if str(k).startswith(RESERVED_PREFIX))

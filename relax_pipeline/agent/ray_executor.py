@@ -1,0 +1,318 @@
+"""`agent.executor=ray`: each session's agent runs on a node of a Ray cluster, waited on like a local process.
+
+The agent contract is unchanged (DESIGN §3.2): `RayAgent.start` reads the session's input file here and sends
+its text, `agent.command`, `agent.cwd`, `agent.env` and the session's `RELAX_*` variables as one `NodeCall` to
+the `NodeRunner` actor of a node (`agent/ray_node.py`), which writes the input into a temporary folder on that
+node, runs `bash -c command` there in its own process group and answers the exit code, the output file's text
+and the log tail. Here the output text becomes the session's local `RELAX_OUTPUT_JSON` and the log its local
+`agent.log` (with a first line naming the node), so output parsing, reward and dump are the same as for local
+agents. No disk is shared. `RELAX_BASE_URL` must be reachable from the nodes: `gateway.public_url` on a real
+cluster; 127.0.0.1 works on a local one.
+
+Budget and cancellation: the driver keeps the session's `ActiveTimer` (the group lease pauses and resumes it) and
+waits with `wait_active`, as for local agents. When the budget runs out, or the session is dropped, `terminate`
+asks the node's runner to end the process group (SIGTERM, `agent.grace_s`, SIGKILL, on the node) and waits for
+its answer. `kill` (the run's second Ctrl-C) sends the node a SIGKILL without waiting.
+
+Placement (`RunnerPool`): Ray places one runner actor on every alive node (node affinity, no CPU held by the
+actor) and carries the calls; a session goes to the runner with the most room for `agent.resources` (a node's
+Ray resources divided by what one session holds: `{num_cpus: 1}` runs at most as many sessions as the node has
+CPUs; a node without a resource named there takes none). When every node is full the session waits here, its
+active time counting. Nodes that join are picked up within a second.
+
+Node loss: when the node (or its runner) dies while a session runs, the session fails with a reason naming the
+node (`AgentFailure`, recorded in the dump like any failed session) and the run goes on on the other nodes.
+
+Not done here: restarting a session on another node (a session is not idempotent), shipping `agent.cwd` to the
+nodes (use `ray.runtime_env` or a shared install), streaming the log while the agent runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from relax_pipeline.agent import ray_runtime
+from relax_pipeline.agent.launcher import LOG_NAME, ActiveTimer, AgentExit, AgentFailure, AgentSpec, log_tail, wait_active
+from relax_pipeline.agent.ray_node import NodeAnswer, NodeCall, NodeRunner
+
+log = logging.getLogger("relax_pipeline")
+
+NODE_PATHS = ("RELAX_INPUT_JSON", "RELAX_OUTPUT_JSON", "RELAX_SESSION_IO_DIR")
+"""Session variables that are paths on the node; the runner sets them."""
+RESOURCE_NAMES = {"num_cpus": "CPU", "num_gpus": "GPU", "memory": "memory"}
+"""`agent.resources` keys that name Ray's built-in resources; any other key is a custom resource."""
+REFRESH_S = 1.0
+"""How often the pool looks for nodes that joined or left."""
+CANCEL_MARGIN_S = 10.0
+"""Seconds past the grace period a node's runner may take to end a cancelled session."""
+
+
+@dataclass
+class Runner:
+    """The runner actor of one node and the sessions it runs now."""
+
+    node_id: str
+    """Ray's node id."""
+    name: str
+    """`ip (node id prefix)`, as failures name the node."""
+    actor: Any
+    """The `NodeRunner` actor handle."""
+    capacity: float
+    """Sessions it may run at once for the run's `agent.resources` (inf: no limit)."""
+    in_flight: int = 0
+    """Sessions sent to it and not answered yet."""
+
+
+class RunnerPool:
+    """One `NodeRunner` per alive node of the cluster; picks the one with the most room (see the module)."""
+
+    def __init__(self, ray: Any, resources: Mapping[str, float]) -> None:
+        self.ray = ray
+        self.resources = dict(resources)
+        self.runners: dict[str, Runner] = {}
+        self._freed = asyncio.Event()
+        self._refreshed = -math.inf
+        self._remote = ray.remote(NodeRunner)
+
+    async def acquire(self) -> Runner:
+        """The runner with the most room; waits while every node is full."""
+        while True:
+            self._refresh()
+            if not any(r.capacity > 0 for r in self.runners.values()):
+                raise AgentFailure(f"no node of the Ray cluster has agent.resources={self.resources} (nodes: "
+                                   f"{self._describe()}); lower agent.resources or add nodes", None, "")
+            free = [r for r in self.runners.values() if r.in_flight < r.capacity]
+            if free:
+                runner = min(free, key=lambda r: (r.in_flight / r.capacity if r.capacity < math.inf else r.in_flight))
+                runner.in_flight += 1
+                return runner
+            self._freed.clear()
+            try:
+                await asyncio.wait_for(self._freed.wait(), REFRESH_S)
+            except TimeoutError:
+                pass
+
+    def release(self, runner: Runner) -> None:
+        """A session sent to `runner` is done."""
+        runner.in_flight -= 1
+        self._freed.set()
+
+    def lost(self, runner: Runner) -> None:
+        """`runner`'s node (or actor) died: never pick it again."""
+        if self.runners.get(runner.node_id) is runner:
+            del self.runners[runner.node_id]
+        self._refreshed = -math.inf
+
+    def close(self) -> None:
+        """End every runner actor (their sessions' process groups die with them)."""
+        for runner in self.runners.values():
+            try:
+                self.ray.kill(runner.actor)
+            except Exception as error:  # a runner already gone is fine
+                log.debug("ray: could not kill the runner on %s: %s", runner.name, error)
+        self.runners.clear()
+
+    def _refresh(self) -> None:
+        """Add a runner for each node that joined, drop those of nodes that left."""
+        if time.monotonic() - self._refreshed < REFRESH_S and self.runners:
+            return
+        self._refreshed = time.monotonic()
+        alive = {n["NodeID"]: n for n in self.ray.nodes() if n.get("Alive")}
+        for node_id in [n for n in self.runners if n not in alive]:
+            del self.runners[node_id]
+        for node_id, node in alive.items():
+            if node_id not in self.runners:
+                self.runners[node_id] = self._start_runner(node)
+
+    def _start_runner(self, node: Mapping[str, Any]) -> Runner:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        name = f"{node.get('NodeManagerAddress', '?')} ({node['NodeID'][:12]})"
+        actor = self._remote.options(
+            num_cpus=0, max_concurrency=100_000, max_restarts=0,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)).remote(name)
+        return Runner(node["NodeID"], name, actor, session_capacity(node.get("Resources", {}), self.resources))
+
+    def _describe(self) -> str:
+        return "; ".join(r.name for r in self.runners.values()) or "none alive"
+
+
+def session_capacity(node_resources: Mapping[str, float], resources: Mapping[str, float]) -> float:
+    """Sessions a node with `node_resources` runs at once when each holds `resources` (inf: no limit)."""
+    capacity = math.inf
+    for key, amount in resources.items():
+        if amount > 0:
+            capacity = min(capacity, math.floor(node_resources.get(RESOURCE_NAMES.get(key, key), 0.0) / amount))
+    return capacity
+
+
+_pools: dict[tuple[tuple[str, float], ...], RunnerPool] = {}
+
+
+def runner_pool(spec: AgentSpec) -> RunnerPool:
+    """The run's pool for `spec.resources`, joining Ray (`ray_runtime.connect`) on first use."""
+    key = tuple(sorted(spec.resources.items()))
+    if key not in _pools:
+        ray = ray_runtime.connect(spec.ray)
+        _pools[key] = RunnerPool(ray, spec.resources)
+        ray_runtime.on_shutdown(lambda: _pools.pop(key).close())
+    return _pools[key]
+
+
+class RayAgent:
+    """One session run on a Ray node: start it, wait on it under the active timer, cancel it on the node."""
+
+    def __init__(self, spec: AgentSpec) -> None:
+        self.spec = spec
+        self.timer = ActiveTimer(spec.timeout)
+        self._task: asyncio.Task[NodeAnswer] | None = None
+        self._runner: Runner | None = None
+        self._pool: RunnerPool | None = None
+        self._session_id = ""
+        self._log_path: Path | None = None
+        self._output_path: Path | None = None
+        self._exit_code: int | None = None
+        self._started_at = 0.0
+
+    @property
+    def pid(self) -> int | None:
+        """Always None: the process runs on a Ray node."""
+        return None
+
+    @property
+    def returncode(self) -> int | None:
+        """The exit code the node reported, None while the session runs."""
+        return self._exit_code
+
+    async def start(self, session_env: Mapping[str, str], io_dir: Path) -> None:
+        """Send the session to a node; returns at once (the call stays open until the agent is done)."""
+        if self._task is not None:
+            raise RuntimeError("RayAgent.start() called twice; use one RayAgent per session")
+        io_dir.mkdir(parents=True, exist_ok=True)
+        self._log_path = io_dir / LOG_NAME
+        self._output_path = Path(session_env.get("RELAX_OUTPUT_JSON") or io_dir / "output.json")
+        self._session_id = session_env["RELAX_SESSION_ID"]
+        call = self._call(session_env)
+        self._pool = runner_pool(self.spec)
+        self._started_at = time.monotonic()
+        self._task = asyncio.create_task(self._run(self._pool, call))
+        self.timer.start()
+
+    def _call(self, session_env: Mapping[str, str]) -> NodeCall:
+        """The session as values: the input file's text, the env without the local paths."""
+        path = session_env.get("RELAX_INPUT_JSON")
+        try:
+            text = Path(path).read_text() if path else "{}"
+        except OSError as error:
+            raise AgentFailure(f"could not read the input file {path} ({error})", None, "", self._log_path) from error
+        env = {k: str(v) for k, v in session_env.items() if k not in NODE_PATHS}
+        return NodeCall(self._session_id, self.spec.command, self.spec.cwd, {k: str(v) for k, v in
+                        self.spec.env.items()}, env, text, self.spec.grace_s, self.spec.log_tail_bytes)
+
+    async def _run(self, pool: RunnerPool, call: NodeCall) -> NodeAnswer:
+        runner = await pool.acquire()
+        self._runner = runner
+        self._note(f"ray: session {call.session_id} runs on node {runner.name}")
+        try:
+            return await runner.actor.run.remote(call)
+        finally:
+            pool.release(runner)
+
+    async def wait(self) -> AgentExit:
+        """Wait for the node's answer under the active timer; raise `AgentFailure` unless the agent exited 0."""
+        task = self._require_started()
+        try:
+            finished = await wait_active(self.timer, task)
+        except asyncio.CancelledError:
+            await asyncio.shield(self.terminate())
+            raise
+        if not finished:
+            await self.terminate()
+            raise self._failure(f"timed out after {self.timer.budget:g} s of active time (its process group on "
+                                f"node {self._node()} was ended)", None)
+        return self._result(task)
+
+    def _result(self, task: asyncio.Task[NodeAnswer]) -> AgentExit:
+        """Write the answer's output and log; AgentExit for exit 0, else the matching `AgentFailure`."""
+        if task.cancelled():
+            raise self._failure(f"cancelled: the session was dropped (its process group on node {self._node()} "
+                                "was ended)", None)
+        if (error := task.exception()) is not None:
+            raise self._ray_failure(error)
+        answer = task.result()
+        self._exit_code = answer.exit_code
+        self._note(answer.log)
+        if answer.output:
+            self._output_path.parent.mkdir(parents=True, exist_ok=True)
+            self._output_path.write_text(answer.output)
+        if answer.reason is not None:
+            raise self._failure(f"{answer.reason} on node {answer.node}", answer.exit_code)
+        return AgentExit(exit_code=0, elapsed_s=time.monotonic() - self._started_at, active_s=self.timer.elapsed())
+
+    def _ray_failure(self, error: BaseException) -> AgentFailure:
+        """The failure of a call that did not answer: node lost, or the runner raised."""
+        if isinstance(error, AgentFailure):
+            return AgentFailure(error.reason, error.exit_code, self.tail(), self._log_path)
+        exceptions = ray_runtime.import_ray().exceptions
+        lost = (exceptions.RayActorError, exceptions.WorkerCrashedError, exceptions.NodeDiedError)
+        if isinstance(error, lost):
+            if self._pool is not None and self._runner is not None:
+                self._pool.lost(self._runner)
+            return self._failure(f"lost: node {self._node()} was lost while the agent ran ({type(error).__name__}); "
+                                 "the session is recorded failed and the run goes on", None)
+        return self._failure(f"failed on node {self._node()}: the runner raised {type(error).__name__}: {error}", None)
+
+    async def terminate(self) -> None:
+        """End a session still running: the node ends its process group; idempotent, no-op once it answered."""
+        task = self._task
+        if task is None or task.done():
+            return
+        if self._runner is not None:
+            await self._cancel_on_node(self._runner)
+            await asyncio.wait({task}, timeout=self.spec.grace_s + CANCEL_MARGIN_S)
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def _cancel_on_node(self, runner: Runner) -> None:
+        try:
+            await asyncio.wait_for(runner.actor.cancel.remote(self._session_id),
+                                   self.spec.grace_s + CANCEL_MARGIN_S)
+        except Exception as error:  # the node may be gone: the session then fails as lost
+            self._note(f"ray: cancelling session {self._session_id} on node {runner.name} failed: {error!r}")
+
+    def kill(self) -> None:
+        """The run's last resort: the node SIGKILLs the session's group; nothing is waited for."""
+        if self._runner is not None and self._task is not None and not self._task.done():
+            try:
+                self._runner.actor.kill.remote(self._session_id)
+            except Exception:  # the run is exiting; the runner dies with Ray anyway
+                pass
+
+    def tail(self) -> str:
+        """The last `log_tail_bytes` of agent.log (this executor's notes and the node's log tail)."""
+        return log_tail(self._log_path, self.spec.log_tail_bytes)
+
+    def _node(self) -> str:
+        return self._runner.name if self._runner is not None else "(none yet: waiting for room)"
+
+    def _note(self, text: str) -> None:
+        """Append `text` to agent.log."""
+        if self._log_path is not None and text:
+            with open(self._log_path, "a", encoding="utf-8", errors="replace") as file:
+                file.write(text if text.endswith("\n") else text + "\n")
+
+    def _failure(self, reason: str, exit_code: int | None) -> AgentFailure:
+        return AgentFailure(reason, exit_code, self.tail(), self._log_path)
+
+    def _require_started(self) -> asyncio.Task[NodeAnswer]:
+        if self._task is None:
+            raise RuntimeError("RayAgent.wait() before start(); call start() first")
+        return self._task

@@ -1,0 +1,163 @@
+"""What runs on a Ray node for `agent.executor=ray`: one `NodeRunner` actor per node runs that node's sessions.
+
+`NodeRunner.run(call)` receives everything a session needs as values (a `NodeCall`: command, cwd, env, the
+session's `RELAX_*` variables, the input file's text), writes the input into a fresh temporary folder ON THE
+NODE, points `RELAX_INPUT_JSON`, `RELAX_OUTPUT_JSON` and `RELAX_SESSION_IO_DIR` at it, and runs the agent with
+the local launcher (`AgentProcess`: `bash -c command` in its own process group, the harness variables, the
+group ended with SIGTERM, grace, SIGKILL). It answers a `NodeAnswer` (exit code, reason, the output file's text,
+the log tail, the node) and removes the folder. `cancel(session_id)` ends a running session's process group and
+waits for it; `kill(session_id)` SIGKILLs it without waiting. The active-time budget is not counted here: the
+driver keeps the `ActiveTimer` (paused while the group lease is not held) and calls `cancel` when it runs out.
+
+The agent's main process also gets SIGKILL when the runner's worker dies (`PR_SET_PDEATHSIG`), so a lost or
+stopped runner does not leave it behind; processes it started in turn are not followed.
+
+One actor serves many sessions at once (an asyncio actor): a Ray worker per session would cost a Python
+process (~100 MB, ~1 s to start) for every agent. Ray is not imported here: `ray_executor` wraps the class.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from relax_pipeline.agent.launcher import AgentFailure, AgentProcess, AgentSpec
+
+_PR_SET_PDEATHSIG = 1
+"""prctl option: the signal a child gets when the thread that started it exits."""
+
+
+@dataclass(frozen=True)
+class NodeCall:
+    """One session as it travels to a node; connects `RayAgent.start` to `NodeRunner.run`."""
+
+    session_id: str
+    """The session (`RELAX_SESSION_ID`); names the node's temporary folder and keys `cancel`."""
+    command: str
+    """`agent.command`, run with `bash -c`."""
+    cwd: str | None
+    """`agent.cwd`, a path on the node; None keeps the runner's working folder."""
+    env: dict[str, str]
+    """`agent.env`."""
+    session_env: dict[str, str]
+    """The session's `RELAX_*` variables except the three file paths, which the node sets."""
+    input_text: str
+    """The input file's content."""
+    grace_s: float = 5.0
+    """Seconds between SIGTERM and SIGKILL of the group."""
+    log_tail_bytes: int = 8192
+    """How much of the end of the agent's log comes back."""
+
+
+@dataclass(frozen=True)
+class NodeAnswer:
+    """A finished session as it comes back from the node; connects `NodeRunner.run` to `RayAgent.wait`."""
+
+    exit_code: int | None
+    """The agent's exit code; None when it died by a signal or could not start."""
+    reason: str | None
+    """Why it failed (`AgentFailure.reason`), None after exit 0."""
+    output: str | None
+    """The output file's text; None when the agent wrote none (implicit export)."""
+    log: str
+    """The tail of the agent's stdout and stderr."""
+    node: str = ""
+    """`host (node id)` of the node that ran it."""
+    folder: str = field(default="", compare=False)
+    """The node-local folder it ran in (removed since)."""
+
+
+class NodeProcess(AgentProcess):
+    """`AgentProcess` whose main process dies with the runner (`PR_SET_PDEATHSIG`)."""
+
+    async def _spawn(self, env: dict[str, str], log_fd: int) -> asyncio.subprocess.Process:
+        try:
+            return await asyncio.create_subprocess_exec(
+                "bash", "-c", self.spec.command, cwd=self.spec.cwd, env=env, start_new_session=True,
+                stdin=subprocess.DEVNULL, stdout=log_fd, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+        except OSError as error:
+            raise AgentFailure(f"could not start on {socket.gethostname()} ({error}); check agent.cwd (a path on "
+                               "the node) and agent.command", None, "") from error
+
+
+class NodeRunner:
+    """Runs the sessions Ray sends to this node (see the module); one per node, many sessions at once."""
+
+    def __init__(self, node: str = "") -> None:
+        self.node = node or socket.gethostname()
+        self._agents: dict[str, AgentProcess] = {}
+        self._cancelled: set[str] = set()
+        """Sessions cancelled before or while they started (a cancel may overtake the start)."""
+
+    def ping(self) -> str:
+        """The node's name once the actor is up."""
+        return self.node
+
+    async def run(self, call: NodeCall) -> NodeAnswer:
+        """Run one session to its end on this node (see the module)."""
+        folder = Path(tempfile.mkdtemp(prefix=f"relax-{call.session_id[:24]}-"))
+        process = NodeProcess(AgentSpec(command=call.command, cwd=call.cwd, env=dict(call.env), timeout=None,
+                                        grace_s=call.grace_s, log_tail_bytes=call.log_tail_bytes))
+        self._agents[call.session_id] = process
+        try:
+            (folder / "input.json").write_text(call.input_text)
+            reason = await self._run(process, call, folder)
+            output = folder / "output.json"
+            text = output.read_text(errors="replace") if output.exists() else None
+            code = process.returncode
+            return NodeAnswer(code if code is not None and code >= 0 else None, reason, text, process.tail(),
+                              self.node, str(folder))
+        finally:
+            self._agents.pop(call.session_id, None)
+            self._cancelled.discard(call.session_id)
+            await asyncio.shield(process.terminate())
+            shutil.rmtree(folder, ignore_errors=True)
+
+    async def _run(self, process: AgentProcess, call: NodeCall, folder: Path) -> str | None:
+        """Start and wait; the failure's reason, None after exit 0."""
+        env = {**call.session_env, "RELAX_INPUT_JSON": str(folder / "input.json"),
+               "RELAX_OUTPUT_JSON": str(folder / "output.json"), "RELAX_SESSION_IO_DIR": str(folder)}
+        if call.session_id in self._cancelled:
+            return "cancelled before it started"
+        try:
+            await process.start(env, folder)
+            if call.session_id in self._cancelled:
+                await process.terminate()
+            await process.wait()
+        except AgentFailure as failure:
+            return failure.reason
+        return None
+
+    async def cancel(self, session_id: str) -> bool:
+        """End the session's process group (SIGTERM, grace, SIGKILL) and wait; False when it is not running."""
+        self._cancelled.add(session_id)
+        process = self._agents.get(session_id)
+        if process is None:
+            return False
+        await process.terminate()
+        return True
+
+    def kill(self, session_id: str) -> None:
+        """SIGKILL the session's group at once (the run's last resort)."""
+        process = self._agents.get(session_id)
+        if process is not None:
+            process.kill()
+
+    def running(self) -> int:
+        """Sessions running on this node now."""
+        return len(self._agents)
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL when the runner's thread exits (Linux; elsewhere nothing)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass

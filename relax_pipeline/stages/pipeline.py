@@ -139,6 +139,9 @@ class Pipeline:
             len(scored) - credited, _fmt(result.metrics.get("rollout/raw_reward")), result.metrics["perf/rollout_time"],
             path,
         )
+        for group in result.groups:  # rows written, metrics taken: the store forgets the step's ended sessions
+            for session in group.sessions:
+                self.prepare.store.release(session)
         return result
 
 

@@ -4,7 +4,7 @@ Decided (and documented in `gateway/app.py`): a turn is committed when its gener
 client that leaves while the engine generates aborts the generation and nothing is committed, on every
 protocol; a client that leaves after generation ended, before reading the terminal frames, leaves the
 turn committed (the forest only grows). A request for a session that completed, failed or was dropped is a
-404 in its provider's error shape and changes nothing.
+404 in its provider's error shape and changes nothing, also once the store has released the session.
 """
 
 from __future__ import annotations
@@ -100,3 +100,7 @@ async def test_a_closed_session_answers_404_in_each_providers_shape(status: Stat
         counted = await gw.post(session, STREAMS["messages"][1], "v1/messages/count_tokens")
         assert counted.status_code == 404 and counted.json()["type"] == "error"
         assert session.forest.nodes == nodes and len(gw.engine.prompts) == 1
+        assert gw.store.release(session)  # as the pipeline does once the step's rows are written
+        late = await gw.post(session, {"messages": [USER]})
+        assert late.status_code == 404 and status.value in late.json()["error"]["message"]
+        assert len(gw.engine.prompts) == 1

@@ -41,6 +41,9 @@ from __future__ import annotations
 
 import os
 import socket
+import tempfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +52,11 @@ import torch
 from relax_pipeline.models.folder import WEIGHTS_FILE, copy_model_files, save_weights
 from relax_pipeline.models.spec import is_multimodal
 from relax_pipeline.models.tiny import default_cache_dir
+from relax_pipeline.train.batching import TrainSample
+from relax_pipeline.train.data_parallel import RankShare, shard
 from relax_pipeline.train.optim import adamw
+from relax_pipeline.train.rank_group import RankFailed, RankGroup
+from relax_pipeline.train.step import share_step
 from relax_pipeline.train.torch_backend import (
     TorchTrainer,
     cpu_state_dict,
@@ -62,27 +69,57 @@ from relax_pipeline.train.torch_backend import (
 
 DS_TAG = "deepspeed"
 """Tag (sub-folder) of DeepSpeed's own files inside a checkpoint folder."""
+RANK_LOG_FOLDER = "trainer_ranks"
+"""Sub-folder of the run's output folder holding the worker ranks' logs."""
 
 
 class DeepSpeedTrainer(TorchTrainer):
-    """`TorchTrainer` whose model and optimizer live in a DeepSpeed engine (ZeRO `zero_stage`)."""
+    """`TorchTrainer` whose model and optimizer live in a DeepSpeed engine (ZeRO `zero_stage`); with
+    `num_ranks` N > 1 this process is rank 0 and drives N - 1 worker ranks (rank_group.py)."""
+
+    def __init__(self, model_path: str, *, output_dir: str | None = None, **settings: Any) -> None:
+        self.settings_for_ranks = {"model_path": model_path, **settings}
+        """The constructor's settings, sent to every worker rank."""
+        self.rank_log_dir = Path(output_dir) / RANK_LOG_FOLDER if output_dir else None
+        """Where worker ranks write `rank<r>.log`; None: a fresh temporary folder (named in errors)."""
+        self.ranks: RankGroup | None = None
+        super().__init__(model_path, **settings)
 
     def check_zero_stage(self, zero_stage: int) -> None:
         if zero_stage not in (0, 1, 2, 3):
             raise ValueError(f"trainer.zero_stage={zero_stage}; choose 0, 1, 2 or 3")
 
+    def check_num_ranks(self, num_ranks: int) -> None:
+        if not (isinstance(num_ranks, int) and num_ranks >= 1):
+            raise ValueError(f"trainer.num_ranks={num_ranks!r}; use 1 or more")
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else None
+        if gpus is not None and num_ranks > gpus:
+            raise ValueError(f"trainer.num_ranks={num_ranks} but {gpus} GPUs are visible; use at most {gpus}")
+
     def _setup(self, device: str, needs_reference: bool) -> None:
-        """Process group, policy (+ reference), torch AdamW, `deepspeed.initialize`; undone if any part fails."""
+        """Process group, worker ranks, policy (+ reference), torch AdamW, `deepspeed.initialize`; undone if
+        any part fails."""
         if is_multimodal(self.model_path):
             raise ValueError(f"trainer=deepspeed does not train vision-language models (model path {self.model_path} "
                              "needs multimodal_train_inputs); use trainer=torch")
-        self._owned_env = prepare_environment()
         self._owns_group = False
+        self._owned_env = self._environment()
         try:
-            self._build(needs_reference)
+            self._start_ranks()
+            with self._collective("start-up", send=False):
+                self._build(needs_reference)
         except BaseException:
             self.close()
             raise
+
+    def _environment(self) -> dict[str, str | None]:
+        """Rank 0's launcher variables; the previous values, restored by `close`."""
+        return prepare_environment(self.num_ranks)
+
+    def _start_ranks(self) -> None:
+        if self.num_ranks > 1:
+            log_dir = self.rank_log_dir or Path(tempfile.mkdtemp(prefix="relax-trainer-ranks-"))
+            self.ranks = RankGroup.start(self.num_ranks, self.settings_for_ranks, log_dir)
 
     def _build(self, needs_reference: bool) -> None:
         import deepspeed
@@ -93,15 +130,62 @@ class DeepSpeedTrainer(TorchTrainer):
         policy, self.pad_id = load_policy(self.model_path, self.seed, str(self.device))
         self.reference = frozen_copy(policy) if needs_reference else None
         optimizer = adamw(policy.parameters(), self.optim)
+        if self.zero_stage == 3 and self.num_ranks > 1:
+            restart_zero3_ids()
         config = ds_config(self.zero_stage, self.optim.grad_clip, self.settings.batching.micro_batch_size)
         self.engine, self.optimizer, _, _ = deepspeed.initialize(model=policy, optimizer=optimizer, config=config)
         self.model: Any = self.engine
         self.policy = self.engine.module
 
+    @contextmanager
+    def _collective(self, command: str, *args: Any, per_rank: Sequence[Any] | None = None,
+                    send: bool = True) -> Iterator[None]:
+        """Send the worker ranks `command` (unless `send` is False: they are already on it), run rank 0's part
+        (the body), wait for every worker; a failure on a worker raises `RankFailed` naming it."""
+        if self.ranks is None:
+            yield
+            return
+        if send:
+            self.ranks.send(command, *args, per_rank=per_rank)
+        try:
+            yield
+        except Exception as err:
+            try:
+                self.ranks.diagnose(command)
+            except RankFailed as failed:
+                raise failed from err
+            raise
+        self.ranks.collect(command)
+
+    # ---- training -------------------------------------------------------------------------------
+
+    def _steps(self, batches: list[list[TrainSample]]) -> list[dict[str, float]]:
+        """One rank: the torch trainer's steps. N ranks: each global batch split by `data_parallel.shard`,
+        every worker sent its shares, rank 0 runs share 0."""
+        if self.ranks is None:
+            return super()._steps(batches)
+        shares = [shard(b, self.num_ranks, self.settings.batching) for b in batches]
+        per_rank = [[s[rank] for s in shares] for rank in range(1, self.num_ranks)]
+        with self._collective("train", per_rank=per_rank):
+            metrics = self.run_shares([s[0] for s in shares])
+        return metrics
+
+    def run_shares(self, shares: list[RankShare]) -> list[dict[str, float]]:
+        """This rank's part of each optimizer step (every rank runs it with the same number of shares)."""
+        return [share_step(self.model, self.reference, self, share, self.settings, self.pad_id, self.device,
+                           self._all_sum) for share in shares]
+
+    def _all_sum(self, values: torch.Tensor) -> torch.Tensor:
+        """all-reduce SUM over every rank (on this rank's device: NCCL reduces only GPU tensors)."""
+        tensor = values.to(self.device)
+        torch.distributed.all_reduce(tensor)
+        return tensor.cpu()
+
     def backward(self, loss: torch.Tensor, last: bool) -> None:
-        """Accumulate locally; reduce (and step) only at the step's last micro-batch."""
+        """Accumulate locally; reduce (and step) only at the step's last micro-batch. The loss is scaled by
+        the number of ranks because DeepSpeed averages the gradients over ranks: the result is their sum."""
         self.engine.set_gradient_accumulation_boundary(last)
-        self.engine.backward(loss, scale_wrt_gas=False)
+        self.engine.backward(loss * self.num_ranks, scale_wrt_gas=False)
 
     def step(self) -> float:
         """DeepSpeed's clip + AdamW step + zero grad; the grad norm before clipping."""
@@ -114,8 +198,18 @@ class DeepSpeedTrainer(TorchTrainer):
         grads = [p.grad for p in self.policy.parameters() if p.grad is not None]
         return float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
 
+    # ---- weights and checkpoints ----------------------------------------------------------------
+
     def engine_weights(self) -> dict[str, torch.Tensor]:
-        """Full CPU weights; under ZeRO-3 gathered from the partitions first."""
+        """Full CPU weights; under ZeRO-3 gathered from the partitions of every rank first."""
+        if self.zero_stage < 3:
+            return self.gathered_weights()
+        with self._collective("gather"):
+            weights = self.gathered_weights()
+        return weights
+
+    def gathered_weights(self) -> dict[str, torch.Tensor]:
+        """This rank's part of `engine_weights` (a collective under ZeRO-3, a local copy below it)."""
         if self.zero_stage < 3:
             return cpu_state_dict(self.policy.state_dict())
         import deepspeed
@@ -124,23 +218,37 @@ class DeepSpeedTrainer(TorchTrainer):
             return cpu_state_dict(self.policy.state_dict())
 
     def _write_checkpoint(self, folder: Path, extra: dict[str, Any]) -> None:
-        copy_model_files(Path(self.model_path), folder)
-        save_weights(self.engine_weights(), folder / WEIGHTS_FILE)
-        if self.save_optimizer:
-            self.engine.save_checkpoint(str(folder), tag=DS_TAG)
-        write_state(folder, self.version, extra)
+        """Rank 0 writes the Hugging Face folder and the state; every rank writes its DeepSpeed files."""
+        with self._collective("save", str(folder)):
+            copy_model_files(Path(self.model_path), folder)
+            save_weights(self.gathered_weights(), folder / WEIGHTS_FILE)
+            if self.save_optimizer:
+                self.engine.save_checkpoint(str(folder), tag=DS_TAG)
+            write_state(folder, self.version, extra)
 
-    def load(self, path: Path) -> dict[str, Any]:
-        """Restore the engine (weights, optimizer, ZeRO partitions), version and RNG states; a folder saved
-        without optimizer state restores the weights only."""
+    def save_part(self, folder: str) -> None:
+        """A worker rank's part of `_write_checkpoint`: the same collectives, its own DeepSpeed files."""
+        if self.zero_stage == 3:
+            self.gathered_weights()
+        if self.save_optimizer:
+            self.engine.save_checkpoint(folder, tag=DS_TAG)
+
+    def load(self, path: Path | str) -> dict[str, Any]:
+        """Restore the engine (weights, optimizer, ZeRO partitions) on every rank, version and RNG states; a
+        folder saved without optimizer state restores the weights only."""
         path = Path(path)
+        with self._collective("load", str(path)):
+            self._load_engine(path)
+            extra = self._read_state(path)
+        return extra
+
+    def _load_engine(self, path: Path) -> None:
         if not (path / DS_TAG).is_dir():
             self._load_weights_only(path)
-            return self._read_state(path)
+            return
         loaded, _ = self.engine.load_checkpoint(str(path), tag=DS_TAG, load_lr_scheduler_states=False)
         if loaded is None:
             raise FileNotFoundError(f"no DeepSpeed checkpoint under {path / DS_TAG}")
-        return self._read_state(path)
 
     def _load_weights_only(self, path: Path) -> None:
         """Weights into the module (gathered under ZeRO-3), then the optimizer's fp32 copies refreshed."""
@@ -154,15 +262,49 @@ class DeepSpeedTrainer(TorchTrainer):
         fresh_optimizer_warning(path)
 
     def close(self) -> None:
-        """Destroy the process group this trainer created and remove the environment it set."""
+        """Stop the worker ranks, destroy the process group this trainer created, restore the environment."""
+        if self.ranks is not None:
+            self.ranks.close()
+            self.ranks = None
         if self._owns_group and torch.distributed.is_initialized():
             import deepspeed.comm
 
             deepspeed.comm.destroy_process_group()  # also drops DeepSpeed's cached groups
         self._owns_group = False
-        for key in self._owned_env:
-            os.environ.pop(key, None)
-        self._owned_env = []
+        restore_environment(self._owned_env)
+        self._owned_env = {}
+
+
+class WorkerTrainer(DeepSpeedTrainer):
+    """Rank 1..N-1 (rank_worker.py): the same engine in a process rank 0 started with the launcher
+    variables set; it starts no ranks and sends no commands of its own."""
+
+    def _environment(self) -> dict[str, str | None]:
+        missing = [key for key in (*LAUNCH_KEYS, "MASTER_PORT") if key not in os.environ]
+        if missing:
+            raise RuntimeError(f"a worker rank needs {missing} set by rank 0's RankGroup")
+        return {}
+
+    def _start_ranks(self) -> None:
+        """Workers start no ranks."""
+
+
+def restart_zero3_ids() -> None:
+    """Number this engine's ZeRO-3 modules and parameters from 0, as a fresh worker process does.
+
+    DeepSpeed counts them process-wide (the module counter is a mutable default argument of
+    `DeepSpeedZeRoOffload._register_deepspeed_module`, the parameter counter `zero.Init.param_id`) and
+    checks on every forward that all ranks traced the same ids; rank 0 of a process that built an earlier
+    engine (tests, runs in one process) would otherwise start above its workers and fail that check.
+    """
+    from deepspeed.runtime.zero.parameter_offload import DeepSpeedZeRoOffload
+    from deepspeed.runtime.zero.partition_parameters import Init
+
+    defaults = DeepSpeedZeRoOffload._register_deepspeed_module.__defaults__ or ()
+    for counter in defaults:
+        if isinstance(counter, list) and counter and isinstance(counter[0], int):
+            counter[0] = 0
+    Init.param_id = 0
 
 
 def ds_config(zero_stage: int, grad_clip: float, micro_batch_size: int) -> dict[str, Any]:
@@ -178,22 +320,42 @@ def ds_config(zero_stage: int, grad_clip: float, micro_batch_size: int) -> dict[
     }
 
 
-def prepare_environment() -> list[str]:
-    """Set the single-process launcher variables a launcher did not set; return the keys set here."""
+LAUNCH_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR")
+"""torch.distributed's launcher variables besides MASTER_PORT."""
+
+
+def prepare_environment(num_ranks: int = 1) -> dict[str, str | None]:
+    """Set rank 0's launcher variables for `num_ranks` local ranks; return each changed key's previous value.
+
+    One rank keeps what a launcher set (a free port otherwise); several ranks are started by this process,
+    so a launcher's WORLD_SIZE > 1 is refused (each launched process would start its own ranks).
+    """
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(default_cache_dir() / "torch_extensions"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1:
         raise RuntimeError(
-            f"trainer=deepspeed runs one process; WORLD_SIZE={world} needs data-parallel "
-            "sharding of the global batch, which is not implemented yet"
+            f"trainer=deepspeed starts its own ranks (trainer.num_ranks); WORLD_SIZE={world} from a launcher is "
+            "not supported: run one process and set trainer.num_ranks instead"
         )
-    defaults = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
-    owned = [key for key in (*defaults, "MASTER_PORT") if key not in os.environ]
-    for key in owned:
-        os.environ[key] = defaults[key] if key in defaults else str(free_port())
-    return owned
+    wanted = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": str(num_ranks), "MASTER_ADDR": "127.0.0.1"}
+    if num_ranks == 1:
+        wanted = {k: v for k, v in wanted.items() if k not in os.environ}
+    if num_ranks > 1 or "MASTER_PORT" not in os.environ:
+        wanted["MASTER_PORT"] = str(free_port())
+    previous = {key: os.environ.get(key) for key in wanted}
+    os.environ.update(wanted)
+    return previous
+
+
+def restore_environment(previous: dict[str, str | None]) -> None:
+    """Put back the values `prepare_environment` replaced (removing the keys that were unset)."""
+    for key, value in previous.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
 
 
 def free_port() -> int:

@@ -15,7 +15,12 @@ samples carry `multimodal_train_inputs` also feeds their `pixel_values` and `ima
 in row order) and the image-token mask, so a vision-language model computes the same mrope positions and
 image embeddings as the engine did.
 
-What this module does not do: build models or optimizers, checkpoint, or shard a batch across ranks.
+With several data-parallel ranks each rank runs `share_step` on its `RankShare` (train/data_parallel.py:
+the split rule, the global normalizers, cross-rank whitening and metric sums); `optimizer_step` is the
+one-rank case (one share holding the whole batch, packed by `batching.micro_batches`).
+
+What this module does not do: build models or optimizers, checkpoint, decide the split or move samples
+between ranks.
 """
 
 from __future__ import annotations
@@ -28,7 +33,8 @@ from typing import Any, Literal, Protocol
 import torch
 
 from relax_pipeline.train.advantages import AdvantageSettings, token_advantages, whiten
-from relax_pipeline.train.batching import BatchSettings, TrainSample, micro_batches
+from relax_pipeline.train.batching import BatchSettings, TrainSample
+from relax_pipeline.train.data_parallel import AllSum, RankShare, shard, sum_metrics, whiten_across
 from relax_pipeline.train.losses import LossBatch, LossSettings, policy_loss
 
 Model = Callable[..., object]
@@ -155,17 +161,34 @@ def optimizer_step(
     pad_id: int,
     device: torch.device | str,
 ) -> dict[str, float]:
-    """One optimizer step over `samples` (a global batch); returns its metrics (without the `train/` prefix)."""
-    groups = micro_batches(samples, settings.batching)
-    prepared = _prepare(model, ref_model, [collate(g, pad_id, device) for g in groups], settings)
-    tokens = max(1.0, float(sum(p.batch.loss_mask.sum() for p in prepared)))
+    """One optimizer step over `samples` (a global batch) in one process; returns its metrics (no `train/`)."""
+    share = shard(samples, 1, settings.batching)[0]
+    return share_step(model, ref_model, backend, share, settings, pad_id, device)
+
+
+def share_step(
+    model: Model,
+    ref_model: Model | None,
+    backend: Backend,
+    share: RankShare,
+    settings: StepSettings,
+    pad_id: int,
+    device: torch.device | str,
+    all_sum: AllSum | None = None,
+) -> dict[str, float]:
+    """One optimizer step over this rank's `share` of a global batch; `all_sum` (None: one rank) makes the
+    whitening and the metrics cover every rank (train/data_parallel.py). Metrics are the global batch's."""
+    batches = [collate(g, pad_id, device) for g in share.micro_batches]
+    prepared = _prepare(model, ref_model, batches, settings, all_sum)
     metrics: dict[str, float] = {}
     for i, item in enumerate(prepared):
-        loss, values = _micro_loss(model, item, settings, tokens, float(len(samples)))
+        loss, values = _micro_loss(model, item, settings, share.tokens, share.sequences)
         backend.backward(loss, last=i == len(prepared) - 1)
         _accumulate(metrics, {"loss": float(loss.detach()), **values})
     if ref_model is not None and not settings.loss.use_kl_loss:
-        metrics["kl"] = _shaping_kl(prepared, tokens)
+        metrics["kl"] = _shaping_kl(prepared, share.tokens)
+    if all_sum is not None:
+        metrics = sum_metrics(metrics, all_sum)
     metrics["grad_norm"] = backend.step()
     return metrics
 
@@ -190,14 +213,15 @@ def _micro_loss(
     return policy_loss(loss_batch, settings.loss)
 
 
-def _prepare(model: Model, ref_model: Model | None, batches: list[Collated], settings: StepSettings) -> list[_Prepared]:
+def _prepare(model: Model, ref_model: Model | None, batches: list[Collated], settings: StepSettings,
+             all_sum: AllSum | None = None) -> list[_Prepared]:
     """Old and reference logprobs without gradient, then token advantages (whitened over the global batch)."""
     with torch.no_grad():
         olds = [_old_logprobs(model, b, settings) for b in batches]
         refs = [_logprobs(ref_model, b, settings) if ref_model is not None else None for b in batches]
     advantages = [_token_advantages(b, o, r, settings) for b, o, r in zip(batches, olds, refs, strict=True)]
     if settings.advantages.normalize_advantages:
-        advantages = _whiten_all(advantages, [b.loss_mask for b in batches])
+        advantages = _whiten_all(advantages, [b.loss_mask for b in batches], all_sum)
     return [_Prepared(*parts) for parts in zip(batches, olds, refs, advantages, strict=True)]
 
 
@@ -220,12 +244,15 @@ def _token_advantages(
                             kl_coef=credit.kl_coef if shaping else 0.0)
 
 
-def _whiten_all(advantages: list[torch.Tensor], masks: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Whiten over every mask-1 token of the global batch, then cut back into micro-batches."""
+def _whiten_all(advantages: list[torch.Tensor], masks: list[torch.Tensor],
+                all_sum: AllSum | None = None) -> list[torch.Tensor]:
+    """Whiten over every mask-1 token of the global batch (on every rank with `all_sum`), then cut back into
+    micro-batches."""
     width = max(a.shape[1] for a in advantages)
     pad = [torch.nn.functional.pad(a, (0, width - a.shape[1])) for a in advantages]
     mask = [torch.nn.functional.pad(m, (0, width - m.shape[1])) for m in masks]
-    white = whiten(torch.cat(pad), torch.cat(mask))
+    white = whiten(torch.cat(pad), torch.cat(mask)) if all_sum is None else whiten_across(
+        torch.cat(pad), torch.cat(mask), all_sum)
     rows = [a.shape[0] for a in advantages]
     return [w[:, : a.shape[1]] for w, a in zip(white.split(rows), advantages, strict=True)]
 

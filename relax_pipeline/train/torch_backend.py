@@ -68,10 +68,14 @@ class TorchTrainer:
         temperature: float = 1.0,
         zero_stage: int = 0,
         save_optimizer: bool = True,
+        num_ranks: int = 1,
     ) -> None:
         if temperature < 0:
             raise ValueError(f"rollout.temperature={temperature} must be >= 0 (0 is greedy)")
         self.check_zero_stage(zero_stage)
+        self.check_num_ranks(num_ranks)
+        self.num_ranks = num_ranks
+        """`trainer.num_ranks`: data-parallel training processes (trainer=deepspeed only; 1 here)."""
         self.settings = StepSettings(loss or LossSettings(), batching or BatchSettings(),
                                      advantages or AdvantageSettings(), temperature)
         self.optim = optim or OptimSettings()
@@ -85,6 +89,11 @@ class TorchTrainer:
         """The torch backend has no ZeRO: any stage but 0 is a config mistake."""
         if zero_stage != 0:
             raise ValueError(f"trainer.zero_stage={zero_stage} needs trainer=deepspeed; the torch trainer uses 0")
+
+    def check_num_ranks(self, num_ranks: int) -> None:
+        """The torch backend trains in one process."""
+        if num_ranks != 1:
+            raise ValueError(f"trainer.num_ranks={num_ranks} needs trainer=deepspeed; the torch trainer uses 1")
 
     def _setup(self, device: str, needs_reference: bool) -> None:
         """Seed, load the policy (and reference) on `device`, build AdamW."""
@@ -101,15 +110,17 @@ class TorchTrainer:
         if not samples:
             return {}
         started = time.perf_counter()
-        steps = [
-            optimizer_step(self.model, self.reference, self, batch, self.settings, self.pad_id, self.device)
-            for batch in global_batches(samples, self.settings.batching)
-        ]
+        steps = self._steps(global_batches(samples, self.settings.batching))
         self.version += 1
         elapsed = time.perf_counter() - started
         metrics = {f"train/{k}": v for k, v in mean_metrics(steps).items()}
         tokens = sum(len(s.tokens) for s in samples)
         return {**metrics, "perf/train_time": elapsed, "perf/tokens_per_s": tokens / max(elapsed, 1e-9)}
+
+    def _steps(self, batches: list[list[TrainSample]]) -> list[dict[str, float]]:
+        """One `optimizer_step` per global batch; their metrics."""
+        return [optimizer_step(self.model, self.reference, self, b, self.settings, self.pad_id, self.device)
+                for b in batches]
 
     def backward(self, loss: torch.Tensor, last: bool) -> None:
         """Accumulate gradients; the loss is already normalized by the global batch."""

@@ -1,0 +1,93 @@
+"""Data-parallel training across `trainer.num_ranks` ranks: the split rule and the reductions that keep one
+optimizer step exactly equal to the single-rank step on the same global batch.
+
+Split rule (`shard`): sample i of a global batch goes to rank i mod N (round robin in input order, so
+every rank holds within one sample of the others). Each rank packs its own samples into micro-batches with
+the ordinary rule (`batching.micro_batches`: `micro_batch_size` or `max_tokens_per_gpu` are per rank).
+Every rank must run the same number of forward/backward passes, because ZeRO reduces gradients (and,
+under stage 3, gathers parameters) inside them and collectives must pair up; a rank with fewer
+micro-batches gets padding micro-batches of one `padding_sample` (the global batch's shortest sample with
+loss mask 0 and advantage 0). Padding runs forward and backward but adds nothing to the loss, the
+gradients, the whitening statistics or the metrics.
+
+Exactness: the loss of every micro-batch is divided by the GLOBAL batch's normalizers (`RankShare.tokens`,
+`RankShare.sequences`), so the rank losses sum to the single-rank loss; DeepSpeed averages gradients over
+ranks, so the backend scales each rank's loss by N before backward (the sum of the rank gradients is the
+single-rank gradient). Advantage whitening uses the mean and std of all ranks' mask-1 tokens (`whiten_across`),
+and the step's metrics are summed over ranks (`sum_metrics`; every one is a sum of per-micro-batch values
+over the global normalizers). Only float summation order differs from one rank.
+
+What this module does not do: start processes, move samples between them, or talk to DeepSpeed; the
+`AllSum` callback it is given does the one collective it needs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+import torch
+
+from relax_pipeline.train.batching import BatchSettings, TrainSample, micro_batches
+
+AllSum = Callable[[torch.Tensor], torch.Tensor]
+"""Sums a float64 CPU tensor over every rank (all-reduce SUM) and returns the sum, same shape, on the CPU."""
+
+
+@dataclass(frozen=True)
+class RankShare:
+    """One rank's part of one global batch; connects the split on rank 0 to `step.share_step` on each rank."""
+
+    micro_batches: tuple[tuple[TrainSample, ...], ...]
+    """This rank's micro-batches in order, padded to the count every rank runs (at least one)."""
+    tokens: float
+    """Mask-1 tokens of the whole global batch (at least 1): the token_mean normalizer."""
+    sequences: float
+    """Samples in the whole global batch: the seq_mean normalizers."""
+    padding: int = 0
+    """How many of `micro_batches` are padding (loss mask 0); informational."""
+
+
+def shard(samples: Sequence[TrainSample], world: int, batching: BatchSettings) -> list[RankShare]:
+    """Split one global batch over `world` ranks (rank r gets samples r, r+N, ...); one share per rank."""
+    if world < 1:
+        raise ValueError(f"trainer.num_ranks={world}; use 1 or more")
+    if not samples:
+        raise ValueError("shard needs a non-empty global batch")
+    tokens = max(1.0, float(sum(sum(s.loss_mask) for s in samples)))
+    packed = [micro_batches(list(samples[rank::world]), batching) for rank in range(world)]
+    count = max(len(p) for p in packed)
+    pad = (padding_sample(samples),)
+    return [
+        RankShare(tuple(tuple(b) for b in p) + (pad,) * (count - len(p)), tokens, float(len(samples)), count - len(p))
+        for p in packed
+    ]
+
+
+def padding_sample(samples: Sequence[TrainSample]) -> TrainSample:
+    """The shortest sample with loss mask 0, rollout logprobs 0 and advantage 0: a pass that trains nothing."""
+    short = min(samples, key=lambda s: len(s.tokens))
+    size = short.response_length
+    return replace(short, loss_mask=(0,) * size, rollout_logprobs=(0.0,) * size, advantage=0.0)
+
+
+def whiten_across(advantages: torch.Tensor, loss_mask: torch.Tensor, all_sum: AllSum,
+                  eps: float = 1e-8) -> torch.Tensor:
+    """`advantages.whiten` over every rank's mask-1 tokens: global mean, unbiased global std (two passes)."""
+    valid = loss_mask > 0
+    values = advantages[valid].double()
+    count, total = all_sum(torch.stack([values.new_tensor(float(values.numel())), values.sum()])).tolist()
+    if count < 2:
+        return torch.zeros_like(advantages)
+    mean = total / count
+    squares = float(all_sum(((values - mean) ** 2).sum().reshape(1))[0])
+    std = math.sqrt(squares / (count - 1))
+    return torch.where(valid, (advantages - mean) / (std + eps), 0.0).to(advantages.dtype)
+
+
+def sum_metrics(metrics: dict[str, float], all_sum: AllSum) -> dict[str, float]:
+    """Every metric summed over ranks (each rank reports the same keys, in any order)."""
+    keys = sorted(metrics)
+    summed = all_sum(torch.tensor([metrics[k] for k in keys], dtype=torch.float64)).tolist()
+    return dict(zip(keys, summed, strict=True))

@@ -222,6 +222,9 @@ class TrainerConfig:
     """AdamW and gradient clipping (train/optim.py)."""
     zero_stage: int = 0
     """DeepSpeed ZeRO stage (trainer=deepspeed only)."""
+    num_ranks: int = 1
+    """Data-parallel training processes on this machine (trainer=deepspeed only): the run is rank 0 and
+    starts ranks 1..N-1, logging to <output>/trainer_ranks/rank<r>.log (train/rank_group.py)."""
     save_interval: int | None = None
     """Save a checkpoint every N steps (and at the end); None saves only at the end."""
     resume: bool = False
@@ -634,9 +637,12 @@ def runtime_node(runtime: DictConfig) -> DictConfig:
     return OmegaConf.masked_copy(runtime, [k for k in runtime if k not in CAPACITY_KEYS and k not in unused])
 
 
-def build_trainer(cfg: DictConfig, model_path: str) -> Trainer:
-    """The `trainer` group's object: `trainer_node` with its nested nodes as records, plus `trainer_context`."""
-    return build(trainer_node(cfg.trainer), _convert_="object", model_path=model_path, **trainer_context(cfg))
+def build_trainer(cfg: DictConfig, model_path: str, output_dir: Path | None = None) -> Trainer:
+    """The `trainer` group's object: `trainer_node` with its nested nodes as records, plus `trainer_context`
+    (and `output_dir` when the class takes it: trainer=deepspeed's rank logs)."""
+    node = trainer_node(cfg.trainer)
+    run = engine_context(node, output_dir) if output_dir is not None else {}
+    return build(node, _convert_="object", model_path=model_path, **trainer_context(cfg), **run)
 
 
 def trainer_node(trainer: DictConfig) -> DictConfig:

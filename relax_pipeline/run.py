@@ -186,7 +186,7 @@ class _Parts:
 
     def _trainer(self) -> Trainer:
         """The `trainer` group's records plus the seed, rollout temperature and credit keys (`config.build_trainer`)."""
-        return build_trainer(self.cfg, model_path=str(self.model_path))
+        return build_trainer(self.cfg, model_path=str(self.model_path), output_dir=self.output_dir)
 
     async def _serve(self) -> None:
         cfg = self.cfg

@@ -24,17 +24,32 @@ only with the same world size. With `save_optimizer=false` the DeepSpeed files a
 such a folder puts its weights into the module (gathered under ZeRO-3), refreshes the optimizer's fp32
 master copies from them (`refresh_fp32_params`, ZeRO 1-3) and starts the optimizer state fresh.
 
-Process group: when no launcher set RANK/LOCAL_RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, they are set
-for a single process (a free port on 127.0.0.1) and removed again by `close()`, which also destroys the
-process group this trainer created. Without CUDA, `DS_ACCELERATOR=cpu` and the gloo backend are used.
-`TORCH_EXTENSIONS_DIR` defaults to `<relax cache>/torch_extensions` so DeepSpeed's one-time op builds
-(the CPU shm comm op, ~40-70 s) are reused across runs and tests.
+Process group: with one rank, when no launcher set RANK/LOCAL_RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT,
+they are set for a single process (a free port on 127.0.0.1) and restored by `close()`, which also
+destroys the process group this trainer created. Without CUDA, `DS_ACCELERATOR=cpu` and the gloo backend
+are used, NCCL with CUDA. `TORCH_EXTENSIONS_DIR` defaults to `<relax cache>/torch_extensions` so
+DeepSpeed's one-time op builds (the CPU shm comm op, ~40-70 s) are reused across runs and tests.
+
+Several ranks (`trainer.num_ranks` N > 1, one machine): the trainer built by the run is rank 0 and starts
+ranks 1..N-1 as `WorkerTrainer` processes (rank_group.py, rank_worker.py; chosen over torchrun, which would
+have to start the whole run N times, and over Ray train workers, which would make Ray a dependency of
+every multi-rank run). Every call that involves DeepSpeed collectives (`train`, `engine_weights` under
+ZeRO-3, `save`, `load`, construction) is sent to the workers first and then run on rank 0, in the same
+order on every rank. `train` splits each global batch with `data_parallel.shard` (sample i to rank i mod
+N, padding micro-batches so every rank runs the same passes) and ships each worker its `RankShare`s over
+its control channel; the normalizers are the global batch's, whitening and metrics are reduced across
+ranks, and the loss is scaled by N before backward because DeepSpeed averages gradients over ranks, so one
+step equals the one-rank step up to float summation order. Checkpoints: rank 0 writes the Hugging Face
+folder and the trainer state; every rank writes its part of DeepSpeed's files (`save_checkpoint`, which
+resumes only with the same N). Weights for the engine come from rank 0 (gathered from every rank under
+ZeRO-3). A worker that raises or dies fails the call with `RankFailed` naming the rank, its exit code and
+its log; `close()` stops every worker.
 
 What it does not do: vision-language models (a model folder with a `vision_config`, such as
 `model=tiny_vl`, is refused at construction: its `multimodal_train_inputs` are untested under ZeRO; use
-`trainer=torch`), data-parallel sharding across several ranks (it refuses WORLD_SIZE > 1 naming the
-gap), CPU offload, mixed precision, or pipeline/tensor parallelism. `trainer.device` is not used: the
-device is DeepSpeed's accelerator device for LOCAL_RANK.
+`trainer=torch`), ranks on several machines (a launcher's WORLD_SIZE > 1 is refused naming
+`trainer.num_ranks`), CPU offload, mixed precision, or pipeline/tensor parallelism. `trainer.device` is not
+used: the device is DeepSpeed's accelerator device for LOCAL_RANK.
 """
 
 from __future__ import annotations

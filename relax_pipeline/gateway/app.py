@@ -248,7 +248,7 @@ class _Gateway:
         if not key:
             raise ProtocolError(401, "missing credential: send 'Authorization: Bearer <RELAX_API_KEY>'")
         session = self.store.authenticate(key, self.session_ids)
-        if session is None and (released := self.store.released(key)) is not None:
+        if session is None and (released := self.store.released(key, self.session_ids)) is not None:
             raise ProtocolError(404, f"session {released[0]} is {released[1].value}; it takes no more requests")
         if session is None and self.store.get(key) is not None:
             raise ProtocolError(401, "a session id is a credential only on a loopback gateway "

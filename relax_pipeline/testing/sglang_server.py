@@ -217,7 +217,8 @@ class FakeSglangServer:
         self.engine = HFEngine(str(model_path), seed=seed, max_context_len=max_context_len, kv_cache_mb=kv_cache_mb)
         self.state = FakeState(self.engine, str(model_path), capacity, set(disabled or ()), ignore_stop)
         self.decode_delay_s = decode_delay_s
-        self.server = GatewayServer(create_app(self.state), host=host, port=port, prefix="")
+        self.server = GatewayServer(create_app(self.state), host=host, port=port, prefix="",
+                                    allow_remote=True)  # binds where SGLang would (engine.host)
 
     @property
     def url(self) -> str:

@@ -122,6 +122,8 @@ class ForestStore:
         self._keys: dict[str, Session] = {}
         self._released: dict[str, tuple[str, Status]] = {}
         """Key → (id, final status) of released sessions: enough to answer their late requests with a 404."""
+        self._released_ids: dict[str, tuple[str, Status]] = {}
+        """The same by session id, for a loopback gateway where the id is a credential too."""
 
     def open(self, group_id: str, index: int, rollout_id: int, mode: str, prompt: dict[str, Any],
              seed: int = 0) -> Session:
@@ -144,9 +146,13 @@ class ForestStore:
             session = self._sessions.get(credential)
         return session
 
-    def released(self, key: str) -> tuple[str, Status] | None:
-        """(id, final status) of the released session whose key is `key`; None for any other key."""
-        return self._released.get(key)
+    def released(self, credential: str, session_ids: bool = False) -> tuple[str, Status] | None:
+        """(id, final status) of the released session whose key is `credential` (or, with `session_ids`, whose
+        id it is); None for anything else."""
+        found = self._released.get(credential)
+        if found is None and session_ids:
+            found = self._released_ids.get(credential)
+        return found
 
     def release(self, session: Session) -> bool:
         """Forget an ended session whose rows are written (its forest, memo and prompt go with it); its key
@@ -155,7 +161,7 @@ class ForestStore:
             return False
         self._sessions.pop(session.id, None)
         self._keys.pop(session.key, None)
-        self._released[session.key] = (session.id, session.status)
+        self._released[session.key] = self._released_ids[session.id] = (session.id, session.status)
         return True
 
     def set_status(self, session: Session, status: Status, error: str | None = None) -> None:

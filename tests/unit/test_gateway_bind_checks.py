@@ -21,7 +21,7 @@ from relax_pipeline.gateway.server import (
     machine_address,
     url_host,
 )
-from relax_pipeline.turn.sessions import ForestStore
+from relax_pipeline.turn.sessions import ForestStore, Status
 
 REMOTE_HOSTS = ["0.0.0.0", "::", "", "192.0.2.2", "10.1.2.3"]
 LOOPBACK_HOSTS = ["127.0.0.1", "127.0.0.2", "::1", "localhost"]
@@ -117,3 +117,7 @@ def test_a_session_id_opens_only_its_own_session_and_only_when_asked() -> None:
     assert store.authenticate(a.key, session_ids=True) is a
     for forged in ("sess-" + "0" * 24, a.id[:-1], a.id + "0", a.key[:-1], "", a.id.upper()):
         assert store.authenticate(forged, session_ids=True) is None
+    store.set_status(b, Status.COMPLETED)
+    assert store.release(b) and store.authenticate(b.id, session_ids=True) is None
+    assert store.released(b.id) is None and store.released(b.id, session_ids=True) == (b.id, Status.COMPLETED)
+    assert store.released(b.key) == (b.id, Status.COMPLETED) and store.released(a.id, session_ids=True) is None

@@ -39,7 +39,15 @@ from pathlib import Path
 from typing import Any
 
 from relax_pipeline.agent import ray_runtime
-from relax_pipeline.agent.launcher import LOG_NAME, ActiveTimer, AgentExit, AgentFailure, AgentSpec, log_tail, wait_active
+from relax_pipeline.agent.launcher import (
+    LOG_NAME,
+    ActiveTimer,
+    AgentExit,
+    AgentFailure,
+    AgentSpec,
+    log_tail,
+    wait_active,
+)
 from relax_pipeline.agent.ray_node import NodeAnswer, NodeCall, NodeRunner
 
 log = logging.getLogger("relax_pipeline")

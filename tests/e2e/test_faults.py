@@ -53,6 +53,8 @@ def assert_no_session_lost(tmp_path: Path, rows: list[dict]) -> int:
     assert started and started <= recorded, f"sessions without a row: {sorted(started - recorded)}"
     for row in rows:
         assert (row["error"] is None) == (row["status"] in ("completed", "truncated", "filtered")), row["status"]
+    ended = {status: sum(r["status"] == status for r in rows) for status in ("completed", "failed", "dropped")}
+    print(f"faults: {len(started)} sessions started, {ended}, 0 lost")
     return len(started)
 
 

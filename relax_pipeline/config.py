@@ -193,6 +193,13 @@ class SglangEngineConfig:
     """Sessions job=eval keeps in flight by default (as engine=hf's batch)."""
     affinity_block: int = 16
     """Tokens per block of the prefix hashes that keep a session and a prompt's siblings on one worker."""
+    placement: str | None = None
+    """launch=true: local (servers are subprocesses of this machine) or ray (one placement-group bundle per server
+    on the Ray cluster at ray.address, engine/sglang_ray.py); null: ray when ray.address is set, else local."""
+    placement_strategy: str = "PACK"
+    """placement=ray: how bundles spread over nodes (PACK, SPREAD, STRICT_PACK, STRICT_SPREAD)."""
+    cpus_per_server: float = 1.0
+    """placement=ray: CPUs each server's bundle holds (besides gpus_per_server GPUs)."""
 
 
 ENGINE_SCHEMAS = {"hf": EngineConfig, "scripted": ScriptedEngineConfig, "sglang": SglangEngineConfig}

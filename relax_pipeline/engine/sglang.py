@@ -22,7 +22,9 @@ Endpoints used, and nothing else (`relax_pipeline.testing.sglang_server` impleme
   flushes its radix cache itself on this update. From-tensor/distributed updates on GPUs are not done yet.
 
 Servers: `engine.urls=[...]` connects to running servers; `engine.launch=true` starts `engine.servers`
-servers (`sglang_launch.py`, logs in `<output>/sglang/`) and stops them at `close`. `engine.router=sglang`
+servers (`sglang_launch.py`, logs in `<output>/sglang/`) and stops them at `close`; with `engine.placement=ray`
+(the default when `ray.address` is set) they are placed on a Ray cluster, one placement-group bundle per server
+(`sglang_ray.py`). `engine.router=sglang`
 puts the real sglang-router in front (started, or `engine.router_url` when one runs): generations go
 through it with the routing key of `sglang_routing.Affinity` as `x-smg-routing-key` (its `manual` policy
 keeps a key on one worker); aborts and weight updates go to the servers directly, since the router does
@@ -53,6 +55,7 @@ import orjson
 
 from relax_pipeline.engine.base import GenerateResult, ImageFeatures, SamplingParams
 from relax_pipeline.engine.sglang_launch import Processes, free_port, gpu_env, router_command, server_command
+from relax_pipeline.engine.sglang_ray import RayServers
 from relax_pipeline.engine.sglang_routing import ROUTING_KEY_HEADER, Affinity, KvAdmission, WorkerLoad, WorkerPool
 from relax_pipeline.engine.sglang_weights import write_weights
 
@@ -61,6 +64,8 @@ SGLANG_API_VERSION = "0.5.3"
 """The SGLang release whose HTTP API this client (and the fake server) follows."""
 ROUTERS = ("none", "sglang")
 ADMISSIONS = ("none", "kv")
+PLACEMENTS = ("local", "ray")
+"""Where launched servers run (`engine.placement`): subprocesses here, or placement-group bundles of a Ray cluster."""
 FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
 
 
@@ -97,7 +102,9 @@ class SglangEngine:
                  router_url: str | None = None, router_command: str = "python -m sglang_router.launch_router",
                  router_args: dict[str, Any] | None = None, admission: str = "none", kv_headroom: float = 0.9,
                  admission_max_wait_s: float = 300.0, weights_dir: str | None = None, log_dir: str | None = None,
-                 output_dir: str | None = None, max_batch_size: int = 32, affinity_block: int = 16) -> None:
+                 output_dir: str | None = None, max_batch_size: int = 32, affinity_block: int = 16,
+                 placement: str | None = None, placement_strategy: str = "PACK", cpus_per_server: float = 1.0,
+                 ray: dict[str, Any] | None = None) -> None:
         _check_choice("engine.router", router, ROUTERS)
         _check_choice("engine.admission", admission, ADMISSIONS)
         if bool(urls) == bool(launch):
@@ -126,6 +133,10 @@ class SglangEngine:
         self.affinity = Affinity(affinity_block)
         self.admission = KvAdmission(kv_headroom, admission_max_wait_s) if admission == "kv" else None
         self.processes = Processes(self.log_dir)
+        self.placement = _placement(placement, launch, ray)
+        self.ray_servers = RayServers(self.log_dir, ray, placement_strategy, cpus_per_server) \
+            if self.placement == "ray" else None
+        """engine.placement=ray: the servers placed on the Ray cluster (`sglang_ray.py`)."""
         self.server_info: dict[str, dict[str, Any]] = {}
         """`/get_server_info` of every server, by URL (read at start)."""
         self._targets = _Targets()
@@ -239,6 +250,8 @@ class SglangEngine:
         """Stop what this engine launched, drop the weights folder it wrote, close the HTTP client."""
         try:
             await self.processes.stop()
+            if self.ray_servers is not None:
+                await self.ray_servers.stop()
         finally:
             if self._http is not None:
                 await self._http.aclose()
@@ -337,7 +350,11 @@ class SglangEngine:
         return WorkerLoad(url, capacity)
 
     async def _launch_servers(self) -> list[str]:
-        """Start `servers` SGLang servers on free ports and wait until each answers /health."""
+        """Start `servers` SGLang servers on free ports and wait until each answers /health (on Ray nodes with
+        engine.placement=ray)."""
+        if self.ray_servers is not None:
+            return await self.ray_servers.start(self.servers, self.gpus_per_server, self.launch_command,
+                                                self.model_path, self.server_args, self.launch_timeout)
         started = []
         for i in range(self.servers):
             port = free_port(self.host)
@@ -396,6 +413,17 @@ def parse_generate(body: dict[str, Any], version: int, url: str = "") -> Generat
     served = str(meta.get("weight_version", ""))
     return GenerateResult(ids, tuple(float(p[0]) for p in pairs), finish,  # type: ignore[arg-type]
                           int(served) if served.isdigit() else version, matched)
+
+
+def _placement(placement: str | None, launch: bool, ray: dict[str, Any] | None) -> str:
+    """`engine.placement`, resolved: null means `ray` when launching with a `ray.address`, else `local`."""
+    if placement is None:
+        return "ray" if launch and (ray or {}).get("address") else "local"
+    _check_choice("engine.placement", placement, PLACEMENTS)
+    if placement == "ray" and not launch:
+        raise ValueError("engine.placement=ray places launched servers: set engine.launch=true (or "
+                         "engine.placement=local with engine.urls)")
+    return placement
 
 
 def _check_choice(key: str, value: str, allowed: tuple[str, ...]) -> None:

@@ -145,11 +145,20 @@ class Evaluator:
 
     async def _dataset(self, eval_set: EvalSet, done: int) -> dict[str, float]:
         started, slots = time.time(), asyncio.Semaphore(eval_set.concurrency)
+        results: list[tuple[Group, list[dict[str, Any]]] | None] = []
+        try:
+            return await self._evaluate(eval_set, done, started, slots, results)
+        finally:
+            self.pipeline.release([result[0] for result in results if result is not None])
+
+    async def _evaluate(self, eval_set: EvalSet, done: int, started: float, slots: asyncio.Semaphore,
+                        results: list[tuple[Group, list[dict[str, Any]]] | None]) -> dict[str, float]:
+        """One dataset's groups, dump, metrics and CSVs; `results` is filled with the finished groups."""
         total = len(eval_set.dataset.prompts) * eval_set.n_samples
         with tqdm(total=total, desc=f"eval {eval_set.name}", unit=" scored", file=sys.stderr, leave=False) as bar:
             self.pipeline.on_scored = bar.update
-            results = await asyncio.gather(*(self._group(eval_set, p, done, slots)
-                                             for p in eval_set.dataset.prompts))
+            results += await asyncio.gather(*(self._group(eval_set, p, done, slots)
+                                              for p in eval_set.dataset.prompts))
         done_groups = [result for result in results if result is not None]
         groups = [group for group, _ in done_groups]
         rows = [row for _, group_rows in done_groups for row in group_rows]

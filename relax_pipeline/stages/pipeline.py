@@ -139,10 +139,14 @@ class Pipeline:
             len(scored) - credited, _fmt(result.metrics.get("rollout/raw_reward")), result.metrics["perf/rollout_time"],
             path,
         )
-        for group in result.groups:  # rows written, metrics taken: the store forgets the step's ended sessions
+        self.release(result.groups)
+        return result
+
+    def release(self, groups: list[Group]) -> None:
+        """Rows written, metrics taken: the store forgets these groups' ended sessions (`ForestStore.release`)."""
+        for group in groups:
             for session in group.sessions:
                 self.prepare.store.release(session)
-        return result
 
 
 def _fmt(value: float | None) -> str:

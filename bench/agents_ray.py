@@ -1,0 +1,101 @@
+"""Agents on Ray vs local subprocesses: 256 sleeping agents through the real gateway, side by side in one run.
+
+Each session is `examples/long_tail_agent` (standard-library HTTP): it sleeps a seeded 1-3 s, then makes 4 model
+calls through the gateway to a paced fake engine (`testing.engines.PacedEngine`, a few tokens per call), and
+exports. One step holds all 256 sessions at once (`--groups` groups x `--n` sessions, every group resident).
+The same run config goes once with `agent.executor=local` and once with `agent.executor=ray` on a local 2-node
+Ray cluster (`testing.ray_cluster`: head + one worker, sessions spread over both). Each mode runs 2 steps; the
+second is measured (the first warms the page cache and starts Ray's per-node runners).
+
+Printed per mode: sessions/s over the measured step (256 / its rollout time) and the mean agent time per session
+(`timing.agent_s` of the dump: agent started → exited). Ray's overhead per session is the difference of those
+means (what Ray adds to each session's life: shipping the input, the actor call, the answer back); target < 50 ms.
+
+    python bench/agents_ray.py [--groups 64] [--n 4] [--turns 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from hydra import compose, initialize_config_dir  # noqa: E402
+
+from relax_pipeline.config import CONF_DIR, quote_placeholders, register  # noqa: E402
+from relax_pipeline.run import run  # noqa: E402
+from relax_pipeline.testing.ray_cluster import local_cluster  # noqa: E402
+
+
+def workload(folder: Path, sessions: int, turns: int, seed: int = 0) -> Path:
+    """One row per prompt: a seeded 1-3 s sleep before `turns` model calls."""
+    rng = random.Random(seed)
+    rows = [{"input": f"task {i}", "metadata": {"startup_s": round(rng.uniform(1.0, 3.0), 3), "turns": turns,
+                                                "tool_mean_s": 0.0, "max_tokens": 8}} for i in range(sessions)]
+    path = folder / "data.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def overrides(folder: Path, data: Path, args: argparse.Namespace, extra: list[str]) -> list[str]:
+    return [
+        "job=rollout", f"output_dir={folder}", f"dataset.path={data}", "dataset.shuffle=false", "agent=long_tail",
+        "agent.timeout=600", "engine._target_=relax_pipeline.testing.engines.PacedEngine", "+engine.token_s=0.001",
+        "+engine.mean_tokens=4", "+engine.sigma=0.3", "rollout.num_steps=2", f"rollout.batch_size={args.groups}",
+        f"rollout.n_samples_per_prompt={args.n}", f"runtime.concurrency={args.groups}", "rollout.max_response_len=16",
+        f"debug.save_rollout_data={folder}/r_{{rollout_id}}.jsonl", *extra,
+    ]
+
+
+def measure(args: argparse.Namespace, extra: list[str]) -> dict[str, float]:
+    """One run of 2 steps; figures of the second."""
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        data = workload(folder, args.groups, args.turns)
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = compose("config", overrides=quote_placeholders(overrides(folder, data, args, extra)))
+        run(cfg)
+        rows = [json.loads(line) for line in (folder / "r_1.jsonl").read_text().splitlines()]
+        rollout_s = _rollout_time(folder / "run.log", step=1)
+    ok = [r for r in rows if r["status"] in ("completed", "truncated")]
+    if len(ok) != args.groups * args.n:
+        raise SystemExit(f"expected {args.groups * args.n} finished sessions, got {len(ok)} of {len(rows)} rows")
+    return {"sessions_per_s": len(ok) / rollout_s, "rollout_s": rollout_s,
+            "agent_s": statistics.fmean(r["timing"]["agent_s"] for r in ok)}
+
+
+def _rollout_time(log: Path, step: int) -> float:
+    for line in log.read_text().splitlines():
+        if f"step {step} metrics" in line and "perf/rollout_time=" in line:
+            return float(line.split("perf/rollout_time=")[1].split()[0])
+    raise SystemExit(f"no step {step} metrics in {log}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--groups", type=int, default=64, help="prompt groups per step (all resident)")
+    parser.add_argument("--n", type=int, default=4, help="sessions per group")
+    parser.add_argument("--turns", type=int, default=4)
+    args = parser.parse_args()
+    register()
+    local = measure(args, ["agent.executor=local"])
+    with local_cluster(workers=1, cpus=2, head_cpus=2) as cluster:
+        on_ray = measure(args, ["agent.executor=ray", f"ray.address={cluster.address}"])
+    sessions = args.groups * args.n
+    print(f"{sessions} sleeping agents (1-3 s, {args.turns} turns through the gateway), all at once; 2nd of 2 steps")
+    print(f"{'executor':<28} {'sessions/s':>10} {'rollout s':>10} {'agent s/session':>16}")
+    for name, r in (("local subprocesses", local), ("ray, local 2-node cluster", on_ray)):
+        print(f"{name:<28} {r['sessions_per_s']:>10.1f} {r['rollout_s']:>10.2f} {r['agent_s']:>16.3f}")
+    overhead_ms = (on_ray["agent_s"] - local["agent_s"]) * 1000
+    print(f"Ray overhead per session: {overhead_ms:+.1f} ms (mean agent time, Ray - local; target < 50 ms); "
+          f"throughput ratio Ray/local {on_ray['sessions_per_s'] / local['sessions_per_s']:.2f}")
+
+
+if __name__ == "__main__":
+    main()

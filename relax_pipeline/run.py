@@ -198,9 +198,9 @@ class _Parts:
         eval_defaults = SamplingDefaults(e.max_response_len or r.max_response_len, self.context_len, e.temperature)
         self.store = ForestStore()
         turns = TurnService(template, self.engine, self.protocol.parser(), defaults, r.history, eval_defaults)
-        g = cfg.gateway
+        g = cfg.gateway  # a loopback gateway also takes a session's id as its credential (DESIGN §3.3)
         app = create_app(self.store, turns, self.protocol.service_prefix, self.model.name,
-                         self.protocol.frontends(), self.protocol.sse_heartbeat_s)
+                         self.protocol.frontends(), self.protocol.sse_heartbeat_s, session_ids=not g.allow_remote)
         self.server = GatewayServer(app, g.host, g.port, self.protocol.service_prefix, g.public_url, g.allow_remote)
         await self.server.start()
         log.info("gateway serving at %s, agents use %s%s (weights v%d)", self.server.bound_url,

@@ -1,18 +1,21 @@
 """The gateway's ASGI app: model-API routes per session, auth, `/health` and `/v1/models`.
 
-Every front-end resource is served under the service prefix in both forms, `{prefix}/v1/<resource>` and
-`{prefix}/<resource>` (the OpenAI SDKs append the bare resource to a base URL that keeps its path). `Authorization:
-Bearer <credential>` (or `x-api-key`) selects the session. The credential is the session's `RELAX_API_KEY`, a random
-secret separate from the session id (DESIGN §3.3: the id is logged, so it is no credential, and a request carrying one
-gets a 401 naming RELAX_API_KEY). Missing or unknown → 401, a session that is not running (not started, finished,
-failed, dropped) → 404, each before the body is read. A credential opens only its own session: a request can only read
-and write that session's forest and continue from that session's response ids. Bodies are parsed with `orjson.loads` on
-the raw bytes (no pydantic on the hot path); errors are shaped per protocol. JSON and Buffered SSE share one path up to
-rendering. Every model request writes one access line (`relax_pipeline.gateway.access`: api, session, status, tokens,
-ms) to run.log, and every 4xx/5xx is a WARNING with its message. Each answer's id is recorded against the response node
-it committed (`ForestStore.remember_response`), for Responses' `previous_response_id`. The OpenAPI document of the
-served routes is `openapi.py`'s, at `GET {prefix}/openapi.json`. This module does not start a server (`server.py`) and
-holds no turn logic (`turn/service.py`).
+Every front-end resource is served under the service prefix in both forms, `{prefix}/v1/<resource>`
+and `{prefix}/<resource>` (the OpenAI SDKs append the bare resource to a base URL that keeps its path).
+`Authorization: Bearer <credential>` (or `x-api-key`) selects the session. The credential is the session's
+`RELAX_API_KEY`, a random secret separate from the session id; on a loopback gateway (`session_ids=True`,
+what the run passes when `gateway.allow_remote=false`) the session's own `RELAX_SESSION_ID` also opens it
+(DESIGN §3.3), while a gateway other hosts can reach takes keys only (the id is logged, so it is no secret).
+Missing or unknown → 401, a session that is not running (not started, finished, failed, dropped) → 404,
+each before the body is read. A credential opens only its own session: a request can only read and write
+that session's forest and continue from that session's response ids. Bodies are parsed with
+`orjson.loads` on the raw bytes (no pydantic on the hot path); errors are shaped per protocol. JSON and
+Buffered SSE share one path up to rendering. Every model request writes one access line
+(`relax_pipeline.gateway.access`: api, session, status, tokens, ms) to run.log, and every 4xx/5xx is a
+WARNING with its message. Each answer's id is recorded against the response node it committed
+(`ForestStore.remember_response`), for Responses' `previous_response_id`. The OpenAPI document of the
+served routes is `openapi.py`'s, at `GET {prefix}/openapi.json`. This module does not start a server
+(`server.py`) and holds no turn logic (`turn/service.py`).
 
 A client that disconnects: a turn is committed when its generation ends, and the forest only grows, so
 what counts is whether the disconnect came first. Noticed during generation (JSON or SSE, heartbeats
@@ -62,11 +65,13 @@ ACCESS_LINE = "api=%s session=%s status=%d stream=%s prompt_tokens=%d completion
 
 
 def create_app(store: ForestStore, turns: TurnService, prefix: str = "/agentic_api", model_name: str = "relax",
-               frontends: Sequence[Frontend] | None = None, heartbeat_s: float = 15.0) -> GatewayApp:
-    """Build the app; `prefix` is the service path that agents' base URLs keep."""
+               frontends: Sequence[Frontend] | None = None, heartbeat_s: float = 15.0,
+               session_ids: bool = False) -> GatewayApp:
+    """Build the app; `prefix` is the service path that agents' base URLs keep; `session_ids`: a session's id
+    also authenticates it (only for a loopback bind, `gateway.allow_remote=false`)."""
     app = FastAPI(title="relax_pipeline gateway", docs_url=None, redoc_url=None, openapi_url=None)
     prefix = "/" + prefix.strip("/") if prefix.strip("/") else ""
-    gateway = _Gateway(store, turns, model_name, heartbeat_s)
+    gateway = _Gateway(store, turns, model_name, heartbeat_s, session_ids)
     served = list(frontends or [ChatFrontend()])
     app.add_api_route("/health", gateway.health, methods=["GET"])
     turn_routes: dict[str, TurnRoute] = {}
@@ -106,8 +111,11 @@ def _http_error_handler(resources: str):  # noqa: ANN202 - a Starlette exception
 class _Gateway:
     """Route handlers bound to the shared store and turn service."""
 
-    def __init__(self, store: ForestStore, turns: TurnService, model_name: str, heartbeat_s: float) -> None:
+    def __init__(self, store: ForestStore, turns: TurnService, model_name: str, heartbeat_s: float,
+                 session_ids: bool = False) -> None:
         self.store = store
+        self.session_ids = session_ids
+        """A session id also opens its own session (a loopback gateway)."""
         self.turns = turns
         self.model_name = model_name
         self.heartbeat_s = heartbeat_s
@@ -239,11 +247,12 @@ class _Gateway:
         key = _credential(scope)
         if not key:
             raise ProtocolError(401, "missing credential: send 'Authorization: Bearer <RELAX_API_KEY>'")
-        session = self.store.authenticate(key)
-        if session is None and (released := self.store.released(key)) is not None:
+        session = self.store.authenticate(key, self.session_ids)
+        if session is None and (released := self.store.released(key, self.session_ids)) is not None:
             raise ProtocolError(404, f"session {released[0]} is {released[1].value}; it takes no more requests")
         if session is None and self.store.get(key) is not None:
-            raise ProtocolError(401, "a session id is no credential: send the session's key, RELAX_API_KEY")
+            raise ProtocolError(401, "a session id is a credential only on a loopback gateway "
+                                     "(gateway.allow_remote=false): send the session's key, RELAX_API_KEY")
         if session is None:
             raise ProtocolError(401, "unknown credential: send the RELAX_API_KEY given to this agent")
         if session.status is Status.CREATED:

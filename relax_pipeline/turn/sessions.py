@@ -15,8 +15,9 @@ terminal state with a reason, so nothing is lost silently. The store does no I/O
 
 Credentials: each session has an id (`sess-` + 24 random hex digits; it names the session in logs, the dump
 and agent-server URLs, so it is not secret) and a separate key (`rk-` + 32 random url-safe characters from
-`secrets`, unrelated to the id, never logged). `authenticate` finds a session by its key only (DESIGN §3.3:
-the id is no credential); a key opens only the session it belongs to, and a forged id or key opens nothing.
+`secrets`, unrelated to the id, never logged). `authenticate` finds a session by its key; only when asked
+(`session_ids=True`, what a loopback gateway passes: DESIGN §3.3's `Bearer <RELAX_SESSION_ID>`) also by its
+own id. Either way a credential opens only the session it belongs to; a forged id or key opens nothing.
 
 Memory: `release` forgets an ended session once its group's rows are written (the pipeline does it at the
 end of each step), keeping only its key, id and final status, so a run of days holds the sessions of its
@@ -121,6 +122,8 @@ class ForestStore:
         self._keys: dict[str, Session] = {}
         self._released: dict[str, tuple[str, Status]] = {}
         """Key → (id, final status) of released sessions: enough to answer their late requests with a 404."""
+        self._released_ids: dict[str, tuple[str, Status]] = {}
+        """The same by session id, for a loopback gateway where the id is a credential too."""
 
     def open(self, group_id: str, index: int, rollout_id: int, mode: str, prompt: dict[str, Any],
              seed: int = 0) -> Session:
@@ -135,13 +138,21 @@ class ForestStore:
         """The session named `session_id` (not a credential: see `authenticate`)."""
         return self._sessions.get(session_id)
 
-    def authenticate(self, key: str) -> Session | None:
-        """The session whose secret key is `key`; None for anything else (a session id included)."""
-        return self._keys.get(key)
+    def authenticate(self, credential: str, session_ids: bool = False) -> Session | None:
+        """The session whose secret key is `credential`; with `session_ids` (a loopback gateway) also the
+        session whose id it is. None for anything else (a session id too, unless `session_ids`)."""
+        session = self._keys.get(credential)
+        if session is None and session_ids:
+            session = self._sessions.get(credential)
+        return session
 
-    def released(self, key: str) -> tuple[str, Status] | None:
-        """(id, final status) of the released session whose key is `key`; None for anything else."""
-        return self._released.get(key)
+    def released(self, credential: str, session_ids: bool = False) -> tuple[str, Status] | None:
+        """(id, final status) of the released session whose key is `credential` (or, with `session_ids`, whose
+        id it is); None for anything else."""
+        found = self._released.get(credential)
+        if found is None and session_ids:
+            found = self._released_ids.get(credential)
+        return found
 
     def release(self, session: Session) -> bool:
         """Forget an ended session whose rows are written (its forest, memo and prompt go with it); its key
@@ -150,7 +161,7 @@ class ForestStore:
             return False
         self._sessions.pop(session.id, None)
         self._keys.pop(session.key, None)
-        self._released[session.key] = (session.id, session.status)
+        self._released[session.key] = self._released_ids[session.id] = (session.id, session.status)
         return True
 
     def set_status(self, session: Session, status: Status, error: str | None = None) -> None:

@@ -1,6 +1,6 @@
-"""Test agent: reports the base URL it was given and how the gateway answers its session id (DESIGN §3.3: no
-credential, 401), then makes one model call with the credential named by BEARER_AGENT_CREDENTIAL (`session_id`:
-RELAX_SESSION_ID; anything else: RELAX_API_KEY) through the OpenAI SDK, and exports implicitly."""
+"""Test agent: reports the base URL it was given and how the gateway answers its session id, then makes one
+model call with the credential named by BEARER_AGENT_CREDENTIAL (`session_id`: RELAX_SESSION_ID, DESIGN
+§3.3's loopback promise; anything else: RELAX_API_KEY) through the OpenAI SDK, and exports implicitly."""
 
 import json
 import os

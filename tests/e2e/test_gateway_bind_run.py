@@ -1,9 +1,10 @@
 """Whole runs with the `gateway.*` keys: the base URL agents get and the credentials they may send.
 
-Loopback (the default): an agent's `RELAX_API_KEY` is served and its `RELAX_SESSION_ID` refused (401, DESIGN §3.3).
-`gateway.host=0.0.0.0 gateway.allow_remote=true gateway.public_url=...`: every agent's `RELAX_BASE_URL` is the public
-URL, the gateway answers at it, and again only `RELAX_API_KEY` is served. A remote bind without `gateway.allow_remote`
-stops the run before anything starts."""
+Loopback (the default): an agent that sends `Authorization: Bearer $RELAX_SESSION_ID` (DESIGN §3.3) is
+served. `gateway.host=0.0.0.0 gateway.allow_remote=true gateway.public_url=...`: every agent's
+`RELAX_BASE_URL` is the public URL, the gateway answers at it, and a session id is refused (401) while
+`RELAX_API_KEY` is served. A remote bind without `gateway.allow_remote` stops the run before anything starts.
+"""
 
 from __future__ import annotations
 
@@ -28,13 +29,13 @@ def overrides(tmp_path: Path, credential: str, *extra: str) -> list[str]:
             f"+agent.env.BEARER_AGENT_CREDENTIAL={credential}", "rollout.max_response_len=8", *extra]
 
 
-def test_a_loopback_run_serves_keys_and_refuses_session_ids(tmp_path: Path, tiny_path: Path) -> None:
-    metrics = run(compose_config(tmp_path, tiny_path, *overrides(tmp_path, "api_key")))
+def test_a_loopback_run_serves_agents_that_send_their_session_id(tmp_path: Path, tiny_path: Path) -> None:
+    metrics = run(compose_config(tmp_path, tiny_path, *overrides(tmp_path, "session_id")))
     rows = read_dump(tmp_path / "dump" / "r_0.jsonl")
     assert len(rows) == 4 and metrics["rollout/dropped_groups"] == 0
     for row in rows:
         assert row["status"] == "completed" and row["turn_count"] == 1, row["error"]
-        assert row["metadata"]["id_status"] == 401
+        assert row["metadata"]["id_status"] == 200
         assert row["metadata"]["base_url"].startswith("http://127.0.0.1:")
 
 

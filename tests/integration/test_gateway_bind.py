@@ -1,8 +1,10 @@
 """Gateway bind, address and credentials over real HTTP: uvicorn on 0.0.0.0 (and ::) reached through this
 machine's non-loopback address, and on 127.0.0.1, with the real `openai` and `anthropic` SDKs.
 
-On any bind only a session's `RELAX_API_KEY` opens it; its id gets 401 naming RELAX_API_KEY (DESIGN §3.3).
-A credential opens only its own session: session A's credential never reads or changes session B's forest,
+`gateway.allow_remote=true` (the app built with `session_ids=False`): only a session's `RELAX_API_KEY` opens
+it; its id gets 401 naming RELAX_API_KEY. Loopback (`session_ids=True`, what the run passes when
+`gateway.allow_remote=false`): the session's own `RELAX_SESSION_ID` opens it too (DESIGN §3.3). Either way a
+credential opens only its own session: session A's credential never reads or changes session B's forest,
 B's response ids included, and a 401 or 404 changes nothing anywhere (forests, responses, statuses, the
 engine's prompts).
 """
@@ -42,7 +44,7 @@ async def serving(template: ChatTemplate, engine: ScriptedEngine, host: str, all
     store = ForestStore()
     turns = TurnService(template, engine, OutputParser(), SamplingDefaults())
     frontends = [ChatFrontend(), ResponsesFrontend(), MessagesFrontend()]
-    app = create_app(store, turns, prefix=PREFIX, frontends=frontends)
+    app = create_app(store, turns, prefix=PREFIX, frontends=frontends, session_ids=not allow_remote)
     server = GatewayServer(app, host, port, PREFIX, allow_remote=allow_remote)
     await server.start()
     try:
@@ -126,31 +128,29 @@ async def test_an_ipv6_wildcard_bind_is_reached_through_this_machines_address(te
         await assert_refused_everywhere(gw, {"Authorization": f"Bearer {session.id}"}, 401)
 
 
-async def test_loopback_takes_keys_only_and_each_opens_only_its_own_session(template: ChatTemplate,
-                                                                            tokenizer: Any) -> None:
+async def test_loopback_session_id_opens_only_its_own_session(template: ChatTemplate, tokenizer: Any) -> None:
     async with serving(template, ScriptedEngine(tokenizer, ["hi"] * 8), "127.0.0.1", allow_remote=False) as gw:
         assert gw.base_url == f"http://127.0.0.1:{gw.server.port}{PREFIX}/"
         a, b, b_response = await victim_with_history(gw)
         before = fingerprint(gw.store)
-        sdk = openai.AsyncOpenAI(base_url=gw.base_url, api_key=a.key, max_retries=0)
+        sdk = openai.AsyncOpenAI(base_url=gw.base_url, api_key=a.id, max_retries=0)
         reply = await sdk.chat.completions.create(model="m", messages=[{"role": "user", "content": "hello"}])
         assert reply.choices[0].message.content == "hi" and a.forest.turn_count == 1
-        assert fingerprint(gw.store)[1] == before[1]  # B untouched by A's key
-        claude = anthropic.AsyncAnthropic(base_url=gw.base_url.rstrip("/"), api_key=b.key, max_retries=0)
+        assert fingerprint(gw.store)[1] == before[1]  # B untouched by A's id
+        claude = anthropic.AsyncAnthropic(base_url=gw.base_url.rstrip("/"), api_key=b.id, max_retries=0)
         message = await claude.messages.create(model="m", max_tokens=8,
                                                messages=[{"role": "user", "content": "hello"}])
         assert message.content[0].text == "hi" and b.forest.turn_count == 3
-        assert fingerprint(gw.store)[0][4] == 1  # A untouched by B's key
+        assert fingerprint(gw.store)[0][4] == 1  # A untouched by B's id
+        await assert_foreign_response_id_reads_nothing(gw, a.id, b_response)
         await assert_foreign_response_id_reads_nothing(gw, a.key, b_response)
-        with pytest.raises(openai.AuthenticationError, match="RELAX_API_KEY"):
-            await openai.AsyncOpenAI(base_url=gw.base_url, api_key=a.id, max_retries=0).models.list()
-        for forged in (a.id, b.id, "sess-" + "0" * 24, a.key[:-1], a.key.upper(), "rk-" + "A" * 32):
+        for forged in ("sess-" + "0" * 24, a.id[:-1], a.id.upper(), "rk-" + "A" * 32):
             await assert_refused_everywhere(gw, {"Authorization": f"Bearer {forged}"}, 401)
         gw.store.set_status(b, Status.COMPLETED)
-        await assert_refused_everywhere(gw, {"Authorization": f"Bearer {b.key}"}, 404)
-        await assert_refused_everywhere(gw, {"x-api-key": b.key}, 404)
-        assert gw.store.release(b)  # forgotten once its rows are written: its key still gets a 404
-        await assert_refused_everywhere(gw, {"Authorization": f"Bearer {b.key}"}, 404)
+        await assert_refused_everywhere(gw, {"Authorization": f"Bearer {b.id}"}, 404)
+        await assert_refused_everywhere(gw, {"x-api-key": b.id}, 404)
+        assert gw.store.release(b)  # forgotten once its rows are written: its id still gets a 404
+        await assert_refused_everywhere(gw, {"Authorization": f"Bearer {b.id}"}, 404)
 
 
 async def test_a_configured_port_is_bound_and_a_taken_one_is_named(template: ChatTemplate, tokenizer: Any) -> None:

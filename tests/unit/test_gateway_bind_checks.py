@@ -2,8 +2,8 @@
 
 A non-loopback bind (a wildcard, this machine's LAN address, `::`) is refused without
 `gateway.allow_remote=true`, naming the key, both by `config.validate` at start-up and by the
-`GatewayServer` constructor; `gateway.public_url` must keep the service prefix and end with `/`; only a
-session's key authenticates it (DESIGN §3.3: the id is no credential).
+`GatewayServer` constructor; `gateway.public_url` must keep the service prefix and end with `/`; a
+session id authenticates its own session only when the store is asked to (`session_ids=True`).
 """
 
 from __future__ import annotations
@@ -109,12 +109,15 @@ def test_base_url_is_the_public_url_or_the_bound_address() -> None:
     assert url_host("fd00::2") == "[fd00::2]" and url_host("node0") == "node0"
 
 
-def test_only_a_sessions_key_opens_it() -> None:
+def test_a_session_id_opens_only_its_own_session_and_only_when_asked() -> None:
     store = ForestStore()
     a, b = (store.open("g", i, 0, "train", {}) for i in range(2))
-    assert store.authenticate(a.key) is a and store.authenticate(b.key) is b
-    for forged in (a.id, b.id, "sess-" + "0" * 24, a.key[:-1], a.key + "0", "", a.key.upper()):
-        assert store.authenticate(forged) is None
+    assert store.authenticate(a.id) is None and store.authenticate(a.key) is a
+    assert store.authenticate(a.id, session_ids=True) is a and store.authenticate(b.id, session_ids=True) is b
+    assert store.authenticate(a.key, session_ids=True) is a
+    for forged in ("sess-" + "0" * 24, a.id[:-1], a.id + "0", a.key[:-1], "", a.id.upper()):
+        assert store.authenticate(forged, session_ids=True) is None
     store.set_status(b, Status.COMPLETED)
-    assert store.release(b) and store.authenticate(b.key) is None
-    assert store.released(b.key) == (b.id, Status.COMPLETED) and store.released(b.id) is None
+    assert store.release(b) and store.authenticate(b.id, session_ids=True) is None
+    assert store.released(b.id) is None and store.released(b.id, session_ids=True) == (b.id, Status.COMPLETED)
+    assert store.released(b.key) == (b.id, Status.COMPLETED) and store.released(a.id, session_ids=True) is None

@@ -1,13 +1,12 @@
 """Runs one real harness through `run(cfg)` with `engine=scripted`, and checks what the run recorded.
 
-`run_harness` composes `job=rollout agent=<preset> engine=scripted` on the toy dataset (one group of
-`samples` sessions; the runners export no reward, so the exact-match reward model scores them), with a context limit large enough for the coding agents' system prompts, and returns
-the dump rows, the run's metrics and its access lines. `check_run` asserts the tier's contract: at least one
-trained sample, no failed or dropped session, no gateway 4xx/5xx, no fork, and token-exact turn boundaries
-(`len(tokens) == prompt_length + response_length`, loss 1 exactly on the tokens the engine generated,
-`turn_count` equal to the model calls the session made). `skip_unless` skips a test whose harness package
-is missing, naming the extra that installs it.
-"""
+`run_harness` composes `job=rollout agent=<preset> engine=scripted` on the toy dataset (one group of `samples` sessions;
+the runners export no reward, so the exact-match reward model scores them), with a context limit large enough for the
+coding agents' system prompts, and returns the dump rows, the run's metrics and its access lines. `check_run` asserts
+the tier's contract: at least one trained sample, no failed or dropped session, no gateway 4xx/5xx, no fork, and
+token-exact turn boundaries (`len(tokens) == prompt_length + response_length`, loss 1 exactly on the tokens the engine
+generated, `turn_count` equal to the model calls the session made). `skip_unless` skips a test whose harness package is
+missing, naming the extra that installs it."""
 
 from __future__ import annotations
 

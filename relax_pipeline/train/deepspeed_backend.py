@@ -67,9 +67,11 @@ import torch
 from relax_pipeline.models.folder import WEIGHTS_FILE, copy_model_files, save_weights
 from relax_pipeline.models.spec import is_multimodal
 from relax_pipeline.models.tiny import default_cache_dir
-from relax_pipeline.train.batching import TrainSample
+from relax_pipeline.train.advantages import AdvantageSettings
+from relax_pipeline.train.batching import BatchSettings, TrainSample
 from relax_pipeline.train.data_parallel import RankShare, shard
-from relax_pipeline.train.optim import adamw
+from relax_pipeline.train.losses import LossSettings
+from relax_pipeline.train.optim import OptimSettings, adamw
 from relax_pipeline.train.rank_group import RankFailed, RankGroup
 from relax_pipeline.train.step import share_step
 from relax_pipeline.train.torch_backend import (
@@ -92,13 +94,30 @@ class DeepSpeedTrainer(TorchTrainer):
     """`TorchTrainer` whose model and optimizer live in a DeepSpeed engine (ZeRO `zero_stage`); with
     `num_ranks` N > 1 this process is rank 0 and drives N - 1 worker ranks (rank_group.py)."""
 
-    def __init__(self, model_path: str, *, output_dir: str | None = None, **settings: Any) -> None:
-        self.settings_for_ranks = {"model_path": model_path, **settings}
-        """The constructor's settings, sent to every worker rank."""
+    def __init__(
+        self,
+        model_path: str,
+        seed: int = 0,
+        device: str = "cpu",
+        loss: LossSettings | None = None,
+        batching: BatchSettings | None = None,
+        optim: OptimSettings | None = None,
+        advantages: AdvantageSettings | None = None,
+        temperature: float = 1.0,
+        zero_stage: int = 0,
+        save_optimizer: bool = True,
+        num_ranks: int = 1,
+        output_dir: str | None = None,
+    ) -> None:
+        settings = {"model_path": model_path, "seed": seed, "device": device, "loss": loss, "batching": batching,
+                    "optim": optim, "advantages": advantages, "temperature": temperature, "zero_stage": zero_stage,
+                    "save_optimizer": save_optimizer, "num_ranks": num_ranks}
+        self.settings_for_ranks = settings
+        """The constructor's settings (all but `output_dir`), sent to every worker rank."""
         self.rank_log_dir = Path(output_dir) / RANK_LOG_FOLDER if output_dir else None
-        """Where worker ranks write `rank<r>.log`; None: a fresh temporary folder (named in errors)."""
+        """Where worker ranks write `rank<r>.log` (`<output_dir>/trainer_ranks`); None: a fresh temporary folder."""
         self.ranks: RankGroup | None = None
-        super().__init__(model_path, **settings)
+        super().__init__(**settings)
 
     def check_zero_stage(self, zero_stage: int) -> None:
         if zero_stage not in (0, 1, 2, 3):

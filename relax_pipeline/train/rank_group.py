@@ -109,12 +109,13 @@ class RankGroup:
                 self._answer(worker, command)
 
     def _answer(self, worker: Worker, command: str) -> None:
+        """Read one answer of `worker`: "ok" returns; an error, or the channel closing, raises `RankFailed`."""
         try:
             status, detail = worker.conn.recv()
         except (EOFError, OSError):
-            self._fail(worker, command)
+            status, detail = "gone", None
         if status != "ok":
-            self._fail(worker, command, str(detail))
+            self._fail(worker, command, None if detail is None else str(detail))
 
     def diagnose(self, command: str, grace_s: float = 5.0) -> None:
         """After a collective failed on rank 0: raise `RankFailed` for the worker that died or raised (waiting

@@ -146,7 +146,7 @@ async def test_terminate_from_another_task_fails_the_wait(tmp_path: Path) -> Non
 async def test_the_factory_picks_the_executor() -> None:
     assert isinstance(new_agent(AgentSpec(command="true")), AgentProcess)
     assert isinstance(new_agent(spec("http://127.0.0.1:1")), HttpAgent)
-    with pytest.raises(ValueError, match=r"agent.executor='ray'.*\['local', 'http'\]"):
-        new_agent(AgentSpec(command="true", executor="ray"))
+    with pytest.raises(ValueError, match=r"agent.executor='slurm'.*\['local', 'http', 'ray'\]"):
+        new_agent(AgentSpec(command="true", executor="slurm"))
     with pytest.raises(ValueError, match="needs agent.server_url"):
         new_agent(AgentSpec(command="true", executor="http"))

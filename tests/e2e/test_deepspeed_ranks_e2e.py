@@ -18,7 +18,9 @@ from relax_pipeline.run import run
 from tests.e2e.test_train_e2e import train_config
 
 pytest.importorskip("deepspeed")
-pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::DeprecationWarning")
+# slow (about 70 s on 2 cores): tests/integration/test_deepspeed_ranks.py checks the 2-rank step in the default run.
+pytestmark = [pytest.mark.slow,
+              pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::DeprecationWarning")]
 
 
 def test_two_rank_training_run(tmp_path: Path, tiny_path: Path) -> None:

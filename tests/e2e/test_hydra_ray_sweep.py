@@ -15,6 +15,7 @@ import pytest
 from relax_pipeline.testing.ray_cluster import RAY_EXTRA, require_ray
 
 
+@pytest.mark.slow  # about 20 s: a Ray instance for a two-job job=check sweep
 def test_two_job_sweep_runs_on_ray(tmp_path: Path, tiny_path: Path) -> None:
     require_ray()
     if importlib.util.find_spec("hydra_plugins.hydra_ray_launcher") is None:

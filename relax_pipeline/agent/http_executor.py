@@ -31,22 +31,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from relax_pipeline.agent.launcher import (
-    LOG_NAME,
-    ActiveTimer,
-    AgentExit,
-    AgentFailure,
-    AgentSpec,
-    log_tail,
-    wait_active,
-)
+from relax_pipeline.agent.launcher import AgentFailure, AgentSpec
+from relax_pipeline.agent.remote import RemoteAgent
 
 log = logging.getLogger(__name__)
 
@@ -57,46 +49,22 @@ CONNECT_TIMEOUT_S = 10.0
 """Seconds to open a connection to the agent server; the POST then waits as long as the session runs."""
 
 
-class HttpAgent:
+class HttpAgent(RemoteAgent):
     """One session run by the agent server at `AgentSpec.server_url`: start it, wait on it under the active
     timer, cancel it with DELETE."""
 
     def __init__(self, spec: AgentSpec) -> None:
         if not spec.server_url:
             raise ValueError("agent.executor=http needs agent.server_url (the agent server's base URL)")
-        self.spec = spec
-        self.timer = ActiveTimer(spec.timeout)
+        super().__init__(spec)
         self._url = spec.server_url.rstrip("/")
-        self._request: asyncio.Task[httpx.Response] | None = None
-        self._session_id = ""
-        self._log_path: Path | None = None
-        self._output_path: Path | None = None
-        self._exit_code: int | None = None
-        self._started_at = 0.0
-
-    @property
-    def pid(self) -> int | None:
-        """Always None: the process runs on the agent server."""
-        return None
-
-    @property
-    def returncode(self) -> int | None:
-        """The exit code the server reported, None while the session runs."""
-        return self._exit_code
 
     async def start(self, session_env: Mapping[str, str], io_dir: Path) -> None:
         """Send the session to the server; returns at once (the POST stays open until the agent is done)."""
-        if self._request is not None:
-            raise RuntimeError("HttpAgent.start() called twice; use one HttpAgent per session")
-        io_dir.mkdir(parents=True, exist_ok=True)
-        self._log_path = io_dir / LOG_NAME
-        self._output_path = Path(session_env.get("RELAX_OUTPUT_JSON") or io_dir / "output.json")
-        self._session_id = session_env["RELAX_SESSION_ID"]
+        self._open(session_env, io_dir)
         payload = self._payload(session_env)
         self._note(f"POST {self._url}/sessions session_id={self._session_id}")
-        self._started_at = time.monotonic()
-        self._request = asyncio.create_task(self._post(payload))
-        self.timer.start()
+        self._launch(self._post(payload))
 
     def _payload(self, session_env: Mapping[str, str]) -> dict[str, Any]:
         """The POST body: session id, env, the input file's JSON, the budget and the sandbox limits."""
@@ -107,10 +75,11 @@ class HttpAgent:
 
     def _input(self, session_env: Mapping[str, str]) -> dict[str, Any]:
         """The session's input file as JSON; an unreadable one is an `AgentFailure`."""
-        path = session_env.get("RELAX_INPUT_JSON")
+        text = self._input_text(session_env)
         try:
-            return json.loads(Path(path).read_text()) if path else {}
-        except (OSError, ValueError) as error:
+            return json.loads(text)
+        except ValueError as error:
+            path = session_env.get("RELAX_INPUT_JSON")
             raise AgentFailure(f"could not read the input file {path} ({error})", None, "", self._log_path) from error
 
     async def _post(self, payload: dict[str, Any]) -> httpx.Response:
@@ -118,41 +87,22 @@ class HttpAgent:
         async with httpx.AsyncClient(timeout=timeout, trust_env=False) as client:
             return await client.post(f"{self._url}/sessions", json=payload)
 
-    async def wait(self) -> AgentExit:
-        """Wait for the server's answer under the active timer; raise `AgentFailure` unless the agent exited 0."""
-        request = self._require_started()
-        try:
-            finished = await wait_active(self.timer, request)
-        except asyncio.CancelledError:
-            await asyncio.shield(self.terminate())
-            raise
-        if not finished:
-            await self.terminate()
-            raise self._failure(f"timed out after {self.timer.budget:g} s of active time (the agent server was "
-                                "sent DELETE)", None)
-        return self._result(request)
-
-    def _result(self, request: asyncio.Task[httpx.Response]) -> AgentExit:
-        """Write the answer's output and log; AgentExit for exit 0, else the matching `AgentFailure`."""
-        if request.cancelled():
-            raise self._failure("cancelled: the session was dropped (the agent server was sent DELETE)", None)
-        if isinstance(error := request.exception(), httpx.HTTPError):
+    def _answer(self, task: asyncio.Task[Any]) -> tuple[int | None, str, str, str | None]:
+        """The server's answer; an unreachable server or a non-200 answer is an `AgentFailure`."""
+        if isinstance(error := task.exception(), httpx.HTTPError):
             raise self._failure(f"could not reach the agent server at {self._url} ({type(error).__name__}: "
                                 f"{error}); is it running? (agent.services starts it, agent.server_url names it)", None)
-        response = request.result()
+        response = task.result()
         if response.status_code != 200:
             self._note(response.text)
             raise self._failure(f"agent server answered HTTP {response.status_code} to POST /sessions", None)
-        code, output, text = self._answer(response)
-        self._exit_code = code
-        self._note(text)
-        if output:
-            self._write_output(output)
-        if code != 0:
-            raise self._failure(f"exited with code {code} on the agent server", code)
-        return AgentExit(exit_code=0, elapsed_s=time.monotonic() - self._started_at, active_s=self.timer.elapsed())
+        code, output, text = self._body(response)
+        return code, output, text, None if code == 0 else f"exited with code {code} on the agent server"
 
-    def _answer(self, response: httpx.Response) -> tuple[int, str, str]:
+    def _ended(self) -> str:
+        return "the agent server was sent DELETE"
+
+    def _body(self, response: httpx.Response) -> tuple[int, str, str]:
         """(exit_code, output, log) of a 200 answer; a malformed body is an `AgentFailure` naming the field."""
         try:
             body = response.json()
@@ -167,14 +117,9 @@ class HttpAgent:
             raise self._failure("agent server answered output or log that is not a string", body["exit_code"])
         return body["exit_code"], output, text
 
-    def _write_output(self, output: str) -> None:
-        assert self._output_path is not None
-        self._output_path.parent.mkdir(parents=True, exist_ok=True)
-        self._output_path.write_text(output)
-
     async def terminate(self) -> None:
         """Cancel a session still running: drop the POST and send DELETE; idempotent, no-op once it answered."""
-        request = self._request
+        request = self._task
         if request is None or request.done():
             return
         request.cancel()
@@ -194,27 +139,10 @@ class HttpAgent:
 
     def kill(self) -> None:
         """The run's last resort before it exits: one DELETE without waiting for more than a second."""
-        if self._request is None or self._request.done():
+        if self._task is None or self._task.done():
             return
         try:
             httpx.delete(f"{self._url}/sessions/{self._session_id}", timeout=1.0, trust_env=False)
         except httpx.HTTPError:
             pass
 
-    def tail(self) -> str:
-        """The last `log_tail_bytes` of agent.log (the server's log and this executor's notes)."""
-        return log_tail(self._log_path, self.spec.log_tail_bytes)
-
-    def _note(self, text: str) -> None:
-        """Append `text` to agent.log."""
-        if self._log_path is not None and text:
-            with open(self._log_path, "a", encoding="utf-8", errors="replace") as file:
-                file.write(text if text.endswith("\n") else text + "\n")
-
-    def _failure(self, reason: str, exit_code: int | None) -> AgentFailure:
-        return AgentFailure(reason, exit_code, self.tail(), self._log_path)
-
-    def _require_started(self) -> asyncio.Task[httpx.Response]:
-        if self._request is None:
-            raise RuntimeError("HttpAgent.wait() before start(); call start() first")
-        return self._request

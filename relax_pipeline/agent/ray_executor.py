@@ -39,16 +39,9 @@ from pathlib import Path
 from typing import Any
 
 from relax_pipeline.agent import ray_runtime
-from relax_pipeline.agent.launcher import (
-    LOG_NAME,
-    ActiveTimer,
-    AgentExit,
-    AgentFailure,
-    AgentSpec,
-    log_tail,
-    wait_active,
-)
+from relax_pipeline.agent.launcher import AgentFailure, AgentSpec
 from relax_pipeline.agent.ray_node import NodeAnswer, NodeCall, NodeRunner
+from relax_pipeline.agent.remote import RemoteAgent
 
 log = logging.getLogger("relax_pipeline")
 
@@ -174,52 +167,24 @@ def runner_pool(spec: AgentSpec) -> RunnerPool:
     return _pools[key]
 
 
-class RayAgent:
+class RayAgent(RemoteAgent):
     """One session run on a Ray node: start it, wait on it under the active timer, cancel it on the node."""
 
     def __init__(self, spec: AgentSpec) -> None:
-        self.spec = spec
-        self.timer = ActiveTimer(spec.timeout)
-        self._task: asyncio.Task[NodeAnswer] | None = None
+        super().__init__(spec)
         self._runner: Runner | None = None
         self._pool: RunnerPool | None = None
-        self._session_id = ""
-        self._log_path: Path | None = None
-        self._output_path: Path | None = None
-        self._exit_code: int | None = None
-        self._started_at = 0.0
-
-    @property
-    def pid(self) -> int | None:
-        """Always None: the process runs on a Ray node."""
-        return None
-
-    @property
-    def returncode(self) -> int | None:
-        """The exit code the node reported, None while the session runs."""
-        return self._exit_code
 
     async def start(self, session_env: Mapping[str, str], io_dir: Path) -> None:
         """Send the session to a node; returns at once (the call stays open until the agent is done)."""
-        if self._task is not None:
-            raise RuntimeError("RayAgent.start() called twice; use one RayAgent per session")
-        io_dir.mkdir(parents=True, exist_ok=True)
-        self._log_path = io_dir / LOG_NAME
-        self._output_path = Path(session_env.get("RELAX_OUTPUT_JSON") or io_dir / "output.json")
-        self._session_id = session_env["RELAX_SESSION_ID"]
+        self._open(session_env, io_dir)
         call = self._call(session_env)
         self._pool = runner_pool(self.spec)
-        self._started_at = time.monotonic()
-        self._task = asyncio.create_task(self._run(self._pool, call))
-        self.timer.start()
+        self._launch(self._run(self._pool, call))
 
     def _call(self, session_env: Mapping[str, str]) -> NodeCall:
         """The session as values: the input file's text, the env without the local paths."""
-        path = session_env.get("RELAX_INPUT_JSON")
-        try:
-            text = Path(path).read_text() if path else "{}"
-        except OSError as error:
-            raise AgentFailure(f"could not read the input file {path} ({error})", None, "", self._log_path) from error
+        text = self._input_text(session_env)
         env = {k: str(v) for k, v in session_env.items() if k not in NODE_PATHS}
         return NodeCall(self._session_id, self.spec.command, self.spec.cwd, {k: str(v) for k, v in
                         self.spec.env.items()}, env, text, self.spec.grace_s, self.spec.log_tail_bytes)
@@ -233,36 +198,16 @@ class RayAgent:
         finally:
             pool.release(runner)
 
-    async def wait(self) -> AgentExit:
-        """Wait for the node's answer under the active timer; raise `AgentFailure` unless the agent exited 0."""
-        task = self._require_started()
-        try:
-            finished = await wait_active(self.timer, task)
-        except asyncio.CancelledError:
-            await asyncio.shield(self.terminate())
-            raise
-        if not finished:
-            await self.terminate()
-            raise self._failure(f"timed out after {self.timer.budget:g} s of active time (its process group on "
-                                f"node {self._node()} was ended)", None)
-        return self._result(task)
-
-    def _result(self, task: asyncio.Task[NodeAnswer]) -> AgentExit:
-        """Write the answer's output and log; AgentExit for exit 0, else the matching `AgentFailure`."""
-        if task.cancelled():
-            raise self._failure(f"cancelled: the session was dropped (its process group on node {self._node()} "
-                                "was ended)", None)
+    def _answer(self, task: asyncio.Task[Any]) -> tuple[int | None, str, str, str | None]:
+        """The node's answer; a call that did not answer (node lost, runner raised) is an `AgentFailure`."""
         if (error := task.exception()) is not None:
             raise self._ray_failure(error)
-        answer = task.result()
-        self._exit_code = answer.exit_code
-        self._note(answer.log)
-        if answer.output:
-            self._output_path.parent.mkdir(parents=True, exist_ok=True)
-            self._output_path.write_text(answer.output)
-        if answer.reason is not None:
-            raise self._failure(f"{answer.reason} on node {answer.node}", answer.exit_code)
-        return AgentExit(exit_code=0, elapsed_s=time.monotonic() - self._started_at, active_s=self.timer.elapsed())
+        answer: NodeAnswer = task.result()
+        reason = None if answer.reason is None else f"{answer.reason} on node {answer.node}"
+        return answer.exit_code, answer.output or "", answer.log, reason
+
+    def _ended(self) -> str:
+        return f"its process group on node {self._node()} was ended"
 
     def _ray_failure(self, error: BaseException) -> AgentFailure:
         """The failure of a call that did not answer: node lost, or the runner raised."""
@@ -304,23 +249,5 @@ class RayAgent:
             except Exception:  # the run is exiting; the runner dies with Ray anyway
                 pass
 
-    def tail(self) -> str:
-        """The last `log_tail_bytes` of agent.log (this executor's notes and the node's log tail)."""
-        return log_tail(self._log_path, self.spec.log_tail_bytes)
-
     def _node(self) -> str:
         return self._runner.name if self._runner is not None else "(none yet: waiting for room)"
-
-    def _note(self, text: str) -> None:
-        """Append `text` to agent.log."""
-        if self._log_path is not None and text:
-            with open(self._log_path, "a", encoding="utf-8", errors="replace") as file:
-                file.write(text if text.endswith("\n") else text + "\n")
-
-    def _failure(self, reason: str, exit_code: int | None) -> AgentFailure:
-        return AgentFailure(reason, exit_code, self.tail(), self._log_path)
-
-    def _require_started(self) -> asyncio.Task[NodeAnswer]:
-        if self._task is None:
-            raise RuntimeError("RayAgent.wait() before start(); call start() first")
-        return self._task

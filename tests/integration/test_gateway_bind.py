@@ -66,7 +66,7 @@ async def victim_with_history(gw: Gateway) -> tuple[Session, Session, str]:
     """Sessions A (attacker) and B (victim); B has a Chat turn and a Responses turn, whose id is returned."""
     a, b = gw.open_session(), gw.open_session()
     assert (await gw.post(b, CHAT)).status_code == 200
-    reply = await gw.post(b, {"model": "m", "input": "remember: 42"}, "v1/responses")
+    reply = await gw.post(b, {"model": "m", "input": "remember: zebra-secret"}, "v1/responses")
     assert reply.status_code == 200, reply.text
     return a, b, reply.json()["id"]
 
@@ -88,7 +88,7 @@ async def assert_foreign_response_id_reads_nothing(gw: Gateway, credential: str,
     body = {"model": "m", "input": "and?", "previous_response_id": foreign_id}
     answer = await gw.post(None, body, "v1/responses", headers={"Authorization": f"Bearer {credential}"})
     assert answer.status_code == 400 and answer.json()["error"]["param"] == "previous_response_id", answer.text
-    assert "42" not in answer.text
+    assert "zebra-secret" not in answer.text
     assert fingerprint(gw.store) == before and len(gw.engine.prompts) == prompts
 
 

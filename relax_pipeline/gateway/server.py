@@ -103,6 +103,7 @@ def _listen(host: str, port: int) -> socket.socket:
         sock.close()
         raise ValueError(f"gateway.host={host!r} gateway.port={port}: cannot bind ({error.strerror}); choose a free "
                          "port (gateway.port=0 picks one) and an address of this machine") from None
+    sock.listen(2048)
     return sock
 
 

@@ -22,9 +22,12 @@ log = logging.getLogger(__name__)
 
 
 def bound_socket(host: str, port: int) -> socket.socket:
+    """A socket already listening on `host:port`: a client that reads the printed URL and connects before uvicorn's
+    loop runs waits in the backlog instead of being refused."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
+    sock.listen(2048)
     return sock
 
 

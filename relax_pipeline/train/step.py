@@ -10,7 +10,11 @@ Logprobs are computed exactly the way the engine computes them: log_softmax(logi
 the full vocabulary in float32, gathered at the next token, with temperature 0 (greedy) read as 1.
 Batches are right-padded [B, L] with an attention mask (positions 0..len-1 per row, as in the engine's
 unpadded prefill); the model is asked only for the logits from the earliest response position on
-(`logits_to_keep`), so prompt positions never reach the LM head or the softmax. A micro-batch whose
+(`logits_to_keep`), so prompt positions never reach the LM head or the softmax. When every row of a text
+micro-batch starts with the same tokens (the samples of one GRPO group share their whole prompt; all samples
+share the chat template's preamble), that prefix runs once, as a batch of one, and its keys and values are
+expanded over the rows for the forward of the rest (`Collated.shared`): the same logprobs (float tolerance)
+and the same gradient, since autograd sums the rows' gradients back through the expansion. A micro-batch whose
 samples carry `multimodal_train_inputs` also feeds their `pixel_values` and `image_grid_thw` (concatenated
 in row order) and the image-token mask, so a vision-language model computes the same mrope positions and
 image embeddings as the engine did.
@@ -25,12 +29,14 @@ between ranks.
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 import torch
+from transformers import DynamicCache
 
 from relax_pipeline.train.advantages import AdvantageSettings, token_advantages, whiten
 from relax_pipeline.train.batching import BatchSettings, TrainSample
@@ -81,6 +87,12 @@ class Collated:
     """[B] base advantages."""
     multimodal: dict[str, torch.Tensor] | None = None
     """`pixel_values` and `image_grid_thw` of every row's images, in row order; None without images."""
+    shared: int = 0
+    """Leading columns identical in every row, computed once for all rows (0: no shared prefix forward)."""
+
+
+MIN_SHARED_PREFIX = 8
+"""A common prefix shorter than this runs in every row: a separate forward pass has a fixed cost."""
 
 
 def collate(samples: Sequence[TrainSample], pad_id: int, device: torch.device | str) -> Collated:
@@ -92,8 +104,22 @@ def collate(samples: Sequence[TrainSample], pad_id: int, device: torch.device | 
     columns = [torch.tensor(list(c)) for c in zip(*rows, strict=True)]
     ids, attention, index, targets, mask, rollout = (c.to(device) for c in columns)
     base = torch.tensor([s.advantage for s in samples], dtype=torch.float32, device=device)
+    multimodal = _multimodal(samples, device)
+    shared = shared_prefix(samples, start) if multimodal is None else 0
     return Collated(ids, attention, length - start, index, targets, mask.float(), rollout.float(), base,
-                    _multimodal(samples, device))
+                    multimodal, shared)
+
+
+def shared_prefix(samples: Sequence[TrainSample], limit: int) -> int:
+    """Leading tokens all `samples` share, at most `limit` (the first position whose logits are kept); 0 when
+    there is one sample or the prefix is shorter than `MIN_SHARED_PREFIX`."""
+    if len(samples) < 2:
+        return 0
+    first = samples[0].tokens
+    length = min(limit, *(len(s.tokens) for s in samples))
+    for s in samples[1:]:
+        length = next((i for i in range(length) if s.tokens[i] != first[i]), length)
+    return length if length >= MIN_SHARED_PREFIX else 0
 
 
 def _multimodal(samples: Sequence[TrainSample], device: torch.device | str) -> dict[str, torch.Tensor] | None:
@@ -128,11 +154,7 @@ def response_logprobs(
 
     "metric" returns a detached entropy (no autograd graph is kept for it); "train" keeps its gradient.
     """
-    out = model(
-        input_ids=batch.input_ids, attention_mask=batch.attention_mask, logits_to_keep=batch.keep, use_cache=False,
-        **_vision_kwargs(model, batch),
-    )
-    logits = out.logits  # type: ignore[attr-defined]
+    logits = _forward(model, batch).logits  # type: ignore[attr-defined]
     rows = logits.gather(1, batch.index.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
     logp = torch.log_softmax(rows.float() / (temperature if temperature > 0 else 1.0), dim=-1)
     chosen = logp.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)
@@ -140,6 +162,32 @@ def response_logprobs(
         return chosen, None
     source = logp if entropy == "train" else logp.detach()
     return chosen, -(source.exp() * source).sum(-1)
+
+
+def _forward(model: Model, batch: Collated) -> object:
+    """The model's output for `batch`'s kept positions, through the shared prefix when there is one."""
+    if batch.shared == 0 or _is_vision(model):
+        return model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, logits_to_keep=batch.keep,
+                     use_cache=False, **_vision_kwargs(model, batch))
+    cache = DynamicCache()
+    key = _cache_argument(model)
+    model(input_ids=batch.input_ids[:1, : batch.shared], logits_to_keep=1, use_cache=True, **{key: cache})
+    for layer in cache.layers:
+        rows = batch.input_ids.shape[0]
+        layer.keys, layer.values = layer.keys.expand(rows, -1, -1, -1), layer.values.expand(rows, -1, -1, -1)
+    return model(input_ids=batch.input_ids[:, batch.shared :], attention_mask=batch.attention_mask,
+                 logits_to_keep=batch.keep, use_cache=True, **{key: cache})
+
+
+def _is_vision(model: Model) -> bool:
+    """Whether `model` is a vision-language model (its rope positions are not plain offsets past a cache)."""
+    return hasattr(getattr(getattr(model, "module", model), "config", None), "vision_config")
+
+
+def _cache_argument(model: Model) -> str:
+    """The forward argument that takes a KV cache: `cache` in recent transformers, `past_key_values` before."""
+    forward = getattr(model, "module", model).forward  # type: ignore[attr-defined] - DeepSpeed wraps the model
+    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
 
 
 @dataclass

@@ -9,6 +9,7 @@ or $TORCH_EXTENSIONS_DIR); after that each takes a few seconds.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from pathlib import Path
@@ -148,6 +149,40 @@ def test_trainer_logprobs_equal_the_engine_computation(tiny_path: Path) -> None:
     assert entropy is not None and entropy.shape == ours.shape
 
 
+def group_samples(count: int, prompt: int = 24, seed: int = 7) -> list[TrainSample]:
+    """`count` samples of one GRPO group: the same prompt, responses of different lengths with observations."""
+    rng = random.Random(seed)
+    head = tuple(rng.randrange(10, 1000) for _ in range(prompt))
+    return [TrainSample(head + s.tokens[s.prompt_length :], prompt, s.loss_mask, s.rollout_logprobs, s.advantage)
+            for s in make_samples(count, seed=seed, max_response=12)]
+
+
+def test_a_shared_prompt_runs_once_with_the_same_logprobs_and_gradient(tiny_path: Path) -> None:
+    samples = group_samples(6)
+    t = trainer(tiny_path)
+    shared = collate(samples, t.pad_id, "cpu")
+    assert shared.shared == 23, "the whole prompt but the position whose logits predict the first response token"
+    plain = dataclasses.replace(shared, shared=0)
+    results = []
+    for batch in (shared, plain):
+        t.policy.zero_grad()
+        logprobs, _ = response_logprobs(t.model, batch, 1.0)
+        (logprobs * batch.loss_mask * batch.base[:, None]).sum().backward()
+        results.append((logprobs.detach(), {n: p.grad.clone() for n, p in t.policy.named_parameters()}))
+    (ours, our_grads), (reference, grads) = results
+    torch.testing.assert_close(ours * shared.loss_mask, reference * shared.loss_mask, atol=1e-5, rtol=0)
+    for name, grad in grads.items():
+        torch.testing.assert_close(our_grads[name], grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_the_shared_prefix_is_what_every_row_starts_with(tiny_path: Path) -> None:
+    group = group_samples(4)
+    mixed = [*group[:2], TrainSample(group[2].tokens[:10] + (5,) * 20, 26, (1,) * 4, (0.0,) * 4, 0.0)]
+    assert collate(mixed, 0, "cpu").shared == 10
+    assert collate(make_samples(4, seed=1), 0, "cpu").shared == 0, "random prompts share nothing"
+    assert collate(group[:1], 0, "cpu").shared == 0, "one row: nothing to share"
+
+
 def test_on_policy_ratio_is_one_when_old_logprobs_are_recomputed(tiny_path: Path) -> None:
     t = trainer(tiny_path, batching=micro(2), loss=LossSettings(use_rollout_logprobs=False))
     metrics = t.train(make_samples(6))
@@ -246,6 +281,12 @@ RICH = {
     "optim": RICH_OPTIM,
 }
 """Accumulation over 3 micro-batches, recomputed old logprobs, an entropy bonus and a reference-KL loss."""
+
+
+def rich_samples() -> list[TrainSample]:
+    """A micro-batch of one group (its prompt runs once, `Collated.shared`), then two of unrelated samples."""
+    return group_samples(2, seed=7) + make_samples(4, seed=7, logprob=-3.0)
+
 DEEPSPEED_WARNINGS = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::DeprecationWarning")
 """DeepSpeed's own deprecation noise (torch.jit.script_method, all_gather_into_tensor); not ours to fix."""
 
@@ -253,7 +294,7 @@ DEEPSPEED_WARNINGS = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore
 @pytest.fixture(scope="module")
 def torch_update(tiny_path: Path) -> dict[str, torch.Tensor]:
     t = trainer(tiny_path, **RICH)
-    t.train(make_samples(6, seed=7, logprob=-3.0))
+    t.train(rich_samples())
     return weights(t)
 
 
@@ -266,7 +307,7 @@ def test_deepspeed_zero_stage_trains_like_the_torch_backend(tiny_path: Path, tor
     ds = DeepSpeedTrainer(model_path=str(tiny_path), zero_stage=stage, **RICH)
     try:
         before = ds.engine_weights()
-        metrics = ds.train(make_samples(6, seed=7, logprob=-3.0))
+        metrics = ds.train(rich_samples())
         after = ds.engine_weights()
     finally:
         ds.close()

@@ -140,13 +140,12 @@ class StepLoop:
                 break
             settle_garbage(full=(step - first) % FULL_GC_STEPS == 0)
             started = time.time()
+            self._engine_metrics()  # what the engine did before this step (an eval) is not this step's
             result = await self._rollout(step)
             if self.stop_signal is not None:
                 log.warning("step %d interrupted during its rollout: not trained (its rows are in the dump)", step)
                 break
-            metrics = dict(result.metrics)
-            if hasattr(self.engine, "step_metrics"):  # engine=sglang: admission metrics (engine/...)
-                metrics.update(self.engine.step_metrics())
+            metrics = {**result.metrics, **self._engine_metrics()}
             if self.trainer is not None:
                 metrics.update(await self._train(result))
             metrics["perf/step_time"] = time.time() - started
@@ -212,12 +211,20 @@ class StepLoop:
             tqdm.write(f"WARNING {message}", file=sys.stderr)
             return {"train/samples": 0.0}
         metrics = await asyncio.to_thread(self.trainer.train, samples)
+        started = time.perf_counter()
         await self.strategy.before_weight_update()
         await self.engine.update_weights(self.trainer.engine_weights(), self.trainer.version)
         await self.strategy.after_weight_update()
+        metrics["perf/weight_sync_s"] = time.perf_counter() - started
         metrics["train/samples"] = float(len(samples))
         metrics["train/weight_version"] = float(self.trainer.version)
         return metrics
+
+    def _engine_metrics(self) -> dict[str, float]:
+        """The engine's `engine/...` metrics since the last call (prefill/decode time of the embedded engine,
+        admission of engine=sglang); {} for an engine that reports none."""
+        report = getattr(self.engine, "step_metrics", None)
+        return report() if report is not None else {}
 
     def _save(self, step: int) -> None:
         if self.trainer is None or self.checkpoints is None or not self.checkpoints.due(step, self.num_steps - 1):

@@ -49,6 +49,7 @@ import itertools
 import logging
 import queue
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -188,6 +189,7 @@ class _Scheduler:
 
     def _admit(self) -> None:
         """Prefill the waiting requests that fit in the batch, text prompts together, images alone."""
+        started = time.perf_counter()
         room = self.engine.max_batch_size - len(self.batch.rows)
         group = [self.waiting.popleft() for _ in range(min(room, len(self.waiting)))]
         for request in group:
@@ -199,6 +201,8 @@ class _Scheduler:
             self._guarded([request], lambda rows: self._join(rows, self.prefiller.media(rows[0])))
         if text := [r for r in group if not r.media]:
             self._guarded(text, lambda rows: [self._join(part, done) for part, done in self.prefiller.text(rows)])
+        if group:
+            self.engine.stats["prefill_s"] += time.perf_counter() - started
 
     def _guarded(self, requests: list[Request], prefill: Callable[[list[Request]], object]) -> None:
         """Run `prefill`; on failure fail those of `requests` it had not yet prefilled."""
@@ -228,6 +232,7 @@ class _Scheduler:
         rows = self.batch.rows
         if not rows:
             return
+        started = time.perf_counter()
         try:
             reasons = self._sample(rows, self.call.decode(self.batch))
         except Exception as error:  # noqa: BLE001 - fail the batch, keep serving new requests
@@ -239,6 +244,7 @@ class _Scheduler:
                 _resolve(request.loop, request.future, error)
             return
         self.engine.stats["steps"] += 1
+        self.engine.stats["decode_s"] += time.perf_counter() - started
         self.engine.stats["max_batch"] = max(self.engine.stats["max_batch"], len(rows))
         self.prefiller.remember(self.batch, [i for i, reason in enumerate(reasons) if reason is not None])
         for request, reason in zip(rows, reasons, strict=True):
@@ -279,13 +285,20 @@ def _load(model_path: str, device: str, dtype: str) -> tuple[torch.nn.Module, An
     return model.to(device).eval(), tokenizer
 
 
+STEP_METRICS = {"prefill_s": "prefill_s", "decode_s": "decode_s", "prefill_tokens": "prefill_tokens",
+                "cached_tokens": "cached_tokens", "steps": "decode_steps", "tokens": "generated_tokens"}
+"""`stats` key → the `engine/<name>` metric `step_metrics` reports per step."""
+
+
 class HFEngine:
     """Embedded transformers engine: continuous batching in one worker thread, async API outside.
 
     `stats` counts decode `steps`, `prefills` (requests), sampled `tokens`, the largest decode batch
     (`max_batch`), prefill forward passes (`prefill_passes`), tokens computed by prefills
-    (`prefill_tokens`) and prompt tokens taken from the prefix cache instead (`cached_tokens`); it is
-    written by the worker thread and safe to read at any time.
+    (`prefill_tokens`) and prompt tokens taken from the prefix cache instead (`cached_tokens`), and the
+    worker's seconds in admission rounds (`prefill_s`: prefill and first tokens) and in decode steps
+    (`decode_s`); it is written by the worker thread and safe to read at any time. `step_metrics` reports
+    them per training step.
     """
 
     def __init__(
@@ -314,8 +327,9 @@ class HFEngine:
         self.threads = threads
         self.kv_cache_mb = kv_cache_mb
         self.weight_version = 0
-        self.stats: dict[str, int] = {"steps": 0, "prefills": 0, "tokens": 0, "max_batch": 0,
-                                      "prefill_passes": 0, "prefill_tokens": 0, "cached_tokens": 0}
+        self.stats: dict[str, float] = {"steps": 0, "prefills": 0, "tokens": 0, "max_batch": 0, "prefill_passes": 0,
+                                        "prefill_tokens": 0, "cached_tokens": 0, "prefill_s": 0.0, "decode_s": 0.0}
+        self._reported = dict(self.stats)
         self._model: torch.nn.Module | None = None
         self._tokenizer: Any = None
         self.vision: Vision | None = None
@@ -373,6 +387,14 @@ class HFEngine:
         future: asyncio.Future[GenerateResult | None] = loop.create_future()
         self._post(lambda s: s.abort(rid, lambda r: _resolve(loop, future, r)))
         return await future
+
+    def step_metrics(self) -> dict[str, float]:
+        """The work since the last call, as `engine/...` metrics: worker seconds in prefill and decode, prompt
+        tokens prefilled and taken from the prefix cache, decode steps and generated tokens."""
+        now = dict(self.stats)
+        delta = {key: now[key] - self._reported[key] for key in STEP_METRICS}
+        self._reported = now
+        return {f"engine/{name}": float(delta[key]) for key, name in STEP_METRICS.items()}
 
     async def update_weights(self, state_dict: dict[str, Any], version: int) -> None:
         """Load `state_dict` between two decode steps and serve it as `version`.

@@ -41,6 +41,9 @@ def test_two_steps_push_weights_and_versions_reach_the_samples(tmp_path: Path, t
                 "rollout/raw_reward"):
         assert key in metrics and torch.isfinite(torch.tensor(metrics[key]))
     assert metrics["train/weight_version"] == 2
+    assert metrics["engine/decode_s"] > 0 and metrics["engine/prefill_s"] > 0 and metrics["perf/weight_sync_s"] > 0
+    generated_rows = [r for r in dump(tmp_path, 1) if r["status"] in ("completed", "truncated")]
+    assert metrics["engine/generated_tokens"] >= sum(r["response_length"] > 0 for r in generated_rows)
     first, second = dump(tmp_path, 0), dump(tmp_path, 1)
     assert all(set(r["weight_versions"]) == {0} for r in first if r["status"] == "completed")
     generated = [v for r in second for v, m in zip(r["weight_versions"], r["loss_mask"], strict=True) if m]

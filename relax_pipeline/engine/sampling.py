@@ -78,7 +78,19 @@ def sample_row(logprobs: torch.Tensor, sampling: SamplingParams, generator: torc
     if sampling.temperature <= 0:
         return torch.argmax(logprobs)
     kept = truncate(logprobs, sampling.top_k, sampling.top_p)
-    return torch.multinomial(kept.exp(), 1, generator=generator)[0]
+    return draw(kept.exp(), generator)
+
+
+def draw(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """One index (0-d tensor) drawn with probability proportional to `probs`, by inverse CDF: one uniform number
+    from `generator` located in the float64 running sum. Never an index of probability 0. (`torch.multinomial`
+    does the same draw at 5-25 ms per 49k-token row on a CPU, as long as a decode step of a 135M model.)"""
+    cdf = probs.double().cumsum(0)
+    point = torch.rand(1, generator=generator, dtype=torch.float64, device=probs.device) * cdf[-1]
+    index = torch.searchsorted(cdf, point, right=True)[0]
+    if int(index) < probs.shape[0]:
+        return index
+    return torch.nonzero(probs)[-1, 0]  # the point rounded up to the total: the last token that can be drawn
 
 
 def sample_rows(

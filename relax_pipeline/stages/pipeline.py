@@ -64,6 +64,8 @@ class Pipeline:
         self._running: dict[int, Group] = {}
         """Groups whose agents may still run (started, not yet through `await_group`), by id()."""
         self._cancels: set[asyncio.Task[None]] = set()
+        self._reward_s = 0.0
+        """Seconds spent scoring groups since the step started (`perf/reward_s`)."""
 
     async def start_group(self, rollout_id: int, mode: str = "train", *, prompt: Prompt | None = None,
                           n_samples: int | None = None, on_open: Callable[[Group], None] | None = None) -> Group:
@@ -92,7 +94,9 @@ class Pipeline:
     async def score_group(self, group: Group, exports: dict[str, list[Exported]]) -> list[dict[str, Any]]:
         """Reward and Transfer (outside the resident capacity); a dropped or filtered group returns its
         prompt to the data source."""
+        started = time.perf_counter()
         await self.reward.run(group, exports)
+        self._reward_s += time.perf_counter() - started
         rows = self.transfer.run(group)
         if group.excluded and group.mode == "train":
             self.source.give_back(group.prompt)
@@ -127,6 +131,7 @@ class Pipeline:
         wasted = [g for g in result.groups if g.filtered or g.dropped == SURPLUS]
         result.metrics["rollout/wasted_tokens"] = float(generated_tokens(wasted))
         result.metrics["perf/rollout_time"] = time.time() - started
+        result.metrics["perf/reward_s"], self._reward_s = self._reward_s, 0.0
         dropped = int(result.metrics["rollout/dropped_groups"])
         filtered = int(result.metrics.get("rollout/filtered_groups", 0))
         failed = sum(1 for r in result.rows if r["status"] == "failed")

@@ -1,0 +1,105 @@
+"""Where a learning step's time goes: `experiment=smollm2_arith` for a few steps, its mean step and the split.
+
+Runs the preset in-process (`relax_pipeline.run.run`) for `--steps` training steps with the held-out eval off
+(it is not part of a step), the rollout dump on, in a temporary folder, and reads back `metrics.jsonl` and the
+dump. The first step is printed apart (it warms the page cache, the allocator and the prefix cache); the mean
+is over the others. Per step:
+
+- rollout (wall): every session of the step, started to scored, of which
+  - prefill and decode: the embedded engine's worker seconds in admission rounds and in decode steps
+    (`engine/prefill_s`, `engine/decode_s`); the worker is one thread, so these add up to at most the wall;
+  - agents: the mean agent process life outside its model calls (`timing.agent_s` minus the turns'
+    `total_ms`: interpreter start, reading the input, the reply's parsing, writing the output, exit), and
+    how many sessions the step started (the drop-uniform filter replaces the groups it rejects);
+  - scoring: `perf/reward_s`, the reward stage's seconds summed over groups (the arith agent scores its own
+    answer, so this is the credit computation only);
+- train: `perf/train_time` (the optimizer step over the kept samples);
+- weight sync: `perf/weight_sync_s` (trainer weights into the engine).
+
+The target on a 2-core machine is a mean step of at most 25 s. Nothing here is asserted; the numbers depend on
+the machine and its load.
+
+    python bench/learning.py [--steps 5] [override ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from hydra import compose, initialize_config_dir  # noqa: E402
+
+from relax_pipeline.config import CONF_DIR, quote_placeholders, register  # noqa: E402
+from relax_pipeline.run import run  # noqa: E402
+
+COLUMNS = (("step s", "perf/step_time"), ("rollout s", "perf/rollout_time"), ("prefill s", "engine/prefill_s"),
+           ("decode s", "engine/decode_s"), ("scoring s", "perf/reward_s"), ("train s", "perf/train_time"),
+           ("sync s", "perf/weight_sync_s"))
+
+
+def run_preset(folder: Path, steps: int, extra: list[str]) -> None:
+    register()
+    overrides = ["experiment=smollm2_arith", f"rollout.num_steps={steps}", "eval.interval=null", "eval.datasets=[]",
+                 f"output_dir={folder}", f"debug.save_rollout_data={folder}/dump/r_{{rollout_id}}.jsonl", *extra]
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=quote_placeholders(overrides))
+    run(cfg)
+
+
+def step_rows(folder: Path) -> list[dict]:
+    """Each step's metrics (from `metrics.jsonl`) with the agent figures of its dump added."""
+    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    steps = [dict(r["metrics"], step=r["step"]) for r in rows if "perf/step_time" in r["metrics"]]
+    for step in steps:
+        step.update(agent_figures(folder / "dump" / f"r_{step['step']}.jsonl"))
+    return steps
+
+
+def agent_figures(dump: Path) -> dict[str, float]:
+    """Sessions the step started and their mean agent time outside model calls (seconds)."""
+    rows = [json.loads(line) for line in dump.read_text().splitlines()]
+    outside = [r["timing"]["agent_s"] - sum(t["total_ms"] for t in r["timing"].get("turns") or [] if t) / 1000
+               for r in rows if "agent_s" in r["timing"]]
+    return {"sessions": float(len(rows)), "agent_outside_s": statistics.fmean(outside) if outside else 0.0}
+
+
+def report(steps: list[dict]) -> None:
+    header = "".join(f"{name:>11}" for name, _ in COLUMNS) + f"{'sessions':>10}{'agent s':>9}{'kept':>6}"
+    print(f"{'':>8}{header}")
+    for step in steps:
+        print(f"{'step ' + str(int(step['step'])):>8}" + line(step))
+    measured = steps[1:] or steps
+    mean = {key: statistics.fmean(s.get(key, 0.0) for s in measured) for key in measured[0]}
+    print(f"{'mean':>8}" + line(mean) + f"   (steps {int(measured[0]['step'])}-{int(measured[-1]['step'])})")
+    rest = mean["perf/rollout_time"] - mean.get("engine/prefill_s", 0.0) - mean.get("engine/decode_s", 0.0)
+    print(f"mean step {mean['perf/step_time']:.1f} s (target <= 25 s); of the rollout's "
+          f"{mean['perf/rollout_time']:.1f} s the engine prefilled {mean.get('engine/prefill_s', 0.0):.1f} s and "
+          f"decoded {mean.get('engine/decode_s', 0.0):.1f} s; the other {rest:.1f} s are agents starting and "
+          f"exiting ({mean['sessions']:.0f} sessions, {1000 * mean['agent_outside_s']:.0f} ms each outside model "
+          "calls), the gateway and waiting")
+
+
+def line(step: dict) -> str:
+    cells = "".join(f"{step.get(key, float('nan')):>11.1f}" for _, key in COLUMNS)
+    return (cells + f"{step.get('sessions', 0):>10.0f}{step.get('agent_outside_s', 0) * 1000:>7.0f}ms"
+            f"{step.get('rollout/kept_fraction', float('nan')):>6.2f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=5, help="training steps (the first is printed apart)")
+    parser.add_argument("overrides", nargs="*", help="extra Hydra overrides, e.g. engine.max_batch_size=64")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        run_preset(Path(tmp), args.steps, args.overrides)
+        report(step_rows(Path(tmp)))
+
+
+if __name__ == "__main__":
+    main()

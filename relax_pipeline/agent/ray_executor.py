@@ -18,7 +18,12 @@ Placement (`RunnerPool`): Ray places one runner actor on every alive node (node 
 actor) and carries the calls; a session goes to the runner with the most room for `agent.resources` (a node's
 Ray resources divided by what one session holds: `{num_cpus: 1}` runs at most as many sessions as the node has
 CPUs; a node without a resource named there takes none). When every node is full the session waits here, its
-active time counting. Nodes that join are picked up within a second.
+active time counting. Nodes that join are picked up within a second (the node list is read in a thread: Ray's
+`nodes()` blocks, and the driver's loop also serves the gateway).
+
+Timing: each session's agent.log ends with one `ray: timing ms:` line, the milliseconds of each phase of its life
+(`timing_note`): waiting for room, submitting the call, the call reaching the node, the spawn, the agent, the
+wrap-up on the node and the answer coming back; driver and node marks (one clock on a local cluster).
 
 Node loss: when the node (or its runner) dies while a session runs, the session fails with a reason naming the
 node (`AgentFailure`, recorded in the dump like any failed session) and the run goes on on the other nodes.
@@ -80,12 +85,13 @@ class RunnerPool:
         self.runners: dict[str, Runner] = {}
         self._freed = asyncio.Event()
         self._refreshed = -math.inf
+        self._reading: asyncio.Future[list[dict[str, Any]]] | None = None
         self._remote = ray.remote(NodeRunner)
 
     async def acquire(self) -> Runner:
         """The runner with the most room; waits while every node is full."""
         while True:
-            self._refresh()
+            await self._refresh()
             if not any(r.capacity > 0 for r in self.runners.values()):
                 raise AgentFailure(f"no node of the Ray cluster has agent.resources={self.resources} (nodes: "
                                    f"{self._describe()}); lower agent.resources or add nodes", None, "")
@@ -120,12 +126,26 @@ class RunnerPool:
                 log.debug("ray: could not kill the runner on %s: %s", runner.name, error)
         self.runners.clear()
 
-    def _refresh(self) -> None:
-        """Add a runner for each node that joined, drop those of nodes that left."""
+    async def _refresh(self) -> None:
+        """Add a runner for each node that joined, drop those of nodes that left. The node list is read from
+        Ray's GCS (a blocking call) in a thread, off the event loop, at most once per `REFRESH_S`; only the
+        first read (no runner yet) is waited for, later ones run while sessions go to the known runners."""
         if time.monotonic() - self._refreshed < REFRESH_S and self.runners:
             return
         self._refreshed = time.monotonic()
-        alive = {n["NodeID"]: n for n in self.ray.nodes() if n.get("Alive")}
+        reading = self._reading
+        if reading is None or reading.done():
+            reading = self._reading = asyncio.ensure_future(asyncio.to_thread(self.ray.nodes))
+            reading.add_done_callback(self._apply)
+        if not self.runners:
+            await asyncio.wait({reading})
+
+    def _apply(self, reading: asyncio.Future[list[dict[str, Any]]]) -> None:
+        if reading.cancelled() or reading.exception() is not None:
+            log.warning("ray: could not list the cluster's nodes: %r", None if reading.cancelled() else
+                        reading.exception())
+            return
+        alive = {n["NodeID"]: n for n in reading.result() if n.get("Alive")}
         for node_id in [n for n in self.runners if n not in alive]:
             del self.runners[node_id]
         for node_id, node in alive.items():
@@ -143,6 +163,20 @@ class RunnerPool:
 
     def _describe(self) -> str:
         return "; ".join(r.name for r in self.runners.values()) or "none alive"
+
+
+TIMING_STEPS = (("wait for room", "started", "acquired"), ("submit", "acquired", "submitted"),
+                ("call to node", "submitted", "received"),
+                ("spawn", "received", "spawned"), ("agent", "spawned", "exited"), ("wrap-up", "exited", "answered"),
+                ("answer back", "answered", "returned"))
+"""The phases of a session's life that `timing_note` names, as (label, from mark, to mark)."""
+
+
+def timing_note(marks: Mapping[str, float]) -> str:
+    """One agent.log line with the ms each phase of the session took (driver and node marks; one clock on a local
+    cluster, clock skew between hosts shows in `call to node` and `answer back`)."""
+    parts = [f"{label} {1000 * (marks[b] - marks[a]):.0f}" for label, a, b in TIMING_STEPS if a in marks and b in marks]
+    return "ray: timing ms: " + ", ".join(parts)
 
 
 def session_capacity(node_resources: Mapping[str, float], resources: Mapping[str, float]) -> float:
@@ -174,9 +208,12 @@ class RayAgent(RemoteAgent):
         super().__init__(spec)
         self._runner: Runner | None = None
         self._pool: RunnerPool | None = None
+        self._marks: dict[str, float] = {}
+        """Epoch seconds here: `started`, `acquired` (a runner had room), `returned` (the answer arrived)."""
 
     async def start(self, session_env: Mapping[str, str], io_dir: Path) -> None:
         """Send the session to a node; returns at once (the call stays open until the agent is done)."""
+        self._marks["started"] = time.time()
         self._open(session_env, io_dir)
         call = self._call(session_env)
         self._pool = runner_pool(self.spec)
@@ -191,11 +228,15 @@ class RayAgent(RemoteAgent):
 
     async def _run(self, pool: RunnerPool, call: NodeCall) -> NodeAnswer:
         runner = await pool.acquire()
+        self._marks["acquired"] = time.time()
         self._runner = runner
-        self._note(f"ray: session {call.session_id} runs on node {runner.name}")
         try:
-            return await runner.actor.run.remote(call)
+            pending = runner.actor.run.remote(call)
+            self._marks["submitted"] = time.time()
+            self._note(f"ray: session {call.session_id} runs on node {runner.name}")
+            return await pending
         finally:
+            self._marks["returned"] = time.time()
             pool.release(runner)
 
     def _answer(self, task: asyncio.Task[Any]) -> tuple[int | None, str, str, str | None]:
@@ -203,6 +244,7 @@ class RayAgent(RemoteAgent):
         if (error := task.exception()) is not None:
             raise self._ray_failure(error)
         answer: NodeAnswer = task.result()
+        self._note(timing_note({**answer.marks, **self._marks}))
         reason = None if answer.reason is None else f"{answer.reason} on node {answer.node}"
         return answer.exit_code, answer.output or "", answer.log, reason
 

@@ -12,6 +12,13 @@ driver keeps the `ActiveTimer` (paused while the group lease is not held) and ca
 The agent's main process also gets SIGKILL when the runner's worker dies (`PR_SET_PDEATHSIG`), so a lost or
 stopped runner does not leave it behind; processes it started in turn are not followed.
 
+Spawning is cheap and never blocks the actor for long (many sessions arrive at once): the process is started with
+a plain `subprocess.Popen` on the actor's loop (vfork + exec, about 1 ms) and its exit is awaited through a pidfd
+watched by that loop (`ChildProcess`). The death signal is set by exec'ing through `setpriv --pdeathsig KILL`
+(util-linux), which keeps that fast path; only on a node without it does the child run `prctl` itself in a
+`preexec_fn`, which forces a full fork of the large worker process (~15 ms each). `asyncio.create_subprocess_exec`
+is not used: in a Ray worker its thread per child (ThreadedChildWatcher) costs ~10 ms a spawn in GIL hand-offs.
+
 One actor serves many sessions at once (an asyncio actor): a Ray worker per session would cost a Python
 process (~100 MB, ~1 s to start) for every agent. Ray is not imported here: `ray_executor` wraps the class.
 """
@@ -20,11 +27,14 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import functools
+import os
 import shutil
 import signal
 import socket
 import subprocess
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +42,10 @@ from relax_pipeline.agent.launcher import AgentFailure, AgentProcess, AgentSpec
 
 _PR_SET_PDEATHSIG = 1
 """prctl option: the signal a child gets when the thread that started it exits."""
+DEATH_WRAPPER = ("setpriv", "--pdeathsig", "KILL", "--")
+"""The command prefix that sets the agent's death signal before it execs bash (util-linux >= 2.33)."""
+_POLL_S = 0.05
+"""How often a child is polled where no pidfd can be opened (not Linux >= 5.3)."""
 
 
 @dataclass(frozen=True)
@@ -72,19 +86,87 @@ class NodeAnswer:
     """`host (node id)` of the node that ran it."""
     folder: str = field(default="", compare=False)
     """The node-local folder it ran in (removed since)."""
+    marks: dict[str, float] = field(default_factory=dict, compare=False)
+    """Epoch seconds on the node: `received` (the call arrived), `spawned` (the process started), `exited`
+    (its group ended), `answered` (the answer was built); where the node spends a session's time."""
 
 
 class NodeProcess(AgentProcess):
-    """`AgentProcess` whose main process dies with the runner (`PR_SET_PDEATHSIG`)."""
+    """`AgentProcess` started the cheap way (see the module) whose main process dies with the runner."""
 
     async def _spawn(self, env: dict[str, str], log_fd: int) -> asyncio.subprocess.Process:
+        wrapper = death_wrapper()
         try:
-            return await asyncio.create_subprocess_exec(
-                "bash", "-c", self.spec.command, cwd=self.spec.cwd, env=env, start_new_session=True,
-                stdin=subprocess.DEVNULL, stdout=log_fd, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+            popen = subprocess.Popen(
+                [*wrapper, "bash", "-c", self.spec.command], cwd=self.spec.cwd, env=env, start_new_session=True,
+                stdin=subprocess.DEVNULL, stdout=log_fd, stderr=subprocess.STDOUT,
+                preexec_fn=None if wrapper else _die_with_parent)
         except OSError as error:
             raise AgentFailure(f"could not start on {socket.gethostname()} ({error}); check agent.cwd (a path on "
                                "the node) and agent.command", None, "") from error
+        return ChildProcess(popen)  # type: ignore[return-value]  # the part of Process that AgentProcess uses
+
+
+class ChildProcess:
+    """A `subprocess.Popen` seen as `AgentProcess` sees an asyncio process (`pid`, `returncode`, `await wait()`):
+    its exit is watched with a pidfd on the running loop, no thread; any number of waiters, each cancellable."""
+
+    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+        self.popen = popen
+        self._exited: asyncio.Future[int] | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.popen.returncode
+
+    async def wait(self) -> int:
+        """The exit code (negative: the signal), once the process exited; reaps it."""
+        if self.popen.returncode is not None:
+            return self.popen.returncode
+        if self._exited is None:
+            self._exited = self._watch()
+        return await asyncio.shield(self._exited)
+
+    def _watch(self) -> asyncio.Future[int]:
+        loop = asyncio.get_running_loop()
+        try:
+            fd = os.pidfd_open(self.popen.pid)
+        except (AttributeError, OSError):  # not Linux >= 5.3: poll
+            return asyncio.ensure_future(self._poll())
+        exited: asyncio.Future[int] = loop.create_future()
+        loop.add_reader(fd, self._on_exit, loop, fd, exited)
+        return exited
+
+    def _on_exit(self, loop: asyncio.AbstractEventLoop, fd: int, exited: asyncio.Future[int]) -> None:
+        """The pidfd became readable: the process exited; reap it and stop watching."""
+        code = self.popen.poll()
+        if code is None:
+            return
+        loop.remove_reader(fd)
+        os.close(fd)
+        if not exited.done():
+            exited.set_result(code)
+
+    async def _poll(self) -> int:
+        while (code := self.popen.poll()) is None:
+            await asyncio.sleep(_POLL_S)
+        return code
+
+
+@functools.cache
+def death_wrapper() -> tuple[str, ...]:
+    """`DEATH_WRAPPER` when it works on this node (checked once per process), else () (then `preexec_fn`)."""
+    if shutil.which(DEATH_WRAPPER[0]) is None:
+        return ()
+    try:
+        probe = subprocess.run([*DEATH_WRAPPER, "true"], stdin=subprocess.DEVNULL, capture_output=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return ()
+    return DEATH_WRAPPER if probe.returncode == 0 else ()
 
 
 class NodeRunner:
@@ -92,6 +174,7 @@ class NodeRunner:
 
     def __init__(self, node: str = "") -> None:
         self.node = node or socket.gethostname()
+        death_wrapper()  # probed now, not on the first session's spawn
         self._agents: dict[str, AgentProcess] = {}
         self._cancelled: set[str] = set()
         """Sessions cancelled before or while they started (a cancel may overtake the start)."""
@@ -102,25 +185,27 @@ class NodeRunner:
 
     async def run(self, call: NodeCall) -> NodeAnswer:
         """Run one session to its end on this node (see the module)."""
+        marks = {"received": time.time()}
         folder = Path(tempfile.mkdtemp(prefix=f"relax-{call.session_id[:24]}-"))
         process = NodeProcess(AgentSpec(command=call.command, cwd=call.cwd, env=dict(call.env), timeout=None,
                                         grace_s=call.grace_s, log_tail_bytes=call.log_tail_bytes))
         self._agents[call.session_id] = process
         try:
             (folder / "input.json").write_text(call.input_text)
-            reason = await self._run(process, call, folder)
+            reason = await self._run(process, call, folder, marks)
             output = folder / "output.json"
             text = output.read_text(errors="replace") if output.exists() else None
             code = process.returncode
+            marks["answered"] = time.time()
             return NodeAnswer(code if code is not None and code >= 0 else None, reason, text, process.tail(),
-                              self.node, str(folder))
+                              self.node, str(folder), marks)
         finally:
             self._agents.pop(call.session_id, None)
             self._cancelled.discard(call.session_id)
             await asyncio.shield(process.terminate())
             shutil.rmtree(folder, ignore_errors=True)
 
-    async def _run(self, process: AgentProcess, call: NodeCall, folder: Path) -> str | None:
+    async def _run(self, process: AgentProcess, call: NodeCall, folder: Path, marks: dict[str, float]) -> str | None:
         """Start and wait; the failure's reason, None after exit 0."""
         env = {**call.session_env, "RELAX_INPUT_JSON": str(folder / "input.json"),
                "RELAX_OUTPUT_JSON": str(folder / "output.json"), "RELAX_SESSION_IO_DIR": str(folder)}
@@ -128,11 +213,14 @@ class NodeRunner:
             return "cancelled before it started"
         try:
             await process.start(env, folder)
+            marks["spawned"] = time.time()
             if call.session_id in self._cancelled:
                 await process.terminate()
             await process.wait()
         except AgentFailure as failure:
             return failure.reason
+        finally:
+            marks["exited"] = time.time()
         return None
 
     async def cancel(self, session_id: str) -> bool:

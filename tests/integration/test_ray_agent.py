@@ -1,0 +1,166 @@
+"""`agent.executor=ray` below a run: `RayAgent` sessions on the nodes of a local Ray cluster
+(`relax_pipeline.testing.ray_cluster`), checked on the processes themselves: an agent that overruns
+`agent.timeout` has its whole process group ended on the node (SIGTERM ignored: SIGKILL after the grace) and
+fails as a timeout naming the node; a dropped session is ended the same way; a cancel that reaches the node
+before the call starts nothing; when the runner dies its session fails as lost and the agent is gone; the death
+signal (`setpriv --pdeathsig`, else `prctl` in the child) kills the main process when the thread that started it
+exits.
+Each agent writes its pids into the test's folder (the nodes share this machine). Skipped, naming the extra,
+without Ray."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from relax_pipeline.agent import ray_runtime
+from relax_pipeline.agent.launcher import AgentFailure, AgentSpec
+from relax_pipeline.agent.ray_executor import RayAgent, runner_pool
+from relax_pipeline.agent.ray_node import NodeCall
+from relax_pipeline.testing.ray_cluster import local_cluster, require_ray
+
+pytestmark = pytest.mark.asyncio
+
+STUBBORN = "trap '' TERM; sleep 300 & echo $! > {pids}/child; echo $$ > {pids}/main; wait"
+"""A group that ignores SIGTERM (bash and, inherited, its child): only the SIGKILL after the grace ends it."""
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    require_ray()
+    import ray
+
+    with local_cluster(workers=1, cpus=2, head_cpus=1) as cluster:
+        ray.init(address=cluster.address, include_dashboard=False, logging_level="WARNING")
+        yield cluster
+
+
+@pytest.fixture
+def ray_pool(cluster: Any) -> Iterator[None]:
+    """Each test gets fresh runners (its own event loop); they are ended after it."""
+    yield
+    ray_runtime.shutdown()
+
+
+def spec(command: str, **kwargs: Any) -> AgentSpec:
+    return AgentSpec(command=command, executor="ray", grace_s=1.0, **kwargs)
+
+
+async def started(tmp_path: Path, agent_spec: AgentSpec, session_id: str = "s-1") -> RayAgent:
+    io_dir = tmp_path / "io"
+    io_dir.mkdir(exist_ok=True)
+    (io_dir / "input.json").write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}))
+    agent = RayAgent(agent_spec)
+    await agent.start({"RELAX_INPUT_JSON": str(io_dir / "input.json"), "RELAX_OUTPUT_JSON": str(io_dir / "out.json"),
+                       "RELAX_SESSION_IO_DIR": str(io_dir), "RELAX_SESSION_ID": session_id}, io_dir)
+    return agent
+
+
+async def pids_of(folder: Path, names: tuple[str, ...] = ("main", "child")) -> list[int]:
+    """The pids the agent wrote, once it wrote them all."""
+    deadline = time.monotonic() + 60
+    while not all((folder / n).exists() and (folder / n).read_text().strip() for n in names):
+        assert time.monotonic() < deadline, f"the agent never wrote {names} into {folder}"
+        await asyncio.sleep(0.05)
+    return [int((folder / n).read_text()) for n in names]
+
+
+def alive(pid: int) -> bool:
+    """The process exists and is not a zombie."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+async def gone(pids: list[int]) -> bool:
+    """Whether every pid is gone within a few seconds (a SIGKILLed child may wait for its reaper)."""
+    deadline = time.monotonic() + 10
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    return not any(alive(p) for p in pids)
+
+
+async def test_an_agent_over_its_timeout_has_its_group_ended_on_the_node(tmp_path: Path, ray_pool: None) -> None:
+    agent = await started(tmp_path, spec(STUBBORN.format(pids=tmp_path), timeout=2.0))
+    pids = await pids_of(tmp_path)
+    assert all(alive(p) for p in pids)
+    with pytest.raises(AgentFailure) as failure:
+        await agent.wait()
+    assert failure.value.reason.startswith("timed out after 2 s of active time (its process group on node ")
+    assert await gone(pids), "the main process and its child, both ignoring SIGTERM, were SIGKILLed"
+    assert "ray: session s-1 runs on node " in failure.value.log_tail
+
+
+async def test_a_dropped_session_has_its_group_ended_on_the_node(tmp_path: Path, ray_pool: None) -> None:
+    agent = await started(tmp_path, spec(STUBBORN.format(pids=tmp_path), timeout=300.0))
+    pids = await pids_of(tmp_path)
+    waiter = asyncio.create_task(agent.wait())
+    await asyncio.sleep(0.2)
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    assert await gone(pids)
+
+
+async def test_a_cancel_that_arrives_first_starts_nothing(tmp_path: Path, ray_pool: None) -> None:
+    pool = runner_pool(spec("unused"))
+    runner = await pool.acquire()
+    assert await runner.actor.cancel.remote("s-early") is False, "nothing runs yet"
+    call = NodeCall("s-early", f"touch {tmp_path}/ran", None, {}, {"RELAX_SESSION_ID": "s-early"}, "{}")
+    answer = await runner.actor.run.remote(call)
+    assert answer.reason == "cancelled before it started" and answer.exit_code is None
+    assert "spawned" not in answer.marks and not (tmp_path / "ran").exists()
+    again = await runner.actor.run.remote(call)
+    assert again.reason is None and again.exit_code == 0 and (tmp_path / "ran").exists(), "the cancel was used up"
+    pool.release(runner)
+
+
+async def test_the_agent_dies_with_its_runner_and_the_session_fails_as_lost(tmp_path: Path, ray_pool: None) -> None:
+    import ray
+
+    agent = await started(tmp_path, spec(f"echo $$ > {tmp_path}/main; exec sleep 300", timeout=300.0))
+    [main] = await pids_of(tmp_path, ("main",))
+    assert agent._runner is not None
+    ray.kill(agent._runner.actor)
+    with pytest.raises(AgentFailure) as failure:
+        await agent.wait()
+    assert "was lost while the agent ran" in failure.value.reason
+    assert await gone([main]), "the main process got its death signal when the runner's worker died"
+
+
+async def test_a_session_answers_with_the_node_timing(tmp_path: Path, ray_pool: None) -> None:
+    agent = await started(tmp_path, spec(f'cat "$RELAX_INPUT_JSON" > "$RELAX_OUTPUT_JSON"; echo $$ > {tmp_path}/main',
+                                         timeout=60.0))
+    exit_ = await agent.wait()
+    assert exit_.exit_code == 0 and json.loads((tmp_path / "io" / "out.json").read_text())["messages"]
+    log = (tmp_path / "io" / "agent.log").read_text()
+    timing = next(line for line in log.splitlines() if line.startswith("ray: timing ms: "))
+    for phase in ("wait for room", "submit", "call to node", "spawn", "agent", "wrap-up", "answer back"):
+        assert f"{phase} " in timing
+    assert not alive(int((tmp_path / "main").read_text()))
+
+
+async def test_the_main_process_dies_with_the_thread_that_started_it(tmp_path: Path) -> None:
+    """The death signal itself, without Ray (whose raylet also ends a dead worker's direct children)."""
+    from relax_pipeline.agent.ray_node import DEATH_WRAPPER, NodeProcess, death_wrapper
+
+    if Path("/usr/bin/setpriv").exists():
+        assert death_wrapper() == DEATH_WRAPPER, "util-linux's setpriv is here: the fast path is taken"
+    process = NodeProcess(AgentSpec(command=f"echo $$ > {tmp_path}/main; exec sleep 300"))
+    starter = threading.Thread(target=lambda: asyncio.run(process.start({}, tmp_path / "io")))
+    starter.start()
+    starter.join()
+    [main] = await pids_of(tmp_path, ("main",))
+    try:
+        assert await gone([main]), "the thread that started it exited: SIGKILL"
+    finally:
+        process.kill()

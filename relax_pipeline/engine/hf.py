@@ -7,9 +7,12 @@ serving HTTP never waits on the model.
 
 Continuous batching: at every step boundary the worker applies queued commands in order, admits waiting
 requests (up to `max_batch_size` active), then runs one decode step for all active requests of all
-sessions (attention mask, per-row positions). Admission prefills the requests that arrived together in
-batched passes (`hf_batch.Prefiller`) through the prefix KV cache (`prefix_cache.py`, a radix tree over
-token ids within `kv_cache_mb`, LRU): prefixes several of them share (a GRPO group's prompt, the chat
+sessions (attention mask, per-row positions). While a batch decodes, arrivals are admitted together rather
+than one pass each: a round runs once the waiting requests fill a quarter of the batch's free room, or the
+oldest has waited `ADMIT_AFTER_STEPS` decode steps (agents that start one by one would otherwise cost a
+whole forward pass per arrival, a pass costing about a decode step). Admission prefills the requests that
+arrived together in batched passes (`hf_batch.Prefiller`) through the prefix KV cache (`prefix_cache.py`, a
+radix tree over token ids within `kv_cache_mb`, LRU): prefixes several of them share (a GRPO group's prompt, the chat
 template's preamble) are computed once, and each request prefills only the tokens after its longest cached
 prefix, so a session's next turn (its previous prompt + generated tokens + observation) and a group's
 siblings skip what was computed before. The result merges into the shared padded batch cache. Prompts
@@ -100,6 +103,10 @@ def _resolve(loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any], value
         pass
 
 
+ADMIT_AFTER_STEPS = 3
+"""Decode steps a request may wait for company before it is admitted alone (see the module)."""
+
+
 class _Scheduler:
     """The worker thread's state: waiting queue, active batch, and the step loop."""
 
@@ -153,6 +160,7 @@ class _Scheduler:
             _resolve(request.loop, request.future, ValueError(f"rid {request.rid!r} is already generating"))
             return
         self.live[request.rid] = request
+        request.queued_at = int(self.engine.stats["steps"])
         self.waiting.append(request)
 
     def abort(self, rid: str, reply: Callable[[GenerateResult | None], None]) -> None:
@@ -191,6 +199,8 @@ class _Scheduler:
         """Prefill the waiting requests that fit in the batch, text prompts together, images alone."""
         started = time.perf_counter()
         room = self.engine.max_batch_size - len(self.batch.rows)
+        if not self._admission_due(room):
+            return
         group = [self.waiting.popleft() for _ in range(min(room, len(self.waiting)))]
         for request in group:
             if request.sampling.stop:
@@ -203,6 +213,14 @@ class _Scheduler:
             self._guarded(text, lambda rows: [self._join(part, done) for part, done in self.prefiller.text(rows)])
         if group:
             self.engine.stats["prefill_s"] += time.perf_counter() - started
+
+    def _admission_due(self, room: int) -> bool:
+        """Whether to run an admission round now (see the module: arrivals are gathered while a batch decodes)."""
+        if not self.waiting or room <= 0:
+            return False
+        if not self.batch.rows or len(self.waiting) >= max(1, room // 4):
+            return True
+        return self.engine.stats["steps"] - self.waiting[0].queued_at >= ADMIT_AFTER_STEPS
 
     def _guarded(self, requests: list[Request], prefill: Callable[[list[Request]], object]) -> None:
         """Run `prefill`; on failure fail those of `requests` it had not yet prefilled."""

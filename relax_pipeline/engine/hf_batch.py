@@ -58,6 +58,8 @@ class Request:
     """Images of the (already expanded) prompt, in order."""
     rope_delta: int = 0
     """Position of the next token minus its cache index (nonzero only after images)."""
+    queued_at: int = 0
+    """The engine's decode step count when the request was queued (how long it has waited for admission)."""
     epoch: int = -1
     """The prefix cache's epoch when this request was prefilled; its KV is cached only within that epoch."""
     output_ids: list[int] = field(default_factory=list)

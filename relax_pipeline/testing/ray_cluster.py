@@ -6,6 +6,12 @@ down at the end. `cluster.address` is what `ray.address` takes; `cluster.worker_
 `remove_node` (a lost node). `node_id(node)` is the id `agent/ray_executor` names a node by (its first 12 hex
 digits appear in the session's agent.log and in a lost session's error).
 
+`with separate_cluster(workers=1, cpus=2) as address:` is the same cluster run by a helper process in its own
+session, for benchmarks: with Linux's autogroup scheduling (`/proc/sys/kernel/sched_autogroup_enabled`) CPU time is
+shared fairly between sessions, and a cluster started in-process puts every Ray daemon and worker (raylets, GCS,
+the agent runners) in the driver's session, so on a busy machine the driver (the gateway) and the nodes split one
+share, which separate machines never do. The helper's cluster is only reachable by its address (no `remove_node`).
+
 Skip helper: `require_ray()` skips the calling test, naming the extra, when Ray is not installed.
 """
 
@@ -13,6 +19,8 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -42,6 +50,29 @@ def local_cluster(workers: int = 2, cpus: int = 4, head_cpus: int = 2) -> Iterat
     finally:
         _leave_ray()
         cluster.shutdown()
+
+
+@contextlib.contextmanager
+def separate_cluster(workers: int = 2, cpus: int = 4, head_cpus: int = 2) -> Iterator[str]:
+    """`local_cluster` run by a helper process in its own session (see the module); yields the address."""
+    code = ("import sys; from relax_pipeline.testing.ray_cluster import local_cluster\n"
+            f"with local_cluster({workers}, {cpus}, {head_cpus}) as c:\n"
+            "    print(c.address, flush=True); sys.stdin.read()")
+    helper = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                              start_new_session=True)
+    assert helper.stdin is not None and helper.stdout is not None
+    try:
+        address = helper.stdout.readline().strip()
+        if not address:
+            raise RuntimeError(f"the helper that starts the Ray cluster exited ({helper.wait()}); see its stderr")
+        yield address
+    finally:
+        _leave_ray()
+        helper.stdin.close()
+        try:
+            helper.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            helper.kill()
 
 
 def node_id(node: Any) -> str:

@@ -21,9 +21,10 @@ CPUs; a node without a resource named there takes none). When every node is full
 active time counting. Nodes that join are picked up within a second (the node list is read in a thread: Ray's
 `nodes()` blocks, and the driver's loop also serves the gateway).
 
-Timing: each session's agent.log ends with one `ray: timing ms:` line, the milliseconds of each phase of its life
-(`timing_note`): waiting for room, submitting the call, the call reaching the node, the spawn, the agent, the
-wrap-up on the node and the answer coming back; driver and node marks (one clock on a local cluster).
+Timing: each session's agent.log gets one `ray: timing ms:` line (before the node's log), the milliseconds of each
+phase of its life (`timing_note`): queued here (for the driver's loop, for a node with room), submitting the call,
+the call reaching the node, the spawn, the agent, the wrap-up on the node and the answer coming back; driver and
+node marks (one clock on a local cluster).
 
 Node loss: when the node (or its runner) dies while a session runs, the session fails with a reason naming the
 node (`AgentFailure`, recorded in the dump like any failed session) and the run goes on on the other nodes.
@@ -165,7 +166,7 @@ class RunnerPool:
         return "; ".join(r.name for r in self.runners.values()) or "none alive"
 
 
-TIMING_STEPS = (("wait for room", "started", "acquired"), ("submit", "acquired", "submitted"),
+TIMING_STEPS = (("queued", "started", "acquired"), ("submit", "acquired", "submitted"),
                 ("call to node", "submitted", "received"),
                 ("spawn", "received", "spawned"), ("agent", "spawned", "exited"), ("wrap-up", "exited", "answered"),
                 ("answer back", "answered", "returned"))
@@ -209,7 +210,7 @@ class RayAgent(RemoteAgent):
         self._runner: Runner | None = None
         self._pool: RunnerPool | None = None
         self._marks: dict[str, float] = {}
-        """Epoch seconds here: `started`, `acquired` (a runner had room), `returned` (the answer arrived)."""
+        """Epoch seconds here: `started`, `acquired` (a runner had room), `submitted`, `returned` (the answer)."""
 
     async def start(self, session_env: Mapping[str, str], io_dir: Path) -> None:
         """Send the session to a node; returns at once (the call stays open until the agent is done)."""

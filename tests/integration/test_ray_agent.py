@@ -144,7 +144,7 @@ async def test_a_session_answers_with_the_node_timing(tmp_path: Path, ray_pool: 
     assert exit_.exit_code == 0 and json.loads((tmp_path / "io" / "out.json").read_text())["messages"]
     log = (tmp_path / "io" / "agent.log").read_text()
     timing = next(line for line in log.splitlines() if line.startswith("ray: timing ms: "))
-    for phase in ("wait for room", "submit", "call to node", "spawn", "agent", "wrap-up", "answer back"):
+    for phase in ("queued", "submit", "call to node", "spawn", "agent", "wrap-up", "answer back"):
         assert f"{phase} " in timing
     assert not alive(int((tmp_path / "main").read_text()))
 
@@ -156,7 +156,12 @@ async def test_the_main_process_dies_with_the_thread_that_started_it(tmp_path: P
     if Path("/usr/bin/setpriv").exists():
         assert death_wrapper() == DEATH_WRAPPER, "util-linux's setpriv is here: the fast path is taken"
     process = NodeProcess(AgentSpec(command=f"echo $$ > {tmp_path}/main; exec sleep 300"))
-    starter = threading.Thread(target=lambda: asyncio.run(process.start({}, tmp_path / "io")))
+
+    async def start_and_see_it_run() -> None:  # the thread lives until the agent runs, then exits
+        await process.start({}, tmp_path / "io")
+        await pids_of(tmp_path, ("main",))
+
+    starter = threading.Thread(target=lambda: asyncio.run(start_and_see_it_run()))
     starter.start()
     starter.join()
     [main] = await pids_of(tmp_path, ("main",))

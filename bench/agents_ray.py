@@ -24,9 +24,9 @@ Why the cluster runs in its own session (it first ran inside this process): Linu
 fairly between sessions, and every agent is a session of its own. A cluster started here put all of Ray's
 processes (GCS, both raylets, both agent runners) in the driver's session, so the gateway, which serves every
 agent's turns, and the nodes split one share of the CPU while the local run's driver had that share alone: on 2
-busy cores that cost each Ray session ~2 s (measured: the Ray run's mean time to done fell from +2.2 s to +0.4 s
-over local when only the cluster moved to its own session). On separate machines the nodes never take the
-driver's share.
+busy cores that cost each Ray session about 2 s (same runtime, 2 cores shared with another workload: +2.2 s over
+local with the cluster in-process, one run; -2.1 to +2.6 s, mean +0.3 s, over five runs with the cluster in its
+own session). On separate machines the nodes never take the driver's share.
 
     python bench/agents_ray.py [--groups 64] [--n 4] [--turns 4]
 """

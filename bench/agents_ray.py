@@ -5,8 +5,8 @@ calls through the gateway to a paced fake engine (`testing.engines.PacedEngine`,
 exports. One step holds all 256 sessions at once (`--groups` groups x `--n` sessions, every group resident).
 The same run config goes once with `agent.executor=local` and once with `agent.executor=ray` on a local 2-node
 Ray cluster (`testing.ray_cluster.separate_cluster`: head + one worker, sessions spread over both, the cluster's
-processes in a session of their own). Each mode runs 2 steps; the
-second is measured (the first warms the page cache and starts Ray's per-node runners).
+processes in a session of their own). Each mode runs 2 steps; the second is measured (the first warms the page
+cache and starts Ray's per-node runners).
 
 Printed per mode: sessions/s over the measured step (256 / its rollout time), the mean agent time per session
 (`timing.agent_s` of the dump: the session marked running → its agent exited) and the mean time to done (the

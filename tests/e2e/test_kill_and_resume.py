@@ -23,23 +23,9 @@ from test_stop_and_resume import compose_config, start_cli, wait_for
 
 from relax_pipeline.run import run
 
-AGENT = '''
-import json, os, time, urllib.request
-group = os.environ["RELAX_GROUP_ID"]
-io = os.environ["RELAX_SESSION_IO_DIR"]
-if group.startswith("g3-") and os.path.exists("hold_step_3"):
-    open(os.path.join(io, "started"), "w").close()
-    while os.path.exists("hold_step_3"):
-        time.sleep(0.1)
-task = json.load(open(os.environ["RELAX_INPUT_JSON"]))
-url = os.environ["RELAX_BASE_URL"].rstrip("/") + "/v1/chat/completions"
-body = json.dumps({"model": "policy", "messages": task["messages"]}).encode()
-headers = {"Content-Type": "application/json", "Authorization": "Bearer " + os.environ["RELAX_API_KEY"]}
-reply = json.load(urllib.request.urlopen(urllib.request.Request(url, body, headers)))["choices"][0]["message"]
-digits = sum(ch.isdigit() for ch in reply.get("content") or "")
-with open(os.environ["RELAX_OUTPUT_JSON"], "w") as f:
-    json.dump({"reward": digits / 4.0}, f)
-'''
+DIGITS_AGENT = Path(__file__).resolve().parents[1] / "agents" / "digits_agent.py"
+HOLD = ["+agent.env.HOLD_GROUP=g3-", "+agent.env.HOLD_FILE=hold_step_3"]
+"""The digits agent waits in train groups `g3-*` while `hold_step_3` exists in the work folder."""
 STEPS = 5
 
 
@@ -47,7 +33,8 @@ def overrides(out: Path, tiny_path: Path, *extra: str) -> list[str]:
     data = out.parent / "data.jsonl"
     data.write_text("".join(json.dumps({"input": f"What is {i} + {i}?"}) + "\n" for i in range(16)))
     return ["job=train", f"output_dir={out}", f"model.cache_dir={tiny_path.parent}", f"dataset.path={data}",
-            "dataset.shuffle=true", f"agent.command='{sys.executable} agent.py'", f"agent.cwd={out.parent}",
+            "dataset.shuffle=true", f"agent.command='{sys.executable} {DIGITS_AGENT}'", *HOLD,
+            f"agent.cwd={out.parent}",
             f"rollout.num_steps={STEPS}", "rollout.batch_size=1", "rollout.n_samples_per_prompt=2",
             "rollout.max_response_len=6", "engine.max_batch_size=1", "engine.kv_cache_mb=0", "trainer.optim.lr=5e-3",
             "trainer.save_interval=1", f"debug.save_rollout_data={out}/dump/r_{{rollout_id}}.jsonl", *extra]
@@ -73,7 +60,6 @@ def test_kill_9_during_step_3_resumes_with_the_same_data_order_and_appends_the_d
                                                                                     tiny_path: Path) -> None:
     work = tmp_path / "work"
     work.mkdir()
-    (work / "agent.py").write_text(AGENT)
     (work / "hold_step_3").touch()
     killed = work / "killed"
     proc = start_cli(overrides(killed, tiny_path), work)

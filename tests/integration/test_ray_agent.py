@@ -133,7 +133,10 @@ async def test_the_agent_dies_with_its_runner_and_the_session_fails_as_lost(tmp_
     ray.kill(agent._runner.actor)
     with pytest.raises(AgentFailure) as failure:
         await agent.wait()
-    assert "was lost while the agent ran" in failure.value.reason
+    # Either the runner died first (the call is lost) or, racing its own death, it still saw the agent killed and
+    # answered that: both fail the session naming the node, and nothing is left running.
+    reason = failure.value.reason
+    assert "was lost while the agent ran" in reason or reason.startswith("killed by signal SIGKILL on node"), reason
     assert await gone([main]), "the main process got its death signal when the runner's worker died"
 
 

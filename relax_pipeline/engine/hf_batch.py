@@ -143,6 +143,13 @@ class SpareLayer(DynamicLayer):
         return room
 
 
+def cache_argument(model: torch.nn.Module) -> str:
+    """The forward argument of `model` (or of the model a DeepSpeed engine wraps) that takes a KV cache: `cache`
+    in recent transformers, `past_key_values` before."""
+    forward = getattr(model, "module", model).forward
+    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
+
+
 def new_cache(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]] = ()) -> DynamicCache:
     """A cache of `SpareLayer`s, holding `pairs` (keys, values per layer) when given."""
     cache = DynamicCache()
@@ -259,7 +266,7 @@ class ModelCall:
         params = inspect.signature(model.forward).parameters
         self.model = model
         self.device = next(model.parameters()).device
-        self._cache_key = "cache" if "cache" in params else "past_key_values"
+        self._cache_key = cache_argument(model)
         self._last_only = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
 
     def prefill(self, chunks: Sequence[Chunk]) -> Prefilled:

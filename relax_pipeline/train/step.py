@@ -29,7 +29,6 @@ between ranks.
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -38,6 +37,7 @@ from typing import Any, Literal, Protocol
 import torch
 from transformers import DynamicCache
 
+from relax_pipeline.engine.hf_batch import cache_argument
 from relax_pipeline.train.advantages import AdvantageSettings, token_advantages, whiten
 from relax_pipeline.train.batching import BatchSettings, TrainSample
 from relax_pipeline.train.data_parallel import AllSum, RankShare, shard, sum_metrics, whiten_across
@@ -170,10 +170,9 @@ def _forward(model: Model, batch: Collated) -> object:
         return model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, logits_to_keep=batch.keep,
                      use_cache=False, **_vision_kwargs(model, batch))
     cache = DynamicCache()
-    key = _cache_argument(model)
+    key, rows = cache_argument(model), batch.input_ids.shape[0]  # type: ignore[arg-type] - a DeepSpeed engine too
     model(input_ids=batch.input_ids[:1, : batch.shared], logits_to_keep=1, use_cache=True, **{key: cache})
     for layer in cache.layers:
-        rows = batch.input_ids.shape[0]
         layer.keys, layer.values = layer.keys.expand(rows, -1, -1, -1), layer.values.expand(rows, -1, -1, -1)
     return model(input_ids=batch.input_ids[:, batch.shared :], attention_mask=batch.attention_mask,
                  logits_to_keep=batch.keep, use_cache=True, **{key: cache})
@@ -182,12 +181,6 @@ def _forward(model: Model, batch: Collated) -> object:
 def _is_vision(model: Model) -> bool:
     """Whether `model` is a vision-language model (its rope positions are not plain offsets past a cache)."""
     return hasattr(getattr(getattr(model, "module", model), "config", None), "vision_config")
-
-
-def _cache_argument(model: Model) -> str:
-    """The forward argument that takes a KV cache: `cache` in recent transformers, `past_key_values` before."""
-    forward = getattr(model, "module", model).forward  # type: ignore[attr-defined] - DeepSpeed wraps the model
-    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
 
 
 @dataclass

@@ -6,7 +6,9 @@ engine._target_=relax_pipeline.testing.faults.FaultyScriptEngine` and no new con
 
 - `FAULTY_ENGINE_DELAY_S`: every generation takes this long (an agent can be killed mid-turn);
 - `FAULTY_ENGINE_FAIL_EVERY`: every N-th generation raises `RuntimeError` after yielding to the event loop
-  once (the engine failing mid-generation); 0 never.
+  once (the engine failing mid-generation); 0 never;
+- `FAULTY_ENGINE_MAX_FAILURES`: stop failing after this many failures (default: no cap), so a test knows
+  how many groups at most are dropped whatever order the sessions' calls arrive in.
 
 It is a fake; the runtime never imports it.
 """
@@ -33,6 +35,7 @@ class FaultyScriptEngine(ScriptEngine):
         super().__init__(*args, **kwargs)
         self.delay_s = float(os.environ.get("FAULTY_ENGINE_DELAY_S", "0"))
         self.fail_every = int(os.environ.get("FAULTY_ENGINE_FAIL_EVERY", "0"))
+        self.max_failures = int(os.environ.get("FAULTY_ENGINE_MAX_FAILURES", "-1"))
         self.calls = 0
         self.failures = 0
 
@@ -40,7 +43,7 @@ class FaultyScriptEngine(ScriptEngine):
                        media: Sequence[ImageFeatures] | None = None) -> GenerateResult:
         self.calls += 1
         await asyncio.sleep(self.delay_s)
-        if self.fail_every and self.calls % self.fail_every == 0:
+        if self.fail_every and self.calls % self.fail_every == 0 and self.failures != self.max_failures:
             self.failures += 1
             raise EngineFault(f"injected engine failure (generation {self.calls})")
         return await super().generate(input_ids, sampling, rid, media)

@@ -16,6 +16,10 @@ is over the others. Per step:
 - train: `perf/train_time` (the optimizer step over the kept samples);
 - weight sync: `perf/weight_sync_s` (trainer weights into the engine).
 
+Last, the CPU seconds of the whole run (every step and the start-up): the pipeline's own process (engine,
+gateway, trainer) against its reaped child processes (the agents), per session, from `getrusage`. On a
+2-core machine both draw on the same two cores, so an agent's start-up CPU is time the engine waits for.
+
 The target on a 2-core machine is a mean step of at most 25 s. Nothing here is asserted; the numbers depend on
 the machine and its load.
 
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
 import sys
 import tempfile
@@ -91,14 +96,29 @@ def line(step: dict) -> str:
             f"{step.get('rollout/kept_fraction', float('nan')):>6.2f}")
 
 
+def cpu_seconds(who: int) -> float:
+    usage = resource.getrusage(who)
+    return usage.ru_utime + usage.ru_stime
+
+
+def report_cpu(main_s: float, agents_s: float, sessions: int) -> None:
+    print(f"CPU over the whole run: pipeline process {main_s:.1f} s, agent processes {agents_s:.1f} s "
+          f"({1000 * agents_s / max(sessions, 1):.0f} ms each over {sessions} sessions)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=5, help="training steps (the first is printed apart)")
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides, e.g. engine.max_batch_size=64")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
+        before = cpu_seconds(resource.RUSAGE_SELF), cpu_seconds(resource.RUSAGE_CHILDREN)
         run_preset(Path(tmp), args.steps, args.overrides)
-        report(step_rows(Path(tmp)))
+        main_s = cpu_seconds(resource.RUSAGE_SELF) - before[0]
+        agents_s = cpu_seconds(resource.RUSAGE_CHILDREN) - before[1]
+        steps = step_rows(Path(tmp))
+        report(steps)
+        report_cpu(main_s, agents_s, int(sum(s["sessions"] for s in steps)))
 
 
 if __name__ == "__main__":

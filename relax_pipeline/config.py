@@ -243,6 +243,9 @@ class TrainerConfig:
     save_optimizer: bool = True
     """Save the optimizer state with each checkpoint; false saves weights only (a resume then restarts the
     optimizer and says so)."""
+    autocast: str | None = None
+    """Mixed precision for the forward and backward: `bfloat16` (or `float16`) under torch.autocast, weights
+    and optimizer state in float32; null trains in float32 (logprobs then match a float32 engine's)."""
     # Deprecated flat aliases, kept for one release (FLAT_TRAINER_KEYS): a value set here moves into its
     # nested node at start, where it wins over the nested value, and the run logs a deprecation line.
     lr: float | None = None

@@ -107,11 +107,12 @@ class DeepSpeedTrainer(TorchTrainer):
         zero_stage: int = 0,
         save_optimizer: bool = True,
         num_ranks: int = 1,
+        autocast: str | None = None,
         output_dir: str | None = None,
     ) -> None:
         settings = {"model_path": model_path, "seed": seed, "device": device, "loss": loss, "batching": batching,
                     "optim": optim, "advantages": advantages, "temperature": temperature, "zero_stage": zero_stage,
-                    "save_optimizer": save_optimizer, "num_ranks": num_ranks}
+                    "save_optimizer": save_optimizer, "num_ranks": num_ranks, "autocast": autocast}
         self.settings_for_ranks = settings
         """The constructor's settings (all but `output_dir`), sent to every worker rank."""
         self.rank_log_dir = Path(output_dir) / RANK_LOG_FOLDER if output_dir else None

@@ -8,6 +8,10 @@ and one optimizer step. The backend only supplies `backward(loss, last)` and `st
 
 Logprobs are computed exactly the way the engine computes them: log_softmax(logits / temperature) over
 the full vocabulary in float32, gathered at the next token, with temperature 0 (greedy) read as 1.
+With `StepSettings.autocast` (`trainer.autocast=bfloat16`) the model's forward and backward run under
+`torch.autocast` in that dtype (weights, gradients and optimizer state stay float32; the softmax is float32):
+on a CPU with bf16 dot-product instructions or any recent GPU the matmuls are 1.5-3x faster, at the price of
+logprobs that differ from a float32 engine's by about 0.01-0.05 per token (the PPO ratio absorbs it).
 Batches are right-padded [B, L] with an attention mask (positions 0..len-1 per row, as in the engine's
 unpadded prefill); the model is asked only for the logits from the earliest response position on
 (`logits_to_keep`), so prompt positions never reach the LM head or the softmax. When every row of a text
@@ -67,6 +71,23 @@ class StepSettings:
     advantages: AdvantageSettings
     temperature: float = 1.0
     """The rollout's sampling temperature: logprobs are computed as the engine computed them."""
+    autocast: str | None = None
+    """`trainer.autocast`: the forward's mixed-precision dtype (`bfloat16`, `float16`), or None: float32."""
+
+    def __post_init__(self) -> None:
+        autocast_dtype(self.autocast)
+
+
+AUTOCAST_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def autocast_dtype(name: str | None) -> torch.dtype | None:
+    """The torch dtype `trainer.autocast` names (None stays None); a clear error for anything else."""
+    if name is None:
+        return None
+    if name not in AUTOCAST_DTYPES:
+        raise ValueError(f"trainer.autocast={name!r}; choose {' or '.join(AUTOCAST_DTYPES)}, or null for float32")
+    return AUTOCAST_DTYPES[name]
 
 
 @dataclass(frozen=True)
@@ -148,13 +169,16 @@ def _row(s: TrainSample, length: int, width: int, start: int, pad_id: int) -> tu
 
 
 def response_logprobs(
-    model: Model, batch: Collated, temperature: float, entropy: Entropy = "none"
+    model: Model, batch: Collated, temperature: float, entropy: Entropy = "none", autocast: str | None = None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """[B, T] logprobs of the response tokens, engine-style, and their entropy unless `entropy` is "none".
 
     "metric" returns a detached entropy (no autograd graph is kept for it); "train" keeps its gradient.
+    `autocast` runs the model's forward in that mixed-precision dtype (see the module).
     """
-    logits = _forward(model, batch).logits  # type: ignore[attr-defined]
+    dtype = autocast_dtype(autocast)
+    with torch.autocast(batch.input_ids.device.type, dtype=dtype, enabled=dtype is not None):
+        logits = _forward(model, batch).logits  # type: ignore[attr-defined]
     rows = logits.gather(1, batch.index.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
     logp = torch.log_softmax(rows.float() / (temperature if temperature > 0 else 1.0), dim=-1)
     chosen = logp.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)
@@ -239,7 +263,7 @@ def _micro_loss(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Forward with gradient and the policy loss of one micro-batch."""
     mode: Entropy = "train" if settings.loss.entropy_coef > 0 else "metric"
-    logprobs, entropy = response_logprobs(model, item.batch, settings.temperature, entropy=mode)
+    logprobs, entropy = response_logprobs(model, item.batch, settings.temperature, mode, settings.autocast)
     loss_batch = LossBatch(
         logprobs=logprobs,
         old_logprobs=item.old,
@@ -271,7 +295,7 @@ def _old_logprobs(model: Model, batch: Collated, settings: StepSettings) -> torc
 
 
 def _logprobs(model: Model, batch: Collated, settings: StepSettings) -> torch.Tensor:
-    return response_logprobs(model, batch, settings.temperature)[0]
+    return response_logprobs(model, batch, settings.temperature, autocast=settings.autocast)[0]
 
 
 def _token_advantages(

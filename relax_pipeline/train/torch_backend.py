@@ -69,6 +69,7 @@ class TorchTrainer:
         zero_stage: int = 0,
         save_optimizer: bool = True,
         num_ranks: int = 1,
+        autocast: str | None = None,
     ) -> None:
         if temperature < 0:
             raise ValueError(f"rollout.temperature={temperature} must be >= 0 (0 is greedy)")
@@ -77,7 +78,7 @@ class TorchTrainer:
         self.num_ranks = num_ranks
         """`trainer.num_ranks`: data-parallel training processes (trainer=deepspeed only; 1 here)."""
         self.settings = StepSettings(loss or LossSettings(), batching or BatchSettings(),
-                                     advantages or AdvantageSettings(), temperature)
+                                     advantages or AdvantageSettings(), temperature, autocast)
         self.optim = optim or OptimSettings()
         self.model_path, self.seed, self.zero_stage = model_path, seed, zero_stage
         self.save_optimizer = save_optimizer

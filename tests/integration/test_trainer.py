@@ -149,6 +149,22 @@ def test_trainer_logprobs_equal_the_engine_computation(tiny_path: Path) -> None:
     assert entropy is not None and entropy.shape == ours.shape
 
 
+def test_bfloat16_autocast_trains_float32_weights_with_logprobs_near_float32(tiny_path: Path) -> None:
+    t = trainer(tiny_path, batching=micro(4), autocast="bfloat16")
+    batch = collate(make_samples(5, seed=1), t.pad_id, "cpu")
+    with torch.no_grad():
+        full, _ = response_logprobs(t.model, batch, 1.0)
+        mixed, _ = response_logprobs(t.model, batch, 1.0, autocast="bfloat16")
+    gap = ((full - mixed).abs() * batch.loss_mask).max().item()
+    assert mixed.dtype == torch.float32 and 0.0 < gap < 0.1, f"bf16 matmuls: near float32, not equal ({gap})"
+    before = weights(t)
+    metrics = t.train(make_samples(8))
+    assert all(math.isfinite(v) for v in metrics.values()) and metrics["train/grad_norm"] > 0
+    after = weights(t)
+    assert all(w.dtype == torch.float32 for w in after.values())
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+
+
 def group_samples(count: int, prompt: int = 24, seed: int = 7) -> list[TrainSample]:
     """`count` samples of one GRPO group: the same prompt, responses of different lengths with observations."""
     rng = random.Random(seed)
@@ -259,6 +275,7 @@ def test_kl_shaping_whitening_and_kl_loss_run(tiny_path: Path) -> None:
     [
         (lambda: TorchTrainer(model_path="unused", zero_stage=2), "trainer.zero_stage=2 needs trainer=deepspeed"),
         (lambda: TorchTrainer(model_path="unused", temperature=-1.0), "rollout.temperature=-1.0"),
+        (lambda: TorchTrainer(model_path="unused", autocast="fp8"), "trainer.autocast='fp8'; choose bfloat16 or"),
         (lambda: AdvantageSettings(kl_coef=0.1), "credit.kl_coef=0.1"),
         (lambda: AdvantageSettings(estimator="ppo"), "credit.estimator='ppo'"),
         (lambda: LossSettings(loss_reduction="sum"), "trainer.loss.loss_reduction='sum'"),

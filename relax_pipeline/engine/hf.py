@@ -294,14 +294,16 @@ def _call(function: Callable[..., None], *args: Any) -> BaseException | None:
     return None
 
 
-def _load(model_path: str, device: str, dtype: str) -> tuple[torch.nn.Module, Any]:
+def _load(model_path: str, device: str, dtype: str, attention: str | None) -> tuple[torch.nn.Module, Any]:
     """Load model (eval mode, on `device`) and tokenizer from a local HF folder."""
-    if dtype not in _DTYPES:
-        raise ValueError(f"engine.dtype={dtype!r} is not supported; use one of {sorted(_DTYPES)}")
-    model = load_pretrained(model_path, _DTYPES[dtype])
+    model = load_pretrained(model_path, _DTYPES[dtype], attention)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     return model.to(device).eval(), tokenizer
 
+
+ATTENTION = (None, "eager", "sdpa")
+"""`engine.attn_implementation` values: transformers' default (None) or a kernel it names. On a CPU, bfloat16
+decoding is about 25% faster with `eager` (its batched matmuls) than with `sdpa` (measured on SmolLM2-135M)."""
 
 STEP_METRICS = {"prefill_s": "prefill_s", "decode_s": "decode_s", "prefill_tokens": "prefill_tokens",
                 "cached_tokens": "cached_tokens", "steps": "decode_steps", "tokens": "generated_tokens"}
@@ -330,6 +332,7 @@ class HFEngine:
         default_stop_token_ids: tuple[int, ...] = (),
         threads: int | None = None,
         kv_cache_mb: int = 1024,
+        attn_implementation: str | None = None,
     ) -> None:
         self.model_path = model_path
         self.device = device
@@ -342,8 +345,14 @@ class HFEngine:
             raise ValueError(f"engine.threads={threads} must be >= 1 (or null: torch's default)")
         if kv_cache_mb < 0:
             raise ValueError(f"engine.kv_cache_mb={kv_cache_mb} must be >= 0 (0 turns the prefix cache off)")
+        if dtype not in _DTYPES:
+            raise ValueError(f"engine.dtype={dtype!r} is not supported; use one of {sorted(_DTYPES)}")
+        if attn_implementation not in ATTENTION:
+            raise ValueError(f"engine.attn_implementation={attn_implementation!r}; use one of {ATTENTION[1:]} "
+                             "or null (transformers' default)")
         self.threads = threads
         self.kv_cache_mb = kv_cache_mb
+        self.attn_implementation = attn_implementation
         self.weight_version = 0
         self.stats: dict[str, float] = {"steps": 0, "prefills": 0, "tokens": 0, "max_batch": 0, "prefill_passes": 0,
                                         "prefill_tokens": 0, "cached_tokens": 0, "prefill_s": 0.0, "decode_s": 0.0}
@@ -377,7 +386,8 @@ class HFEngine:
             return
         if self.threads:
             torch.set_num_threads(self.threads)
-        model, tokenizer = await asyncio.to_thread(_load, self.model_path, self.device, self.dtype)
+        model, tokenizer = await asyncio.to_thread(_load, self.model_path, self.device, self.dtype,
+                                                   self.attn_implementation)
         self.vision = await asyncio.to_thread(Vision.load, self.model_path)
         self._model, self._tokenizer = model, tokenizer
         self._scheduler = _Scheduler(self, model, tokenizer)

@@ -61,9 +61,11 @@ def context_len(model_path: str | Path) -> int:
                      "rollout.max_context_len")
 
 
-def load_pretrained(model_path: str | Path, dtype: Any) -> Any:
-    """The model of a local folder in `dtype`: image-text-to-text for VL folders, else a causal LM."""
+def load_pretrained(model_path: str | Path, dtype: Any, attn_implementation: str | None = None) -> Any:
+    """The model of a local folder in `dtype`: image-text-to-text for VL folders, else a causal LM; its
+    attention kernel is transformers' default unless `attn_implementation` names one (`eager`, `sdpa`)."""
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     auto = AutoModelForImageTextToText if is_multimodal(model_path) else AutoModelForCausalLM
-    return auto.from_pretrained(str(model_path), dtype=dtype)
+    chosen = {"attn_implementation": attn_implementation} if attn_implementation else {}
+    return auto.from_pretrained(str(model_path), dtype=dtype, **chosen)

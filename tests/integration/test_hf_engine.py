@@ -150,6 +150,25 @@ async def test_logprobs_match_full_forward(engine: HFEngine, temperature: float)
 
 
 @pytest.mark.asyncio
+async def test_eager_attention_in_bfloat16_decodes_batches_with_the_model_s_logprobs(model_path: Path) -> None:
+    eng = HFEngine(str(model_path), seed=7, dtype="bfloat16", attn_implementation="eager")
+    await eng.start()
+    try:
+        assert eng.model.config._attn_implementation == "eager" and eng.model.dtype == torch.bfloat16
+        prompts = [prompt(13, 8), prompt(4, 9), prompt(7, 3)]
+        results = await run_all(eng, prompts, SamplingParams(max_new_tokens=8, temperature=1.0, seed=5))
+        for ids, result in zip(prompts, results, strict=True):
+            expected = reference_logprobs(eng.model, ids, result.output_ids, 1.0)
+            assert list(result.logprobs) == pytest.approx(expected, abs=0.1), "bf16: within its rounding"
+    finally:
+        await eng.close()
+    with pytest.raises(ValueError, match="engine.attn_implementation='flash'; use one of"):
+        HFEngine(str(model_path), attn_implementation="flash")
+    with pytest.raises(ValueError, match="engine.dtype='int8' is not supported"):
+        HFEngine(str(model_path), dtype="int8")
+
+
+@pytest.mark.asyncio
 async def test_top_k_one_is_greedy_with_untruncated_logprobs(engine: HFEngine) -> None:
     greedy = await engine.generate(prompt(10), GREEDY, rid="g")
     top1 = await engine.generate(prompt(10), SamplingParams(24, temperature=1.0, top_k=1, seed=3), rid="k")

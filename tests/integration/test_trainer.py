@@ -157,8 +157,12 @@ def test_bfloat16_autocast_trains_float32_weights_with_logprobs_near_float32(tin
         mixed, _ = response_logprobs(t.model, batch, 1.0, autocast="bfloat16")
     gap = ((full - mixed).abs() * batch.loss_mask).max().item()
     assert mixed.dtype == torch.float32 and 0.0 < gap < 0.1, f"bf16 matmuls: near float32, not equal ({gap})"
-    before = weights(t)
+    before, seen = weights(t), set()
+    linear = next(m for m in t.policy.modules() if isinstance(m, torch.nn.Linear))
+    hook = linear.register_forward_hook(lambda _module, _inputs, output: seen.add(output.dtype))
     metrics = t.train(make_samples(8))
+    hook.remove()
+    assert seen == {torch.bfloat16}, f"the train step's forward ran in {seen}, not under the trainer's autocast"
     assert all(math.isfinite(v) for v in metrics.values()) and metrics["train/grad_norm"] > 0
     after = weights(t)
     assert all(w.dtype == torch.float32 for w in after.values())

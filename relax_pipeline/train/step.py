@@ -14,11 +14,13 @@ on a CPU with bf16 dot-product instructions or any recent GPU the matmuls are 1.
 logprobs that differ from a float32 engine's by about 0.01-0.05 per token (the PPO ratio absorbs it).
 Batches are right-padded [B, L] with an attention mask (positions 0..len-1 per row, as in the engine's
 unpadded prefill); the model is asked only for the logits from the earliest response position on
-(`logits_to_keep`), so prompt positions never reach the LM head or the softmax. When every row of a text
-micro-batch starts with the same tokens (the samples of one GRPO group share their whole prompt; all samples
-share the chat template's preamble), that prefix runs once, as a batch of one, and its keys and values are
-expanded over the rows for the forward of the rest (`Collated.shared`): the same logprobs (float tolerance)
-and the same gradient, since autograd sums the rows' gradients back through the expansion. A micro-batch whose
+(`logits_to_keep`), so prompt positions never reach the LM head or the softmax. Rows of a text micro-batch
+that start with the same tokens run those tokens once (`Collated.shared`): the samples of one GRPO group share
+their whole prompt, and all samples share the chat template's preamble. Each distinct prefix runs once, as one
+row of a prefix batch, and its keys and values are copied (or, for one prefix, expanded) to the rows that
+start with it for the forward of the rest: the same logprobs (float tolerance) and the same gradient, since
+autograd sums the rows' gradients back through the copy. So a micro-batch may hold several whole groups and
+still compute each prompt once. A micro-batch whose
 samples carry `multimodal_train_inputs` also feeds their `pixel_values` and `image_grid_thw` (concatenated
 in row order) and the image-token mask, so a vision-language model computes the same mrope positions and
 image embeddings as the engine did.
@@ -109,7 +111,11 @@ class Collated:
     multimodal: dict[str, torch.Tensor] | None = None
     """`pixel_values` and `image_grid_thw` of every row's images, in row order; None without images."""
     shared: int = 0
-    """Leading columns identical in every row, computed once for all rows (0: no shared prefix forward)."""
+    """Leading columns computed once per distinct prefix (0: no prefix forward; every row runs whole)."""
+    prefix_rows: tuple[int, ...] = (0,)
+    """One row per distinct prefix: its first `shared` tokens run in the prefix forward."""
+    prefix_of: tuple[int, ...] = ()
+    """Per row, which of `prefix_rows` it starts with (empty: every row starts with the one prefix)."""
 
 
 MIN_SHARED_PREFIX = 8
@@ -126,21 +132,53 @@ def collate(samples: Sequence[TrainSample], pad_id: int, device: torch.device | 
     ids, attention, index, targets, mask, rollout = (c.to(device) for c in columns)
     base = torch.tensor([s.advantage for s in samples], dtype=torch.float32, device=device)
     multimodal = _multimodal(samples, device)
-    shared = shared_prefix(samples, start) if multimodal is None else 0
+    prefixes = shared_prefixes(samples, start) if multimodal is None else Prefixes()
     return Collated(ids, attention, length - start, index, targets, mask.float(), rollout.float(), base,
-                    multimodal, shared)
+                    multimodal, prefixes.length, prefixes.rows, prefixes.of)
 
 
-def shared_prefix(samples: Sequence[TrainSample], limit: int) -> int:
-    """Leading tokens all `samples` share, at most `limit` (the first position whose logits are kept); 0 when
-    there is one sample or the prefix is shorter than `MIN_SHARED_PREFIX`."""
-    if len(samples) < 2:
-        return 0
+@dataclass(frozen=True)
+class Prefixes:
+    """How the rows of one micro-batch share leading tokens; connects `shared_prefixes` to `Collated`."""
+
+    length: int = 0
+    """Leading tokens computed once per distinct prefix (0: none)."""
+    rows: tuple[int, ...] = (0,)
+    """The first row of each distinct prefix."""
+    of: tuple[int, ...] = ()
+    """Per row, the index in `rows` of its prefix (empty when there is one prefix)."""
+
+    def saved(self, count: int) -> int:
+        """Prefix tokens not computed, out of `count` rows."""
+        return (count - len(self.rows)) * self.length
+
+
+def shared_prefixes(samples: Sequence[TrainSample], limit: int) -> Prefixes:
+    """The cheaper of two ways to share leading tokens (at most `limit`, the first position whose logits are
+    kept): the prefix every row starts with, or the distinct first `limit` tokens (one per GRPO group). No
+    sharing (`Prefixes()`) when neither saves a forward of at least `MIN_SHARED_PREFIX` tokens a row."""
+    if len(samples) < 2 or limit < MIN_SHARED_PREFIX:
+        return Prefixes()
+    best = max((_common_prefix(samples, limit), _distinct_prefixes(samples, limit)),
+               key=lambda p: p.saved(len(samples)))
+    return best if best.length >= MIN_SHARED_PREFIX and len(best.rows) < len(samples) else Prefixes()
+
+
+def _common_prefix(samples: Sequence[TrainSample], limit: int) -> Prefixes:
+    """The leading tokens every sample shares, at most `limit`."""
     first = samples[0].tokens
     length = min(limit, *(len(s.tokens) for s in samples))
     for s in samples[1:]:
         length = next((i for i in range(length) if s.tokens[i] != first[i]), length)
-    return length if length >= MIN_SHARED_PREFIX else 0
+    return Prefixes(length)
+
+
+def _distinct_prefixes(samples: Sequence[TrainSample], limit: int) -> Prefixes:
+    """Each sample's first `limit` tokens, computed once per distinct sequence."""
+    seen: dict[tuple[int, ...], int] = {}
+    of = [seen.setdefault(s.tokens[:limit], len(seen)) for s in samples]
+    rows = {k: i for i, k in reversed(list(enumerate(of)))}
+    return Prefixes(limit, tuple(rows[k] for k in range(len(seen))), tuple(of) if len(seen) > 1 else ())
 
 
 def _multimodal(samples: Sequence[TrainSample], device: torch.device | str) -> dict[str, torch.Tensor] | None:
@@ -194,12 +232,20 @@ def _forward(model: Model, batch: Collated) -> object:
         return model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, logits_to_keep=batch.keep,
                      use_cache=False, **_vision_kwargs(model, batch))
     cache = DynamicCache()
-    key, rows = cache_argument(model), batch.input_ids.shape[0]  # type: ignore[arg-type] - a DeepSpeed engine too
-    model(input_ids=batch.input_ids[:1, : batch.shared], logits_to_keep=1, use_cache=True, **{key: cache})
+    key = cache_argument(model)  # type: ignore[arg-type] - a DeepSpeed engine too
+    prefix = batch.input_ids[list(batch.prefix_rows), : batch.shared]
+    model(input_ids=prefix, logits_to_keep=1, use_cache=True, **{key: cache})
     for layer in cache.layers:
-        layer.keys, layer.values = layer.keys.expand(rows, -1, -1, -1), layer.values.expand(rows, -1, -1, -1)
+        layer.keys, layer.values = _to_rows(layer.keys, batch), _to_rows(layer.values, batch)
     return model(input_ids=batch.input_ids[:, batch.shared :], attention_mask=batch.attention_mask,
                  logits_to_keep=batch.keep, use_cache=True, **{key: cache})
+
+
+def _to_rows(prefix: torch.Tensor, batch: Collated) -> torch.Tensor:
+    """A prefix batch's keys or values, one copy per row: a view for one prefix, a gather for several."""
+    if not batch.prefix_of:
+        return prefix.expand(batch.input_ids.shape[0], -1, -1, -1)
+    return prefix.index_select(0, torch.tensor(batch.prefix_of, device=prefix.device))
 
 
 def _is_vision(model: Model) -> bool:

@@ -23,7 +23,7 @@ from relax_pipeline.train.base import Trainer
 from relax_pipeline.train.batching import BatchSettings, TrainSample, global_batches, micro_batches, padded_tokens
 from relax_pipeline.train.losses import LossSettings
 from relax_pipeline.train.optim import OptimSettings
-from relax_pipeline.train.step import collate, response_logprobs
+from relax_pipeline.train.step import Collated, collate, response_logprobs
 from relax_pipeline.train.torch_backend import TorchTrainer
 
 METRICS = (
@@ -177,11 +177,8 @@ def group_samples(count: int, prompt: int = 24, seed: int = 7) -> list[TrainSamp
             for s in make_samples(count, seed=seed, max_response=12)]
 
 
-def test_a_shared_prompt_runs_once_with_the_same_logprobs_and_gradient(tiny_path: Path) -> None:
-    samples = group_samples(6)
-    t = trainer(tiny_path)
-    shared = collate(samples, t.pad_id, "cpu")
-    assert shared.shared == 23, "the whole prompt but the position whose logits predict the first response token"
+def assert_prefix_forward_matches_plain(t: TorchTrainer, shared: Collated) -> None:
+    """Logprobs and gradients through the prefix forward equal those of every row run whole."""
     plain = dataclasses.replace(shared, shared=0)
     results = []
     for batch in (shared, plain):
@@ -195,10 +192,33 @@ def test_a_shared_prompt_runs_once_with_the_same_logprobs_and_gradient(tiny_path
         torch.testing.assert_close(our_grads[name], grad, atol=1e-5, rtol=1e-4, msg=name)
 
 
-def test_the_shared_prefix_is_what_every_row_starts_with(tiny_path: Path) -> None:
+def test_a_shared_prompt_runs_once_with_the_same_logprobs_and_gradient(tiny_path: Path) -> None:
+    t = trainer(tiny_path)
+    shared = collate(group_samples(6), t.pad_id, "cpu")
+    assert shared.shared == 23, "the whole prompt but the position whose logits predict the first response token"
+    assert shared.prefix_rows == (0,) and shared.prefix_of == (), "one prefix, expanded over the rows"
+    assert_prefix_forward_matches_plain(t, shared)
+
+
+def test_each_group_of_a_micro_batch_runs_its_prompt_once(tiny_path: Path) -> None:
+    """Three groups (prompts of 24, 24 and 26 tokens), interleaved: three prefix rows, each row's own copied."""
+    first, second, third = group_samples(3, seed=7), group_samples(3, seed=8), group_samples(2, prompt=26, seed=9)
+    rows = [first[0], second[0], third[0], first[1], second[1], third[1], first[2], second[2]]
+    t = trainer(tiny_path)
+    shared = collate(rows, t.pad_id, "cpu")
+    assert shared.shared == 23, "up to the earliest position whose logits are kept"
+    assert shared.prefix_rows == (0, 1, 2) and shared.prefix_of == (0, 1, 2, 0, 1, 2, 0, 1)
+    assert_prefix_forward_matches_plain(t, shared)
+
+
+def test_the_shared_prefix_is_what_saves_the_most(tiny_path: Path) -> None:
     group = group_samples(4)
     mixed = [*group[:2], TrainSample(group[2].tokens[:10] + (5,) * 20, 26, (1,) * 4, (0.0,) * 4, 0.0)]
-    assert collate(mixed, 0, "cpu").shared == 10
+    two = collate(mixed, 0, "cpu")
+    assert (two.shared, two.prefix_of) == (23, (0, 0, 1)), "23 tokens once for two rows beat 10 once for three"
+    preamble = [TrainSample(group[0].tokens[:20] + (i,) * 10, 26, (1,) * 4, (0.0,) * 4, 0.0) for i in range(4)]
+    common = collate(preamble, 0, "cpu")
+    assert (common.shared, common.prefix_of) == (20, ()), "distinct prompts with a common preamble share it"
     assert collate(make_samples(4, seed=1), 0, "cpu").shared == 0, "random prompts share nothing"
     assert collate(group[:1], 0, "cpu").shared == 0, "one row: nothing to share"
 

@@ -138,8 +138,9 @@ class EngineConfig:
     """Prefix KV cache budget in MiB: sessions' earlier turns and shared prompts are not prefilled again
     (least recently used entries go first); 0 turns it off."""
     attn_implementation: str | None = None
-    """Attention kernel: `eager` or `sdpa`; null keeps transformers' default (sdpa). bfloat16 on a CPU decodes
-    faster with eager."""
+    """Attention kernel: `eager`, `sdpa`, or `grouped` (eager without copying the KV cache for each query head,
+    models/attention.py); null keeps transformers' default (sdpa). bfloat16 on a CPU decodes faster with eager,
+    and faster still with grouped."""
 
 
 @dataclass
@@ -249,6 +250,9 @@ class TrainerConfig:
     autocast: str | None = None
     """Mixed precision for the forward and backward: `bfloat16` (or `float16`) under torch.autocast, weights
     and optimizer state in float32; null trains in float32 (logprobs then match a float32 engine's)."""
+    keep_freed_memory: bool | None = None
+    """Keep freed CPU memory mapped for reuse (glibc mallopt, train/allocator.py): large training tensors then
+    skip the page faults of fresh memory, and the process keeps its peak size. Null: on for a CPU device."""
     # Deprecated flat aliases, kept for one release (FLAT_TRAINER_KEYS): a value set here moves into its
     # nested node at start, where it wins over the nested value, and the run logs a deprecation line.
     lr: float | None = None

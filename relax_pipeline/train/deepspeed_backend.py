@@ -108,11 +108,13 @@ class DeepSpeedTrainer(TorchTrainer):
         save_optimizer: bool = True,
         num_ranks: int = 1,
         autocast: str | None = None,
+        keep_freed_memory: bool | None = None,
         output_dir: str | None = None,
     ) -> None:
         settings = {"model_path": model_path, "seed": seed, "device": device, "loss": loss, "batching": batching,
                     "optim": optim, "advantages": advantages, "temperature": temperature, "zero_stage": zero_stage,
-                    "save_optimizer": save_optimizer, "num_ranks": num_ranks, "autocast": autocast}
+                    "save_optimizer": save_optimizer, "num_ranks": num_ranks, "autocast": autocast,
+                    "keep_freed_memory": keep_freed_memory}
         self.settings_for_ranks = settings
         """The constructor's settings (all but `output_dir`), sent to every worker rank."""
         self.rank_log_dir = Path(output_dir) / RANK_LOG_FOLDER if output_dir else None

@@ -43,6 +43,7 @@ from safetensors.torch import load_file
 
 from relax_pipeline.models.folder import WEIGHTS_FILE, copy_model_files, save_weights
 from relax_pipeline.train.advantages import AdvantageSettings
+from relax_pipeline.train.allocator import keep_freed_cpu_memory, wants_freed_memory_kept
 from relax_pipeline.train.batching import BatchSettings, TrainSample, global_batches
 from relax_pipeline.train.losses import LossSettings
 from relax_pipeline.train.optim import OptimSettings, adamw, clip_and_step
@@ -70,6 +71,7 @@ class TorchTrainer:
         save_optimizer: bool = True,
         num_ranks: int = 1,
         autocast: str | None = None,
+        keep_freed_memory: bool | None = None,
     ) -> None:
         if temperature < 0:
             raise ValueError(f"rollout.temperature={temperature} must be >= 0 (0 is greedy)")
@@ -84,6 +86,8 @@ class TorchTrainer:
         self.save_optimizer = save_optimizer
         """`trainer.save_optimizer`: False writes weights only (resuming then starts a fresh optimizer)."""
         self.version = 0
+        if wants_freed_memory_kept(keep_freed_memory, device):
+            keep_freed_cpu_memory()
         self._setup(device, needs_reference=self.settings.loss.use_kl_loss or self.settings.advantages.kl_coef > 0)
 
     def check_zero_stage(self, zero_stage: int) -> None:

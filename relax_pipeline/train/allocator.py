@@ -1,0 +1,46 @@
+"""Keep freed CPU memory inside the training process, so the next micro-batch's large tensors reuse it.
+
+glibc's malloc serves every request above its mmap threshold (at most 32 MiB) with a fresh `mmap` and hands it
+back with `munmap` when it is freed. A CPU training step allocates and frees tensors far larger than that many
+times over: the logits of a 64-row micro-batch over a 49k vocabulary are 200 MB in float32, and so are the
+softmax, its gradient and their casts. Every one of them is then new memory, and the kernel zeroes and maps it
+page by page on first touch: a copy of such a tensor measured 520 ms inside a training step against 70 ms on
+memory already mapped. `keep_freed_cpu_memory` tells malloc (through `mallopt`) to serve large requests from its
+heap and never to trim it, so freed buffers stay mapped and are reused. The price is that the process keeps its
+peak resident size for the rest of its life, which a dedicated training process reaches anyway.
+
+`trainer.keep_freed_memory` (null: on when the trainer's device is the CPU) decides whether a trainer calls it;
+DeepSpeed worker ranks call it in their own processes. It is process-wide and is not undone.
+
+What this module does not do: anything off glibc (musl, macOS: a no-op that returns False), GPU memory (the
+CUDA caching allocator already reuses blocks), or replace the allocator (jemalloc or tcmalloc through
+LD_PRELOAD serve the same purpose where they are installed).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+
+log = logging.getLogger(__name__)
+
+M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_MAX = -1, -2, -4
+"""glibc's `mallopt` parameter numbers (malloc.h)."""
+SETTINGS = ((M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, 2**31 - 1), (M_TOP_PAD, 64 << 20))
+"""No mmap'd chunks; never trim the heap; grow it 64 MiB beyond each request."""
+
+
+def keep_freed_cpu_memory() -> bool:
+    """Set `SETTINGS` for this process; True when glibc accepted them, False where there is no `mallopt`."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        log.info("no glibc mallopt here: freed CPU memory is returned to the system as usual")
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return all(mallopt(option, value) == 1 for option, value in SETTINGS)
+
+
+def wants_freed_memory_kept(setting: bool | None, device: str) -> bool:
+    """`trainer.keep_freed_memory`: an explicit value wins; null means on for a CPU device."""
+    return setting if setting is not None else device.split(":")[0] == "cpu"

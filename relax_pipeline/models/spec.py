@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from relax_pipeline.models.attention import GROUPED, register_grouped_attention
+
 BUILT_LOCALLY: tuple[str, ...] = ("tiny", "tiny_vl")
 
 
@@ -63,8 +65,12 @@ def context_len(model_path: str | Path) -> int:
 
 def load_pretrained(model_path: str | Path, dtype: Any, attn_implementation: str | None = None) -> Any:
     """The model of a local folder in `dtype`: image-text-to-text for VL folders, else a causal LM; its
-    attention kernel is transformers' default unless `attn_implementation` names one (`eager`, `sdpa`)."""
+    attention kernel is transformers' default unless `attn_implementation` names one (`eager`, `sdpa`, or
+    `grouped`: models/attention.py)."""
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    if attn_implementation == GROUPED:
+        register_grouped_attention()
 
     auto = AutoModelForImageTextToText if is_multimodal(model_path) else AutoModelForCausalLM
     chosen = {"attn_implementation": attn_implementation} if attn_implementation else {}

@@ -164,6 +164,27 @@ async def test_eager_attention_in_bfloat16_decodes_batches_with_the_model_s_logp
         await eng.close()
     with pytest.raises(ValueError, match="engine.attn_implementation='flash'; use one of"):
         HFEngine(str(model_path), attn_implementation="flash")
+
+
+@pytest.mark.asyncio
+async def test_grouped_attention_generates_what_eager_generates(model_path: Path) -> None:
+    """The tiny model has 4 query heads over 2 KV heads: `grouped` must read each KV head for both of its query
+    heads, through padded prefills, a prefix-cache hit and rows joining a running batch."""
+    sampling = SamplingParams(max_new_tokens=12, temperature=1.0, seed=5)
+    prompts = [prompt(13, 8), prompt(4, 9), prompt(13, 8)[:-2] + prompt(2, 2), prompt(30, 6)]
+    runs = {}
+    for attention in ("eager", "grouped"):
+        eng = HFEngine(str(model_path), seed=7, attn_implementation=attention)
+        await eng.start()
+        try:
+            assert eng.model.config._attn_implementation == attention
+            again = await eng.generate(prompts[0], sampling, "again")  # its whole prompt is in the prefix cache
+            runs[attention] = [*await run_all(eng, prompts, sampling), again]
+        finally:
+            await eng.close()
+    for eager, grouped in zip(runs["eager"], runs["grouped"], strict=True):
+        assert grouped.output_ids == eager.output_ids
+        assert list(grouped.logprobs) == pytest.approx(eager.logprobs, abs=1e-5)
     with pytest.raises(ValueError, match="engine.dtype='int8' is not supported"):
         HFEngine(str(model_path), dtype="int8")
 

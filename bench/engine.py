@@ -18,7 +18,7 @@ Generation never stops early (no stop tokens), so every run does the same work. 
 of SmolLM2-135M's shape with the tiny tokenizer stands in, and the output says so. Defaults take a few
 minutes per case on 2 cores; shrink with --sessions/--turns/--prompts, grow with --baseline-sessions.
 
-    python bench/engine.py [--case all|multi|grpo] [--threads N] [--batch 32]
+    python bench/engine.py [--case all|multi|grpo] [--threads N] [--batch 32] [--dtype bfloat16] [--attention grouped]
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def encode(tokenizer: object, messages: list[dict[str, str]]) -> list[int]:
 
 async def started(folder: Path, args: argparse.Namespace, kv_cache_mb: int) -> HFEngine:
     engine = HFEngine(str(folder), max_batch_size=args.batch, max_context_len=8192, threads=args.threads,
-                      kv_cache_mb=kv_cache_mb)
+                      kv_cache_mb=kv_cache_mb, dtype=args.dtype, attn_implementation=args.attention)
     await engine.start()
     await engine.generate([1, 2, 3], SamplingParams(max_new_tokens=2), rid="warm-up")
     return engine
@@ -185,7 +185,8 @@ async def grpo(folder: Path, tokenizer: object, args: argparse.Namespace) -> Non
             "without prefix cache (kv_cache_mb=0)": await grpo_once(folder, prompts, args, 0),
             "with prefix cache": await grpo_once(folder, prompts, args, args.kv_cache_mb)}
     print(f"GRPO-shaped: {args.prompts} prompts x {args.samples} samples, {args.answer_tokens}-token answers, "
-          f"prompts of {min(map(len, prompts))}-{max(map(len, prompts))} tokens, batch {args.batch}")
+          f"prompts of {min(map(len, prompts))}-{max(map(len, prompts))} tokens, batch {args.batch}, {args.dtype}, "
+          f"attention {args.attention or 'default'}")
     for name, (seconds, _, stats) in runs.items():
         print(f"  {name}: {seconds:.1f} s; prefilled {stats['prefill_tokens']} tokens "
               f"({stats['cached_tokens']} from the cache) in {stats['prefill_passes']} passes, "
@@ -202,6 +203,8 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--case", choices=("all", "multi", "grpo"), default="all")
     parser.add_argument("--threads", type=int, default=None, help="engine.threads (default: torch's)")
     parser.add_argument("--batch", type=int, default=32, help="engine.max_batch_size")
+    parser.add_argument("--dtype", default="float32", help="engine.dtype (smollm2_arith: bfloat16)")
+    parser.add_argument("--attention", default=None, help="engine.attn_implementation (smollm2_arith: grouped)")
     parser.add_argument("--kv-cache-mb", type=int, default=1024)
     parser.add_argument("--sessions", type=int, default=16)
     parser.add_argument("--turns", type=int, default=8)

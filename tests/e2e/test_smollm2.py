@@ -98,5 +98,5 @@ def test_experiment_smollm2_arith_composes_to_grpo_with_a_greedy_heldout_eval() 
     assert cfg.job == "train" and cfg.model.name == "smollm2" and cfg.credit.estimator == "grpo"
     assert cfg.credit.filter_path == "relax_pipeline.credit.examples.drop_uniform_rewards"
     assert (cfg.rollout.batch_size, cfg.rollout.n_samples_per_prompt, cfg.rollout.max_response_len) == (8, 8, 16)
-    assert cfg.rollout.over_sampling_batch_size > cfg.rollout.batch_size and cfg.trainer.optim.lr == 5e-6
+    assert cfg.rollout.over_sampling_batch_size > cfg.rollout.batch_size and cfg.trainer.optim.lr == 8e-6
     assert cfg.eval.temperature == 0 and [d.path for d in cfg.eval.datasets] == ["arith:heldout"]

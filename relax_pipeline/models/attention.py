@@ -7,9 +7,11 @@ axis, `[B, H, Q, D] -> [B, KVH, H/KVH * Q, D]`, so the same two matmuls read the
 sums are the same (on this CPU the logits equal eager's exactly; a test compares them), and a decode step of
 SmolLM2 at batch 64 on a CPU takes about 10% less time, more as the cache grows.
 
-The mask is eager's (an additive float mask `[B, 1, Q, L]`, registered as this implementation's mask
-function), broadcast over the group. `register_grouped_attention` makes the name known to transformers; it
-is idempotent and `load_pretrained` calls it when asked for `grouped`.
+It trains too (`trainer.attn_implementation=grouped`): a SmolLM2 step on 64 GRPO samples under bf16 autocast
+took 4.7-5.4 s against 5.6-7.8 s through sdpa's CPU flash-attention kernel. The mask is eager's (an additive
+float mask `[B, 1, Q, L]`, registered as this implementation's mask function), broadcast over the group.
+`register_grouped_attention` makes the name known to transformers; it is idempotent and `load_pretrained` calls
+it when asked for `grouped`. `IMPLEMENTATIONS` lists what the engine's and the trainer's keys accept.
 
 What it does not do: dropout (it is an inference and RL-training kernel; attention dropout must be 0),
 attention weights output (returns None), sliding windows or sinks beyond what the mask encodes.
@@ -23,6 +25,15 @@ import torch
 
 GROUPED = "grouped"
 """The `attn_implementation` name this module registers."""
+IMPLEMENTATIONS = (None, "eager", "sdpa", GROUPED)
+"""What `engine.attn_implementation` and `trainer.attn_implementation` take: transformers' default (None), a
+kernel transformers names, or `grouped`."""
+
+
+def check_implementation(key: str, value: str | None) -> None:
+    """A clear error naming `key` when `value` is not one of `IMPLEMENTATIONS`."""
+    if value not in IMPLEMENTATIONS:
+        raise ValueError(f"{key}={value!r}; use one of {IMPLEMENTATIONS[1:]} or null (transformers' default)")
 
 
 def grouped_attention(

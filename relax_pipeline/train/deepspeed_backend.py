@@ -109,12 +109,13 @@ class DeepSpeedTrainer(TorchTrainer):
         num_ranks: int = 1,
         autocast: str | None = None,
         keep_freed_memory: bool | None = None,
+        attn_implementation: str | None = None,
         output_dir: str | None = None,
     ) -> None:
         settings = {"model_path": model_path, "seed": seed, "device": device, "loss": loss, "batching": batching,
                     "optim": optim, "advantages": advantages, "temperature": temperature, "zero_stage": zero_stage,
                     "save_optimizer": save_optimizer, "num_ranks": num_ranks, "autocast": autocast,
-                    "keep_freed_memory": keep_freed_memory}
+                    "keep_freed_memory": keep_freed_memory, "attn_implementation": attn_implementation}
         self.settings_for_ranks = settings
         """The constructor's settings (all but `output_dir`), sent to every worker rank."""
         self.rank_log_dir = Path(output_dir) / RANK_LOG_FOLDER if output_dir else None
@@ -164,7 +165,7 @@ class DeepSpeedTrainer(TorchTrainer):
 
         self._owns_group = init_process_group(deepspeed)
         self.device = torch.device(get_accelerator().device_name(int(os.environ["LOCAL_RANK"])))
-        policy, self.pad_id = load_policy(self.model_path, self.seed, str(self.device))
+        policy, self.pad_id = load_policy(self.model_path, self.seed, str(self.device), self.attn_implementation)
         self.reference = frozen_copy(policy) if needs_reference else None
         optimizer = adamw(policy.parameters(), self.optim)
         if self.zero_stage == 3 and self.num_ranks > 1:

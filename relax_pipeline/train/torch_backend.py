@@ -41,6 +41,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
+from relax_pipeline.models.attention import check_implementation
 from relax_pipeline.models.folder import WEIGHTS_FILE, copy_model_files, save_weights
 from relax_pipeline.train.advantages import AdvantageSettings
 from relax_pipeline.train.allocator import keep_freed_cpu_memory, wants_freed_memory_kept
@@ -72,6 +73,7 @@ class TorchTrainer:
         num_ranks: int = 1,
         autocast: str | None = None,
         keep_freed_memory: bool | None = None,
+        attn_implementation: str | None = None,
     ) -> None:
         if temperature < 0:
             raise ValueError(f"rollout.temperature={temperature} must be >= 0 (0 is greedy)")
@@ -86,6 +88,9 @@ class TorchTrainer:
         self.save_optimizer = save_optimizer
         """`trainer.save_optimizer`: False writes weights only (resuming then starts a fresh optimizer)."""
         self.version = 0
+        check_implementation("trainer.attn_implementation", attn_implementation)
+        self.attn_implementation = attn_implementation
+        """`trainer.attn_implementation`: the policy's attention kernel (None: transformers' default)."""
         if wants_freed_memory_kept(keep_freed_memory, device):
             keep_freed_cpu_memory()
         self._setup(device, needs_reference=self.settings.loss.use_kl_loss or self.settings.advantages.kl_coef > 0)
@@ -102,7 +107,7 @@ class TorchTrainer:
 
     def _setup(self, device: str, needs_reference: bool) -> None:
         """Seed, load the policy (and reference) on `device`, build AdamW."""
-        self.policy, self.pad_id = load_policy(self.model_path, self.seed, device)
+        self.policy, self.pad_id = load_policy(self.model_path, self.seed, device, self.attn_implementation)
         self.device = torch.device(device)
         self.reference = frozen_copy(self.policy) if needs_reference else None
         self.optimizer = adamw(self.policy.parameters(), self.optim)
@@ -170,16 +175,16 @@ class TorchTrainer:
         """Nothing to release in a single process (the DeepSpeed backend destroys its process group)."""
 
 
-def load_policy(model_path: str, seed: int, device: str) -> tuple[torch.nn.Module, int]:
-    """`torch.manual_seed(seed)`, then the float32 model (causal LM or vision-language) in eval mode and the
-    id used for padding.
+def load_policy(model_path: str, seed: int, device: str, attention: str | None = None) -> tuple[torch.nn.Module, int]:
+    """`torch.manual_seed(seed)`, then the float32 model (causal LM or vision-language) in eval mode, with the
+    `attention` kernel (None: transformers' default), and the id used for padding.
 
     Padding is masked out and never a target, so any valid id works: the model's pad id, else 0.
     """
     from relax_pipeline.models.spec import load_pretrained
 
     torch.manual_seed(seed)
-    model = load_pretrained(model_path, torch.float32).to(device).eval()
+    model = load_pretrained(model_path, torch.float32, attention).to(device).eval()
     pad = getattr(model.config, "pad_token_id", None)
     return model, pad if isinstance(pad, int) else 0
 

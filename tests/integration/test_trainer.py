@@ -211,6 +211,29 @@ def test_each_group_of_a_micro_batch_runs_its_prompt_once(tiny_path: Path) -> No
     assert_prefix_forward_matches_plain(t, shared)
 
 
+def test_grouped_attention_trains_like_the_default_kernel(tiny_path: Path) -> None:
+    """`trainer.attn_implementation=grouped` (4 query heads over 2 KV heads in the tiny model), through the prefix
+    forward of two groups and a plain batch: the same logprobs and gradients as transformers' default."""
+    rows = [*group_samples(3, seed=7), *group_samples(3, seed=8)]
+    results = []
+    for attention in (None, "grouped"):
+        t = trainer(tiny_path, attn_implementation=attention)
+        assert t.policy.config._attn_implementation == (attention or "sdpa")
+        for batch in (collate(rows, t.pad_id, "cpu"), collate(make_samples(4, seed=3), t.pad_id, "cpu")):
+            logprobs, _ = response_logprobs(t.model, batch, 1.0)
+            (logprobs * batch.loss_mask * batch.base[:, None]).sum().backward()
+            results.append(logprobs.detach() * batch.loss_mask)
+        results.append({n: p.grad.clone() for n, p in t.policy.named_parameters()})
+    for ours, reference in zip(results[3:], results[:3], strict=True):
+        if isinstance(ours, dict):
+            for name, grad in reference.items():
+                torch.testing.assert_close(ours[name], grad, atol=1e-5, rtol=1e-4, msg=name)
+        else:
+            torch.testing.assert_close(ours, reference, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="trainer.attn_implementation='flash'; use one of"):
+        trainer(tiny_path, attn_implementation="flash")
+
+
 def test_the_shared_prefix_is_what_saves_the_most(tiny_path: Path) -> None:
     group = group_samples(4)
     mixed = [*group[:2], TrainSample(group[2].tokens[:10] + (5,) * 20, 26, (1,) * 4, (0.0,) * 4, 0.0)]

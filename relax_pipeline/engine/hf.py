@@ -302,7 +302,6 @@ def _load(model_path: str, device: str, dtype: str, attention: str | None) -> tu
     return model.to(device).eval(), tokenizer
 
 
-
 STEP_METRICS = {"prefill_s": "prefill_s", "decode_s": "decode_s", "prefill_tokens": "prefill_tokens",
                 "cached_tokens": "cached_tokens", "steps": "decode_steps", "tokens": "generated_tokens"}
 """`stats` key → the `engine/<name>` metric `step_metrics` reports per step."""

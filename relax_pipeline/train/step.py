@@ -175,10 +175,13 @@ def _common_prefix(samples: Sequence[TrainSample], limit: int) -> Prefixes:
 
 def _distinct_prefixes(samples: Sequence[TrainSample], limit: int) -> Prefixes:
     """Each sample's first `limit` tokens, computed once per distinct sequence."""
-    seen: dict[tuple[int, ...], int] = {}
-    of = [seen.setdefault(s.tokens[:limit], len(seen)) for s in samples]
-    rows = {k: i for i, k in reversed(list(enumerate(of)))}
-    return Prefixes(limit, tuple(rows[k] for k in range(len(seen))), tuple(of) if len(seen) > 1 else ())
+    index: dict[tuple[int, ...], int] = {}
+    rows: list[int] = []
+    for row, sample in enumerate(samples):
+        if index.setdefault(sample.tokens[:limit], len(rows)) == len(rows):
+            rows.append(row)
+    of = tuple(index[s.tokens[:limit]] for s in samples)
+    return Prefixes(limit, tuple(rows), of if len(rows) > 1 else ())
 
 
 def _multimodal(samples: Sequence[TrainSample], device: torch.device | str) -> dict[str, torch.Tensor] | None:

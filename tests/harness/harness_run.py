@@ -31,9 +31,16 @@ ACCESS = re.compile(r"relax_pipeline\.gateway\.access.*?api=(\S+) session=(\S+) 
 FAILED = ("failed", "dropped")
 
 
+def installed(module: str) -> bool:
+    """Whether `module` is a real installed module: a directory on `sys.path` that merely shares its name (pytest puts
+    `tests/` there, and `tests/agents` would pass for openai-agents' `agents`) is a namespace package with no origin."""
+    spec = importlib.util.find_spec(module)
+    return spec is not None and spec.origin not in (None, "namespace")
+
+
 def skip_unless(*modules: str) -> None:
     """Skip the calling test when a harness package is not installed (they come with the `harness` extra)."""
-    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    missing = [m for m in modules if not installed(m)]
     if missing:
         pytest.skip(f"{', '.join(missing)} not installed: pip install -e '.[harness]'")
 

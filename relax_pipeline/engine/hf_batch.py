@@ -4,7 +4,8 @@
 active requests' shared cache, padded so every row ends at the same column (a row's tokens are the columns
 its attention mask marks: a prefill from a cached prefix may leave a masked hole between prefix and
 suffix); its layers are `SpareLayer`s, which append a decode step's column into spare room instead of
-copying the whole cache. `ModelCall` runs the batched prefill of `Chunk`s (each a cached prefix from
+copying the whole cache, and rows leave (their places taken by rows from the end) and join (into the rows
+that left) without copying it either. `ModelCall` runs the batched prefill of `Chunk`s (each a cached prefix from
 `prefix_cache.py` plus the tokens still to compute, left-padded into one forward with per-row
 positions), the prefill of one prompt with images (pixels and mrope positions), and one decode step for
 the whole batch. `Prefiller` decides what each admission round prefills and what goes into the prefix
@@ -31,6 +32,9 @@ from relax_pipeline.engine.sampling import StopStringMatcher
 MIN_SAVED_TOKENS = 32
 """A prefix shared by several prompts of one admission round gets its own prefill pass when that saves at
 least this many token computations ((sharers - 1) x its uncached tokens): a pass has a fixed cost."""
+
+TRIM_COLUMNS = 32
+"""`Batch.keep` copies the cache to drop leading columns once every kept row pads at least this many."""
 
 _log = logging.getLogger(__name__)
 
@@ -101,9 +105,10 @@ class Request:
 class SpareLayer(DynamicLayer):
     """A cache layer that writes new columns into spare room instead of concatenating the whole cache.
 
-    `keys`/`values` are views of the first columns of a larger buffer; a decode step copies one column
-    where `DynamicLayer` copies the whole cache. Whoever replaces `keys`/`values` with another tensor (the
-    batch merging or trimming rows) simply causes one reallocation at the next update.
+    `keys`/`values` are views of the first rows and columns of a larger buffer; a decode step copies one column
+    where `DynamicLayer` copies the whole cache, and rows leaving the batch (`Batch.keep`) only shorten the view.
+    Whoever replaces `keys`/`values` with another tensor (the batch merging rows) simply causes one reallocation
+    at the next update.
     """
 
     spare = 64
@@ -118,23 +123,36 @@ class SpareLayer(DynamicLayer):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
             self.keys, self.values = key_states[:, :, :0], value_states[:, :, :0]
-        used, new = self.keys.shape[2], key_states.shape[2]
+        rows, used, new = self.keys.shape[0], self.keys.shape[2], key_states.shape[2]
         if not self._fits(used + new):
             self._room = (self._grown(self.keys, used + new), self._grown(self.values, used + new))
         keys, values = self._room  # type: ignore[misc]
-        keys[:, :, used : used + new] = key_states
-        values[:, :, used : used + new] = value_states
-        self.keys, self.values = keys[:, :, : used + new], values[:, :, : used + new]
+        keys[:rows, :, used : used + new] = key_states
+        values[:rows, :, used : used + new] = value_states
+        self.keys, self.values = keys[:rows, :, : used + new], values[:rows, :, : used + new]
         return self.keys, self.values
 
     def _fits(self, length: int) -> bool:
         """Whether `keys`/`values` are still the head of the buffer and it has room for `length` columns."""
         if self._room is None:
             return False
-        keys, values = self._room
-        return (self.keys.data_ptr() == keys.data_ptr() and self.values.data_ptr() == values.data_ptr()
-                and self.keys.shape[:2] == keys.shape[:2] and self.keys.stride() == keys.stride()
-                and length <= keys.shape[2])
+        return all(mine.data_ptr() == room.data_ptr() and mine.shape[0] <= room.shape[0]
+                   and mine.shape[1] == room.shape[1] and mine.stride() == room.stride() and length <= room.shape[2]
+                   for mine, room in zip((self.keys, self.values), self._room, strict=True))
+
+    def room_for(self, rows: int, columns: int) -> bool:
+        """Whether `append_rows` can take `rows` more rows of at most `columns` columns (the columns in use)."""
+        return (self._room is not None and self._fits(self.keys.shape[2]) and columns <= self.keys.shape[2]
+                and self.keys.shape[0] + rows <= self._room[0].shape[0])
+
+    def append_rows(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Write rows after the rows in use, right-aligned, their columns to the left zeroed (`room_for` first)."""
+        assert self._room is not None
+        start, used, (count, _, width, _) = self.keys.shape[0], self.keys.shape[2], keys.shape
+        for room, new in zip(self._room, (keys, values), strict=True):
+            room[start : start + count, :, : used - width].zero_()
+            room[start : start + count, :, used - width : used] = new
+        self.keys, self.values = (room[: start + count, :, :used] for room in self._room)
 
     def _grown(self, tensor: torch.Tensor, length: int) -> torch.Tensor:
         batch, heads, used, dim = tensor.shape
@@ -182,26 +200,52 @@ class Batch:
         self.mask: torch.Tensor | None = None
 
     def add(self, rows: Sequence[Request], cache: DynamicCache, mask: torch.Tensor) -> None:
-        """Append prefilled `rows` whose `cache` and `mask` [len(rows), columns] hold exactly their tokens."""
+        """Append prefilled `rows` whose `cache` and `mask` [len(rows), columns] hold exactly their tokens: into
+        the buffer's free rows (left by `keep`) when they are no longer than the batch, else by concatenation."""
         if self.cache is None or self.mask is None:
             self.rows, self.cache, self.mask = list(rows), cache, mask
             return
         length = max(self.mask.shape[1], mask.shape[1])
-        for big, small in zip(self.cache.layers, cache.layers, strict=True):
-            big.keys = torch.cat([left_pad(big.keys, length, 2), left_pad(small.keys, length, 2)])
-            big.values = torch.cat([left_pad(big.values, length, 2), left_pad(small.values, length, 2)])
+        pairs = list(zip(self.cache.layers, cache.layers, strict=True))
+        if all(isinstance(big, SpareLayer) and big.room_for(len(rows), mask.shape[1]) for big, _ in pairs):
+            for big, small in pairs:
+                big.append_rows(small.keys, small.values)
+        else:
+            for big, small in pairs:
+                big.keys = torch.cat([left_pad(big.keys, length, 2), left_pad(small.keys, length, 2)])
+                big.values = torch.cat([left_pad(big.values, length, 2), left_pad(small.values, length, 2)])
         self.mask = torch.cat([left_pad(self.mask, length, 1), left_pad(mask, length, 1)])
         self.rows.extend(rows)
 
     def keep(self, keep: list[int]) -> None:
-        """Keep only rows `keep` and trim leading columns that are padding in every kept row."""
+        """Keep only rows `keep` (ascending): each leaving row's place is taken by a kept row from the end, so only
+        those rows are copied and the cache stays a view of its buffer. Leading columns that every kept row pads
+        are trimmed (a copy of the whole cache) once there are `TRIM_COLUMNS` of them."""
         if not keep or self.cache is None or self.mask is None:
             self.rows, self.cache, self.mask = [], None, None
             return
         if len(keep) == len(self.rows):
             return
-        self.cache, self.mask = take(self.cache, self.mask, keep)
-        self.rows = [self.rows[i] for i in keep]
+        order = fill_from_end(len(self.rows), keep)
+        moved = [(dst, src) for dst, src in enumerate(order) if dst != src]
+        if moved:
+            dst, src = (torch.tensor(side, device=self.mask.device) for side in zip(*moved, strict=True))
+            for layer in self.cache.layers:
+                layer.keys[dst], layer.values[dst] = layer.keys[src], layer.values[src]
+            self.mask[dst] = self.mask[src]
+        for layer in self.cache.layers:
+            layer.keys, layer.values = layer.keys[: len(order)], layer.values[: len(order)]
+        self.mask, self.rows = self.mask[: len(order)], [self.rows[i] for i in order]
+        if int(torch.argmax(self.mask.any(0).to(torch.int8))) >= TRIM_COLUMNS:
+            self.cache, self.mask = take(self.cache, self.mask, list(range(len(order))))
+
+
+def fill_from_end(size: int, keep: list[int]) -> list[int]:
+    """The order of kept rows after `Batch.keep`: rows of `keep` below len(keep) stay where they are, and each
+    place a leaving row frees there is taken by the kept rows at or past len(keep), in order."""
+    count, kept = len(keep), set(keep)
+    tail = iter([i for i in keep if i >= count])
+    return [i if i in kept else next(tail) for i in range(count)]
 
 
 def take(cache: DynamicCache, mask: torch.Tensor, keep: list[int]) -> tuple[DynamicCache, torch.Tensor]:

@@ -101,6 +101,36 @@ async def test_greedy_alone_equals_batched(engine: HFEngine) -> None:
 
 
 @pytest.mark.asyncio
+async def test_rows_leaving_at_different_steps_keep_the_others_exact(engine: HFEngine) -> None:
+    """Rows that finish early hand their place in the batch to rows from its end (`Batch.keep`): every row still
+    decodes what it decodes alone."""
+    lengths = [3, 25, 1, 9, 17, 2, 12]
+    prompts = [prompt(4 + 5 * i, i) for i in range(len(lengths))]
+    params = [SamplingParams(max_new_tokens=n, temperature=0.0) for n in lengths]
+    pairs = list(enumerate(zip(prompts, params, strict=True)))
+    alone = [await engine.generate(p, s, rid=f"solo{i}") for i, (p, s) in pairs]
+    together = await asyncio.gather(*(engine.generate(p, s, rid=f"r{i}") for i, (p, s) in pairs))
+    assert [r.output_ids for r in together] == [r.output_ids for r in alone]
+    assert [len(r.output_ids) for r in together] == lengths
+    for a, b in zip(alone, together, strict=True):
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+
+
+@pytest.mark.asyncio
+async def test_requests_joining_into_rows_that_others_left_stay_exact(engine: HFEngine) -> None:
+    """Short requests leave a long-running batch and new ones take their rows in the cache buffer (`Batch.add`
+    without concatenation): every request decodes what it decodes alone."""
+    first = [(prompt(30, i), SamplingParams(max_new_tokens=n, temperature=0.0)) for i, n in enumerate([2, 3, 40, 40])]
+    later = [(prompt(6 + i, 20 + i), SamplingParams(max_new_tokens=8, temperature=0.0)) for i in range(2)]
+    alone = [await engine.generate(p, s, rid=f"solo{i}") for i, (p, s) in enumerate(first + later)]
+    running = [asyncio.create_task(engine.generate(p, s, rid=f"r{i}")) for i, (p, s) in enumerate(first)]
+    await wait_for_tokens(engine, engine.stats["tokens"] + 12)
+    joined = await asyncio.gather(*(engine.generate(p, s, rid=f"j{i}") for i, (p, s) in enumerate(later)))
+    together = [*(await asyncio.gather(*running)), *joined]
+    assert [r.output_ids for r in together] == [r.output_ids for r in alone]
+
+
+@pytest.mark.asyncio
 async def test_greedy_request_joining_a_running_batch(engine: HFEngine) -> None:
     long_sampling = SamplingParams(max_new_tokens=60, temperature=0.0)
     alone = await engine.generate(prompt(5), long_sampling, rid="alone")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from relax_pipeline.engine.hf_batch import SpareLayer, buckets
+from relax_pipeline.engine.hf_batch import TRIM_COLUMNS, Batch, SpareLayer, buckets, fill_from_end, new_cache
 from relax_pipeline.engine.prefix_cache import Hit, PrefixCache, shared_prefixes
 
 LAYERS, HEADS, DIM = 2, 1, 3
@@ -141,3 +141,77 @@ def test_spare_layer_appends_like_concatenation() -> None:
     k = torch.ones(1, 3, 1, 4)
     keys, _ = layer.update(k, k)
     assert torch.equal(keys, torch.cat([want_k[[1]], k], dim=2))
+
+
+def tagged_batch(rows: int, columns: int, pads: list[int]) -> Batch:
+    """A batch of `rows` rows named 0..rows-1 whose KV holds the row's name at each column (row i left-padded by
+    `pads[i]` columns, marked in the mask), grown through `SpareLayer` so it is a view of its buffer."""
+    batch = Batch()
+    names = torch.arange(rows, dtype=torch.float32).view(rows, 1, 1, 1).expand(rows, HEADS, columns, DIM).clone()
+    mask = torch.ones(rows, columns, dtype=torch.long)
+    for row, pad in enumerate(pads):
+        mask[row, :pad] = 0
+    cache = new_cache()
+    for _ in range(LAYERS):
+        cache.layers.append(SpareLayer())
+        cache.layers[-1].update(names, names + 100)
+    batch.add(list(range(rows)), cache, mask)  # type: ignore[arg-type]
+    return batch
+
+
+def test_fill_from_end_moves_only_the_rows_past_the_new_end() -> None:
+    assert fill_from_end(6, [0, 2, 3, 5]) == [0, 5, 2, 3]
+    assert fill_from_end(5, [3, 4]) == [3, 4]
+    assert fill_from_end(4, [0, 1, 2]) == [0, 1, 2]
+
+
+def test_batch_keep_moves_leaving_rows_places_without_copying_the_cache() -> None:
+    batch = tagged_batch(6, 8, pads=[0, 1, 2, 3, 4, 5])
+    assert batch.cache is not None
+    before = [layer.keys.data_ptr() for layer in batch.cache.layers]
+    batch.keep([0, 2, 3, 5])
+    assert batch.rows == [0, 5, 2, 3]
+    assert [layer.keys.data_ptr() for layer in batch.cache.layers] == before
+    for layer in batch.cache.layers:
+        assert layer.keys[:, 0, 0, 0].tolist() == [0, 5, 2, 3]
+        assert layer.values[:, 0, -1, 0].tolist() == [100, 105, 102, 103]
+    assert batch.mask is not None and batch.mask.sum(1).tolist() == [8, 3, 6, 5]
+    step = torch.full((4, HEADS, 1, DIM), 7.0)
+    keys, _ = batch.cache.layers[0].update(step, step)
+    assert keys.shape == (4, HEADS, 9, DIM) and keys.data_ptr() == before[0] and keys[:, 0, -1, 0].tolist() == [7] * 4
+
+
+def test_batch_keep_trims_columns_every_kept_row_pads() -> None:
+    batch = tagged_batch(3, TRIM_COLUMNS + 4, pads=[0, TRIM_COLUMNS, TRIM_COLUMNS + 1])
+    batch.keep([1, 2])
+    assert batch.rows == [2, 1] and batch.mask is not None and batch.cache is not None
+    assert batch.mask.shape == (2, 4) and batch.mask.sum(1).tolist() == [3, 4]
+    assert batch.cache.layers[0].keys.shape == (2, HEADS, 4, DIM)
+    assert batch.cache.layers[1].values[:, 0, -1, 0].tolist() == [102, 101]
+    batch.keep([1])
+    assert batch.rows == [1] and batch.mask.shape == (1, 4)
+    assert batch.cache.layers[1].keys[0, 0, :, 0].tolist() == [1] * 4
+
+
+def test_batch_add_fills_rows_that_keep_freed_without_copying_the_cache() -> None:
+    batch = tagged_batch(4, 8, pads=[0, 0, 0, 0])
+    batch.keep([0, 3])
+    assert batch.cache is not None and batch.mask is not None
+    before = [layer.keys.data_ptr() for layer in batch.cache.layers]
+    joining = tagged_batch(2, 5, pads=[1, 0])
+    assert joining.cache is not None and joining.mask is not None
+    for layer in joining.cache.layers:
+        layer.keys, layer.values = layer.keys + 10, layer.values + 10
+    batch.add([10, 11], joining.cache, joining.mask)  # type: ignore[list-item]
+    assert batch.rows == [0, 3, 10, 11]
+    assert [layer.keys.data_ptr() for layer in batch.cache.layers] == before
+    keys = batch.cache.layers[1].keys
+    assert keys.shape == (4, HEADS, 8, DIM)
+    assert keys[:, 0, :, 0].tolist() == [[0] * 8, [3] * 8, [0] * 3 + [10] * 5, [0] * 3 + [11] * 5]
+    assert batch.mask.tolist()[2:] == [[0, 0, 0, 0, 1, 1, 1, 1], [0, 0, 0, 1, 1, 1, 1, 1]]
+    longer = tagged_batch(1, 9, pads=[0])
+    assert longer.cache is not None and longer.mask is not None
+    batch.add([12], longer.cache, longer.mask)  # type: ignore[list-item]
+    assert batch.cache.layers[0].keys.shape == (5, HEADS, 9, DIM) and batch.mask.shape == (5, 9)
+    assert batch.cache.layers[0].keys[:, 0, 0, 0].tolist() == [0, 0, 0, 0, 0]
+    assert batch.cache.layers[0].keys[:, 0, -1, 0].tolist() == [0, 3, 10, 11, 0]

@@ -221,13 +221,13 @@ class Batch:
     def keep(self, keep: list[int]) -> None:
         """Keep only rows `keep` (ascending): each leaving row's place is taken by a kept row from the end, so only
         those rows are copied and the cache stays a view of its buffer. Leading columns that every kept row pads
-        are trimmed (a copy of the whole cache) once there are `TRIM_COLUMNS` of them."""
+        are cut off once there are `TRIM_COLUMNS` of them (the next update then copies the cache once)."""
         if not keep or self.cache is None or self.mask is None:
             self.rows, self.cache, self.mask = [], None, None
             return
         if len(keep) == len(self.rows):
             return
-        order = fill_from_end(len(self.rows), keep)
+        order = fill_from_end(keep)
         moved = [(dst, src) for dst, src in enumerate(order) if dst != src]
         if moved:
             dst, src = (torch.tensor(side, device=self.mask.device) for side in zip(*moved, strict=True))
@@ -237,11 +237,13 @@ class Batch:
         for layer in self.cache.layers:
             layer.keys, layer.values = layer.keys[: len(order)], layer.values[: len(order)]
         self.mask, self.rows = self.mask[: len(order)], [self.rows[i] for i in order]
-        if int(torch.argmax(self.mask.any(0).to(torch.int8))) >= TRIM_COLUMNS:
-            self.cache, self.mask = take(self.cache, self.mask, list(range(len(order))))
+        if (cut := leading_padding(self.mask)) >= TRIM_COLUMNS:
+            for layer in self.cache.layers:  # views: the next update moves them into a buffer of their own
+                layer.keys, layer.values = layer.keys[:, :, cut:], layer.values[:, :, cut:]
+            self.mask = self.mask[:, cut:]
 
 
-def fill_from_end(size: int, keep: list[int]) -> list[int]:
+def fill_from_end(keep: list[int]) -> list[int]:
     """The order of kept rows after `Batch.keep`: rows of `keep` below len(keep) stay where they are, and each
     place a leaving row frees there is taken by the kept rows at or past len(keep), in order."""
     count, kept = len(keep), set(keep)
@@ -249,11 +251,16 @@ def fill_from_end(size: int, keep: list[int]) -> list[int]:
     return [i if i in kept else next(tail) for i in range(count)]
 
 
+def leading_padding(mask: torch.Tensor) -> int:
+    """How many leading columns of `mask` [rows, columns] are padding in every row."""
+    return int(torch.argmax(mask.any(0).to(torch.int8)))
+
+
 def take(cache: DynamicCache, mask: torch.Tensor, keep: list[int]) -> tuple[DynamicCache, torch.Tensor]:
     """Rows `keep` of `cache` (changed in place) and `mask`, without the leading columns all of them pad."""
     index = torch.tensor(keep, device=mask.device)
     mask = mask[index]
-    cut = int(torch.argmax(mask.any(0).to(torch.int8)))
+    cut = leading_padding(mask)
     for layer in cache.layers:
         layer.keys = layer.keys[index, :, cut:]
         layer.values = layer.values[index, :, cut:]

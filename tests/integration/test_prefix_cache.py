@@ -160,9 +160,9 @@ def tagged_batch(rows: int, columns: int, pads: list[int]) -> Batch:
 
 
 def test_fill_from_end_moves_only_the_rows_past_the_new_end() -> None:
-    assert fill_from_end(6, [0, 2, 3, 5]) == [0, 5, 2, 3]
-    assert fill_from_end(5, [3, 4]) == [3, 4]
-    assert fill_from_end(4, [0, 1, 2]) == [0, 1, 2]
+    assert fill_from_end([0, 2, 3, 5]) == [0, 5, 2, 3]
+    assert fill_from_end([3, 4]) == [3, 4]
+    assert fill_from_end([0, 1, 2]) == [0, 1, 2]
 
 
 def test_batch_keep_moves_leaving_rows_places_without_copying_the_cache() -> None:

@@ -39,3 +39,16 @@ def test_top_k_one_is_the_argmax() -> None:
     logprobs = torch.log_softmax(torch.randn(500, generator=torch.Generator().manual_seed(2)), dim=0)
     picked = sample_row(logprobs, SamplingParams(max_new_tokens=1, temperature=1.0, top_k=1), make_generator(0, "cpu"))
     assert int(picked) == int(torch.argmax(logprobs))
+
+
+def test_rows_drawn_together_match_rows_drawn_alone() -> None:
+    """A row's token and logprob depend only on its logits and its own generator, not on the batch around it."""
+    logits = torch.randn(6, 3000, generator=torch.Generator().manual_seed(5)) * 4
+    plain = SamplingParams(max_new_tokens=1, temperature=0.7)
+    params = [plain, SamplingParams(max_new_tokens=1, temperature=0.0), plain,
+              SamplingParams(max_new_tokens=1, temperature=1.0, top_p=0.8), plain, plain]
+    together = sample_rows(logits, params, [make_generator(10 + i, "cpu") for i in range(6)])
+    alone = [sample_rows(logits[i : i + 1], [params[i]], [make_generator(10 + i, "cpu")]) for i in range(6)]
+    assert together[0] == [a[0][0] for a in alone]
+    assert together[1] == [a[1][0] for a in alone]
+    assert together[0][1] == int(torch.argmax(logits[1]))

@@ -34,6 +34,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from relax_pipeline.agent import ray_runtime
+from relax_pipeline.agent.ray_executor import warm_up
 from relax_pipeline.agent.services import Services, service_problems
 from relax_pipeline.config import (
     build,
@@ -190,7 +191,15 @@ class _Parts:
 
     async def _serve(self) -> None:
         cfg = self.cfg
-        await self.engine.start()
+        runners = asyncio.ensure_future(warm_up(self.agent)) if self.agent.executor == "ray" else None
+        try:
+            await self.engine.start()
+        except BaseException:
+            if runners is not None:
+                runners.cancel()
+            raise
+        if runners is not None:
+            await runners  # the agents' nodes started while the model loaded
         template = ChatTemplate(self.engine.tokenizer, self.model.end_of_turn)
         r = cfg.rollout
         defaults = SamplingDefaults(r.max_response_len, self.context_len, r.temperature, r.top_p, r.top_k)

@@ -17,7 +17,8 @@ its answer. `kill` (the run's second Ctrl-C) sends the node a SIGKILL without wa
 Placement (`RunnerPool`): Ray places one runner actor on every alive node (node affinity, no CPU held by the
 actor) and carries the calls; a session goes to the runner with the most room for `agent.resources` (a node's
 Ray resources divided by what one session holds: `{num_cpus: 1}` runs at most as many sessions as the node has
-CPUs; a node without a resource named there takes none). When every node is full the session waits here, its
+CPUs; a node without a resource named there takes none). The runners start when the run does (`warm_up`, while
+the model loads), not on the first session. When every node is full the session waits here, its
 active time counting. Nodes that join are picked up within a second (the node list is read in a thread: Ray's
 `nodes()` blocks, and the driver's loop also serves the gateway).
 
@@ -106,6 +107,14 @@ class RunnerPool:
                 await asyncio.wait_for(self._freed.wait(), REFRESH_S)
             except TimeoutError:
                 pass
+
+    async def ready(self) -> None:
+        """Start a runner on every alive node now and wait until each answers: a runner is a Ray worker process
+        (about a second to start), which the first sessions would otherwise wait for."""
+        await self._refresh()
+        if self._reading is not None:
+            await asyncio.wait({self._reading})
+        await asyncio.gather(*(runner.actor.ping.remote() for runner in self.runners.values()))
 
     def release(self, runner: Runner) -> None:
         """A session sent to `runner` is done."""
@@ -200,6 +209,12 @@ def runner_pool(spec: AgentSpec) -> RunnerPool:
         _pools[key] = RunnerPool(ray, spec.resources)
         ray_runtime.on_shutdown(lambda: _pools.pop(key).close())
     return _pools[key]
+
+
+async def warm_up(spec: AgentSpec) -> None:
+    """Join Ray and start every node's runner (`RunnerPool.ready`) before the first session; the run calls it at
+    start-up, so a cluster that cannot be reached fails there and the first step does not wait for the runners."""
+    await runner_pool(spec).ready()
 
 
 class RayAgent(RemoteAgent):

@@ -34,20 +34,29 @@ own session). On separate machines the nodes never take the driver's share.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import random
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from hydra import compose, initialize_config_dir  # noqa: E402
 
+from relax_pipeline.agent import ray_runtime  # noqa: E402
+from relax_pipeline.agent.executors import new_agent  # noqa: E402
+from relax_pipeline.agent.launcher import AgentSpec  # noqa: E402
+from relax_pipeline.agent.ray_executor import warm_up  # noqa: E402
 from relax_pipeline.config import CONF_DIR, quote_placeholders, register  # noqa: E402
 from relax_pipeline.run import run  # noqa: E402
 from relax_pipeline.testing.ray_cluster import separate_cluster  # noqa: E402
+
+TIMING = "ray: timing ms: "
+"""The line `agent/ray_executor.timing_note` writes into each Ray session's agent.log."""
 
 
 def workload(folder: Path, sessions: int, turns: int, seed: int = 0) -> Path:
@@ -80,13 +89,26 @@ def measure(args: argparse.Namespace, extra: list[str]) -> dict[str, float]:
         run(cfg)
         rows = [json.loads(line) for line in (folder / "r_1.jsonl").read_text().splitlines()]
         rollout_s = _rollout_time(folder / "run.log", step=1)
-    ok = [r for r in rows if r["status"] in ("completed", "truncated")]
+        ok = [r for r in rows if r["status"] in ("completed", "truncated")]
+        phases = ray_phases(folder / "sessions", ok)
     if len(ok) != args.groups * args.n:
         raise SystemExit(f"expected {args.groups * args.n} finished sessions, got {len(ok)} of {len(rows)} rows")
     start = min(r["timing"]["created"] for r in rows)
     return {"sessions_per_s": len(ok) / rollout_s, "rollout_s": rollout_s,
             "agent_s": statistics.fmean(r["timing"]["agent_s"] for r in ok),
-            "done_s": statistics.fmean(r["timing"]["exited"] - start for r in ok)}
+            "done_s": statistics.fmean(r["timing"]["exited"] - start for r in ok), **phases}
+
+
+def ray_phases(io_root: Path, rows: list[dict]) -> dict[str, float]:
+    """Mean ms of each phase of the `ray: timing ms:` line in the sessions' agent.log (none for local agents)."""
+    phases: dict[str, list[float]] = {}
+    for row in rows:
+        log = (io_root / f"{row['group_id']}-{row['index']}" / "agent.log").read_text(errors="replace")
+        line = next((x for x in log.splitlines() if x.startswith(TIMING)), None)
+        for part in line[len(TIMING):].split(", ") if line else []:
+            label, _, ms = part.strip().rpartition(" ")
+            phases.setdefault(label, []).append(float(ms))
+    return {f"phase {label}": statistics.fmean(values) for label, values in phases.items()}
 
 
 def _rollout_time(log: Path, step: int) -> float:
@@ -94,6 +116,45 @@ def _rollout_time(log: Path, step: int) -> float:
         if f"step {step} metrics" in line and "perf/rollout_time=" in line:
             return float(line.split("perf/rollout_time=")[1].split()[0])
     raise SystemExit(f"no step {step} metrics in {log}")
+
+
+SLEEPER = 'sleep "$(cat "$RELAX_INPUT_JSON")"'
+"""The light agent of the executor-only measurement: a shell sleeping the seconds its input file holds."""
+
+
+async def executor_cost(executor: str, address: str | None, sleeps: list[float], folder: Path) -> float:
+    """Mean seconds each session lives beyond its own sleep, from one common start to its `wait` returning, for
+    len(sleeps) shell agents that only sleep (no interpreter, no model call), all started at once through the
+    executor alone (`new_agent`: start, wait), without the pipeline."""
+    spec = AgentSpec(command=SLEEPER, executor=executor, ray={"address": address} if address else {})
+    if executor == "ray":
+        await warm_up(spec)  # as the run does at start-up: the nodes' runners are up before the first session
+    agents = [new_agent(spec) for _ in sleeps]
+    begin = time.monotonic()
+    for i, (agent, sleep) in enumerate(zip(agents, sleeps, strict=True)):
+        io_dir = folder / executor / str(i)
+        io_dir.mkdir(parents=True)
+        (io_dir / "input.json").write_text(f"{sleep}")
+        await agent.start({"RELAX_SESSION_ID": f"{executor}-{i}", "RELAX_INPUT_JSON": str(io_dir / "input.json"),
+                           "RELAX_OUTPUT_JSON": str(io_dir / "output.json")}, io_dir)
+
+    async def beyond(agent: object, sleep: float) -> float:
+        await agent.wait()  # type: ignore[attr-defined]
+        return time.monotonic() - begin - sleep
+
+    try:
+        return statistics.fmean(await asyncio.gather(*(beyond(a, s) for a, s in zip(agents, sleeps, strict=True))))
+    finally:
+        ray_runtime.shutdown()
+
+
+def executor_costs(address: str, sessions: int) -> tuple[float, float]:
+    """`executor_cost` for local subprocesses and for Ray, on the same seeded 1-3 s sleeps."""
+    rng = random.Random(1)
+    sleeps = [round(rng.uniform(1.0, 3.0), 3) for _ in range(sessions)]
+    with tempfile.TemporaryDirectory() as tmp:
+        return (asyncio.run(executor_cost("local", None, sleeps, Path(tmp))),
+                asyncio.run(executor_cost("ray", address, sleeps, Path(tmp))))
 
 
 def main() -> None:
@@ -106,6 +167,7 @@ def main() -> None:
     local = measure(args, ["agent.executor=local"])
     with separate_cluster(workers=1, cpus=2, head_cpus=2) as address:
         on_ray = measure(args, ["agent.executor=ray", f"ray.address={address}"])
+        light = executor_costs(address, args.groups * args.n)
     sessions = args.groups * args.n
     print(f"{sessions} sleeping agents (1-3 s, {args.turns} turns through the gateway), all at once; 2nd of 2 steps")
     print(f"{'executor':<28} {'sessions/s':>10} {'rollout s':>10} {'agent s/session':>16} {'done s/session':>15}")
@@ -116,6 +178,22 @@ def main() -> None:
     print(f"Ray overhead per session: {overhead_ms:+.1f} ms (mean time from the step's start to the session's exit, "
           f"Ray - local; target < 50 ms); throughput ratio Ray/local "
           f"{on_ray['sessions_per_s'] / local['sessions_per_s']:.2f}")
+    report_phases(on_ray)
+    print(f"Executors alone, {sessions} shell agents that only sleep 1-3 s (no interpreter start, no model calls), "
+          f"all started at once: beyond its sleep a session took {1000 * light[0]:.0f} ms as a local subprocess and "
+          f"{1000 * light[1]:.0f} ms on Ray; Ray overhead per session {1000 * (light[1] - light[0]):+.1f} ms "
+          "(target < 50 ms)")
+
+
+def report_phases(on_ray: dict[str, float]) -> None:
+    """Where a Ray session's time went, and Ray's own part of it: the phases other than waiting in the driver
+    (`queued`, which local sessions also do, one spawn after the other) and the agent itself."""
+    phases = {key.removeprefix("phase "): value for key, value in on_ray.items() if key.startswith("phase ")}
+    print("Ray session phases, mean ms: " + ", ".join(f"{label} {ms:.1f}" for label, ms in phases.items()))
+    own = sum(ms for label, ms in phases.items() if label not in ("queued", "agent"))
+    print(f"Ray's own part per session (submit, call to node, spawn, wrap-up, answer back): {own:.1f} ms "
+          "(target < 50 ms); the rest of the difference above is the agents' own turns and sleeps running slower "
+          "beside the cluster's processes on the same cores")
 
 
 if __name__ == "__main__":

@@ -8,9 +8,10 @@ is over the others. Per step:
 - rollout (wall): every session of the step, started to scored, of which
   - prefill and decode: the embedded engine's worker seconds in admission rounds and in decode steps
     (`engine/prefill_s`, `engine/decode_s`); the worker is one thread, so these add up to at most the wall;
-  - agents: the mean agent process life outside its model calls (`timing.agent_s` minus the turns'
-    `total_ms`: interpreter start, reading the input, the reply's parsing, writing the output, exit), and
-    how many sessions the step started (the drop-uniform filter replaces the groups it rejects);
+  - agents: the mean agent process life outside its model calls (spawn to exit minus the turns' `total_ms`:
+    interpreter start, reading the input, the reply's parsing, writing the output, exit), how many sessions
+    the step started (the drop-uniform filter replaces the groups it rejects) and how many of them were
+    prelaunched (`runtime=prelaunch`: started during the step before, their start-up behind its training);
   - scoring: `perf/reward_s`, the reward stage's seconds summed over groups (the arith agent scores its own
     answer, so this is the credit computation only);
 - train: `perf/train_time` (the optimizer step over the kept samples);
@@ -67,15 +68,25 @@ def step_rows(folder: Path) -> list[dict]:
 
 
 def agent_figures(dump: Path) -> dict[str, float]:
-    """Sessions the step started and their mean agent time outside model calls (seconds)."""
+    """Sessions the step started, how many of them were prelaunched (started held, during the step before), and
+    their mean agent life outside model calls (seconds): spawn (the `waiting` mark of a held session, else
+    `running`) to exit, less the turns' `total_ms`. `agent_s` starts at `running`, which a held session reaches
+    only when its step leases it, after its first request already waits: it cannot be used for these."""
     rows = [json.loads(line) for line in dump.read_text().splitlines()]
-    outside = [r["timing"]["agent_s"] - sum(t["total_ms"] for t in r["timing"].get("turns") or [] if t) / 1000
-               for r in rows if "agent_s" in r["timing"]]
-    return {"sessions": float(len(rows)), "agent_outside_s": statistics.fmean(outside) if outside else 0.0}
+    outside = [agent_life(r["timing"]) - sum(t["total_ms"] for t in r["timing"].get("turns") or [] if t) / 1000
+               for r in rows if "exited" in r["timing"]]
+    return {"sessions": float(len(rows)), "prelaunched": float(sum("waiting" in r["timing"] for r in rows)),
+            "agent_outside_s": statistics.fmean(outside) if outside else 0.0}
+
+
+def agent_life(timing: dict) -> float:
+    """Seconds from the agent's spawn to its exit."""
+    return timing["exited"] - timing.get("waiting", timing.get("running", timing["exited"]))
 
 
 def report(steps: list[dict]) -> None:
-    header = "".join(f"{name:>11}" for name, _ in COLUMNS) + f"{'sessions':>10}{'agent s':>9}{'kept':>6}"
+    header = "".join(f"{name:>11}" for name, _ in COLUMNS)
+    header += f"{'sessions':>10}{'prelaunched':>12}{'agent s':>9}{'kept':>6}"
     print(f"{'':>8}{header}")
     for step in steps:
         print(f"{'step ' + str(int(step['step'])):>8}" + line(step))
@@ -86,13 +97,14 @@ def report(steps: list[dict]) -> None:
     print(f"mean step {mean['perf/step_time']:.1f} s (target <= 25 s); of the rollout's "
           f"{mean['perf/rollout_time']:.1f} s the engine prefilled {mean.get('engine/prefill_s', 0.0):.1f} s and "
           f"decoded {mean.get('engine/decode_s', 0.0):.1f} s; the other {rest:.1f} s are agents starting and "
-          f"exiting ({mean['sessions']:.0f} sessions, {1000 * mean['agent_outside_s']:.0f} ms each outside model "
-          "calls), the gateway and waiting")
+          f"exiting ({mean['sessions']:.0f} sessions, {mean['prelaunched']:.0f} of them prelaunched during the step "
+          f"before; {1000 * mean['agent_outside_s']:.0f} ms each outside model calls), the gateway and waiting")
 
 
 def line(step: dict) -> str:
     cells = "".join(f"{step.get(key, float('nan')):>11.1f}" for _, key in COLUMNS)
-    return (cells + f"{step.get('sessions', 0):>10.0f}{step.get('agent_outside_s', 0) * 1000:>7.0f}ms"
+    return (cells + f"{step.get('sessions', 0):>10.0f}{step.get('prelaunched', 0):>12.0f}"
+            f"{step.get('agent_outside_s', 0) * 1000:>7.0f}ms"
             f"{step.get('rollout/kept_fraction', float('nan')):>6.2f}")
 
 

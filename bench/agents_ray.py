@@ -28,7 +28,7 @@ busy cores that cost each Ray session about 2 s (same runtime, 2 cores shared wi
 local with the cluster in-process, one run; -2.1 to +2.6 s, mean +0.3 s, over five runs with the cluster in its
 own session). On separate machines the nodes never take the driver's share.
 
-    python bench/agents_ray.py [--groups 64] [--n 4] [--turns 4]
+    python bench/agents_ray.py [--groups 64] [--n 4] [--turns 4] [--repeats 3] [--executor-only]
 """
 
 from __future__ import annotations
@@ -122,19 +122,23 @@ SLEEPER = 'sleep "$(cat "$RELAX_INPUT_JSON")"'
 """The light agent of the executor-only measurement: a shell sleeping the seconds its input file holds."""
 
 
-async def executor_cost(executor: str, address: str | None, sleeps: list[float], folder: Path) -> float:
+async def executor_cost(executor: str, address: str | None, sleeps: list[float], folder: Path,
+                        node_tmpdir: str | None = None) -> float:
     """Mean seconds each session lives beyond its own sleep, from one common start to its `wait` returning, for
     len(sleeps) shell agents that only sleep (no interpreter, no model call), all started at once through the
-    executor alone (`new_agent`: start, wait), without the pipeline."""
-    spec = AgentSpec(command=SLEEPER, executor=executor, ray={"address": address} if address else {})
+    executor alone (`new_agent`: start, wait), without the pipeline. The sessions' folders and input files are
+    written before the clock starts (the pipeline's part in both modes)."""
+    ray = {"address": address, "node_tmpdir": node_tmpdir} if address else {}
+    spec = AgentSpec(command=SLEEPER, executor=executor, ray=ray)
     if executor == "ray":
         await warm_up(spec)  # as the run does at start-up: the nodes' runners are up before the first session
     agents = [new_agent(spec) for _ in sleeps]
-    begin = time.monotonic()
-    for i, (agent, sleep) in enumerate(zip(agents, sleeps, strict=True)):
-        io_dir = folder / executor / str(i)
+    io_dirs = [folder / f"{executor}-{node_tmpdir is not None}" / str(i) for i in range(len(sleeps))]
+    for io_dir, sleep in zip(io_dirs, sleeps, strict=True):
         io_dir.mkdir(parents=True)
         (io_dir / "input.json").write_text(f"{sleep}")
+    begin = time.monotonic()
+    for i, (agent, io_dir) in enumerate(zip(agents, io_dirs, strict=True)):
         await agent.start({"RELAX_SESSION_ID": f"{executor}-{i}", "RELAX_INPUT_JSON": str(io_dir / "input.json"),
                            "RELAX_OUTPUT_JSON": str(io_dir / "output.json")}, io_dir)
 
@@ -148,13 +152,22 @@ async def executor_cost(executor: str, address: str | None, sleeps: list[float],
         ray_runtime.shutdown()
 
 
-def executor_costs(address: str, sessions: int) -> tuple[float, float]:
-    """`executor_cost` for local subprocesses and for Ray, on the same seeded 1-3 s sleeps."""
+RAM_TMPDIR = "/dev/shm"
+"""The RAM-backed folder the executor-only pair also runs Ray's session folders in (`ray.node_tmpdir`)."""
+
+
+def executor_costs(address: str, sessions: int) -> dict[str, float]:
+    """`executor_cost` for local subprocesses, for Ray, and for Ray with `ray.node_tmpdir=/dev/shm` where this
+    machine has it, on the same seeded 1-3 s sleeps."""
     rng = random.Random(1)
     sleeps = [round(rng.uniform(1.0, 3.0), 3) for _ in range(sessions)]
     with tempfile.TemporaryDirectory() as tmp:
-        return (asyncio.run(executor_cost("local", None, sleeps, Path(tmp))),
-                asyncio.run(executor_cost("ray", address, sleeps, Path(tmp))))
+        costs = {"local subprocesses": asyncio.run(executor_cost("local", None, sleeps, Path(tmp))),
+                 "ray": asyncio.run(executor_cost("ray", address, sleeps, Path(tmp)))}
+        if Path(RAM_TMPDIR).is_dir():
+            costs[f"ray, node_tmpdir={RAM_TMPDIR}"] = asyncio.run(
+                executor_cost("ray", address, sleeps, Path(tmp), RAM_TMPDIR))
+        return costs
 
 
 def main() -> None:
@@ -162,14 +175,24 @@ def main() -> None:
     parser.add_argument("--groups", type=int, default=64, help="prompt groups per step (all resident)")
     parser.add_argument("--n", type=int, default=4, help="sessions per group")
     parser.add_argument("--turns", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=3, help="runs of the executor-only comparison (median shown)")
+    parser.add_argument("--executor-only", action="store_true", help="skip the runs through the gateway")
     args = parser.parse_args()
     register()
-    local = measure(args, ["agent.executor=local"])
-    with separate_cluster(workers=1, cpus=2, head_cpus=2) as address:
-        on_ray = measure(args, ["agent.executor=ray", f"ray.address={address}"])
-        light = executor_costs(address, args.groups * args.n)
     sessions = args.groups * args.n
-    print(f"{sessions} sleeping agents (1-3 s, {args.turns} turns through the gateway), all at once; 2nd of 2 steps")
+    local = None if args.executor_only else measure(args, ["agent.executor=local"])
+    with separate_cluster(workers=1, cpus=2, head_cpus=2) as address:
+        on_ray = None if local is None else measure(args, ["agent.executor=ray", f"ray.address={address}"])
+        light = [executor_costs(address, sessions) for _ in range(args.repeats)]
+    if local is not None and on_ray is not None:
+        report_pipeline(args, local, on_ray)
+    report_executors(sessions, light)
+
+
+def report_pipeline(args: argparse.Namespace, local: dict[str, float], on_ray: dict[str, float]) -> None:
+    """The table of the two runs through the gateway, Ray's overhead on the time to done, and its phases."""
+    print(f"{args.groups * args.n} sleeping agents (1-3 s, {args.turns} turns through the gateway), all at once; "
+          "2nd of 2 steps")
     print(f"{'executor':<28} {'sessions/s':>10} {'rollout s':>10} {'agent s/session':>16} {'done s/session':>15}")
     for name, r in (("local subprocesses", local), ("ray, local 2-node cluster", on_ray)):
         print(f"{name:<28} {r['sessions_per_s']:>10.1f} {r['rollout_s']:>10.2f} {r['agent_s']:>16.3f} "
@@ -179,10 +202,21 @@ def main() -> None:
           f"Ray - local; target < 50 ms); throughput ratio Ray/local "
           f"{on_ray['sessions_per_s'] / local['sessions_per_s']:.2f}")
     report_phases(on_ray)
+
+
+def report_executors(sessions: int, runs: list[dict[str, float]]) -> None:
+    """The executor-only comparison: each mode's ms beyond the sleep and Ray's overhead (Ray - local of the same
+    run), the median over the runs and every run's figure."""
     print(f"Executors alone, {sessions} shell agents that only sleep 1-3 s (no interpreter start, no model calls), "
-          f"all started at once: beyond its sleep a session took {1000 * light[0]:.0f} ms as a local subprocess and "
-          f"{1000 * light[1]:.0f} ms on Ray; Ray overhead per session {1000 * (light[1] - light[0]):+.1f} ms "
-          "(target < 50 ms)")
+          f"all started at once, {len(runs)} runs; ms beyond its sleep per session, median [each run]:")
+    for name in runs[0]:
+        costs = [1000 * run[name] for run in runs]
+        line = f"  {name:<32} {statistics.median(costs):6.0f} [{', '.join(f'{c:.0f}' for c in costs)}]"
+        if name != "local subprocesses":
+            extra = [1000 * (run[name] - run["local subprocesses"]) for run in runs]
+            line += (f"   Ray overhead {statistics.median(extra):+.1f} ms [{', '.join(f'{e:+.0f}' for e in extra)}]"
+                     " (target < 50 ms)")
+        print(line)
 
 
 def report_phases(on_ray: dict[str, float]) -> None:

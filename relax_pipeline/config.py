@@ -428,6 +428,10 @@ class RayConfig:
     runtime_env: dict[str, Any] = field(default_factory=dict)
     """Ray runtime_env of the run's workers ({working_dir: ..., pip: [...], env_vars: {...}}): how nodes get the
     package and the agent's code when they do not share this machine's install."""
+    node_tmpdir: str | None = None
+    """agent.executor=ray: the folder on each node under which a session's files live (input, output, agent.log;
+    removed after it); null: the node's temp folder ($TMPDIR, else /tmp). A RAM-backed one (/dev/shm) makes each
+    start cheaper where the disk is slow; it must exist on every node."""
 
 
 @dataclass

@@ -203,9 +203,7 @@ class AgentProcess:
             raise RuntimeError("AgentProcess.start() called twice; use one AgentProcess per session")
         io_dir.mkdir(parents=True, exist_ok=True)
         self._log_path = io_dir / LOG_NAME
-        env = self._environment(session_env)
-        with open(self._log_path, "ab") as log:
-            self._proc = await self._spawn(env, log.fileno())
+        self._proc = await self._spawn(self._environment(session_env), self._log_path)
         self._started_at = time.monotonic()
         self.timer.start()
 
@@ -221,12 +219,13 @@ class AgentProcess:
         env.update({k: str(v) for k, v in session_env.items()})
         return env
 
-    async def _spawn(self, env: dict[str, str], log_fd: int) -> asyncio.subprocess.Process:
-        """Create the subprocess; a missing cwd or bash becomes an `AgentFailure`."""
+    async def _spawn(self, env: dict[str, str], log_path: Path) -> asyncio.subprocess.Process:
+        """Create the subprocess, its output appended to `log_path`; a missing cwd or bash is an `AgentFailure`."""
         try:
-            return await asyncio.create_subprocess_exec(
-                "bash", "-c", self.spec.command, cwd=self.spec.cwd, env=env, start_new_session=True,
-                stdin=subprocess.DEVNULL, stdout=log_fd, stderr=subprocess.STDOUT)
+            with open(log_path, "ab") as log:
+                return await asyncio.create_subprocess_exec(
+                    "bash", "-c", self.spec.command, cwd=self.spec.cwd, env=env, start_new_session=True,
+                    stdin=subprocess.DEVNULL, stdout=log.fileno(), stderr=subprocess.STDOUT)
         except OSError as error:
             raise AgentFailure(f"could not start ({error}); check agent.cwd and agent.command", None,
                                "", self._log_path) from error

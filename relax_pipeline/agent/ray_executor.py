@@ -18,8 +18,10 @@ Placement (`RunnerPool`): Ray places one runner actor on every alive node (node 
 actor) and carries the calls; a session goes to the runner with the most room for `agent.resources` (a node's
 Ray resources divided by what one session holds: `{num_cpus: 1}` runs at most as many sessions as the node has
 CPUs; a node without a resource named there takes none). The runners start when the run does (`warm_up`, while
-the model loads), not on the first session. When every node is full the session waits here, its
-active time counting. Nodes that join are picked up within a second (the node list is read in a thread: Ray's
+the model loads), not on the first session. When every node is full the session waits here, its active time
+counting. Sessions started in one turn of the driver's loop go to a node together, one Ray call per node
+(`RunnerPool.submit`, at most `BATCH_MAX` a call), their answers streamed back one by one as they end. Nodes that
+join are picked up within a second (the node list is read in a thread: Ray's
 `nodes()` blocks, and the driver's loop also serves the gateway).
 
 Timing: each session's agent.log gets one `ray: timing ms:` line (before the node's log), the milliseconds of each
@@ -41,7 +43,7 @@ import logging
 import math
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +62,9 @@ REFRESH_S = 1.0
 """How often the pool looks for nodes that joined or left."""
 CANCEL_MARGIN_S = 10.0
 """Seconds past the grace period a node's runner may take to end a cancelled session."""
+BATCH_MAX = 8
+"""Most sessions sent to one node in one Ray call (`RunnerPool.submit`): a batch's first session waits for the
+rest to be started, so a small batch keeps that wait short while still sharing one call's cost among eight."""
 
 
 @dataclass
@@ -76,19 +81,24 @@ class Runner:
     """Sessions it may run at once for the run's `agent.resources` (inf: no limit)."""
     in_flight: int = 0
     """Sessions sent to it and not answered yet."""
+    batch: list[tuple[NodeCall, asyncio.Future[NodeAnswer]]] = field(default_factory=list)
+    """Sessions given to it and not sent yet (`RunnerPool.submit`)."""
 
 
 class RunnerPool:
     """One `NodeRunner` per alive node of the cluster; picks the one with the most room (see the module)."""
 
-    def __init__(self, ray: Any, resources: Mapping[str, float]) -> None:
+    def __init__(self, ray: Any, resources: Mapping[str, float], tmpdir: str | None = None) -> None:
         self.ray = ray
         self.resources = dict(resources)
+        self.tmpdir = tmpdir
+        """`ray.node_tmpdir`: where each node's runner puts session folders (None: the node's temp folder)."""
         self.runners: dict[str, Runner] = {}
         self._freed = asyncio.Event()
         self._refreshed = -math.inf
         self._reading: asyncio.Future[list[dict[str, Any]]] | None = None
         self._remote = ray.remote(NodeRunner)
+        self._deliveries: set[asyncio.Future[None]] = set()
 
     async def acquire(self) -> Runner:
         """The runner with the most room; waits while every node is full."""
@@ -97,16 +107,44 @@ class RunnerPool:
             if not any(r.capacity > 0 for r in self.runners.values()):
                 raise AgentFailure(f"no node of the Ray cluster has agent.resources={self.resources} (nodes: "
                                    f"{self._describe()}); lower agent.resources or add nodes", None, "")
-            free = [r for r in self.runners.values() if r.in_flight < r.capacity]
-            if free:
-                runner = min(free, key=lambda r: (r.in_flight / r.capacity if r.capacity < math.inf else r.in_flight))
-                runner.in_flight += 1
+            if (runner := self.try_acquire()) is not None:
                 return runner
             self._freed.clear()
             try:
                 await asyncio.wait_for(self._freed.wait(), REFRESH_S)
             except TimeoutError:
                 pass
+
+    def try_acquire(self) -> Runner | None:
+        """The runner with the most room, None while every node is full (or none is known yet)."""
+        free = [r for r in self.runners.values() if r.in_flight < r.capacity]
+        if not free:
+            return None
+        runner = min(free, key=lambda r: (r.in_flight / r.capacity if r.capacity < math.inf else r.in_flight))
+        runner.in_flight += 1
+        return runner
+
+    def submit(self, runner: Runner, call: NodeCall) -> asyncio.Future[NodeAnswer]:
+        """`call`'s answer from `runner`. Sessions submitted in one turn of the loop travel together, as one Ray
+        call per node (`NodeRunner.run_many`, answers streamed back as the sessions end): a Ray call costs about
+        a millisecond of CPU on the driver and on the node, which 256 sessions started at once would pay one
+        after another. A batch goes when it holds `BATCH_MAX` sessions or when the loop next runs."""
+        answer: asyncio.Future[NodeAnswer] = asyncio.get_running_loop().create_future()
+        answer.add_done_callback(lambda _: self.release(runner))
+        runner.batch.append((call, answer))
+        if len(runner.batch) >= BATCH_MAX:
+            self._send(runner)
+        elif len(runner.batch) == 1:
+            asyncio.get_running_loop().call_soon(self._send, runner)
+        return answer
+
+    def _send(self, runner: Runner) -> None:
+        batch, runner.batch = runner.batch, []
+        if batch:
+            stream = runner.actor.run_many.options(num_returns="streaming").remote([call for call, _ in batch])
+            delivery = asyncio.ensure_future(_deliver(stream, {call.session_id: answer for call, answer in batch}))
+            self._deliveries.add(delivery)
+            delivery.add_done_callback(self._deliveries.discard)
 
     async def ready(self) -> None:
         """Start a runner on every alive node now and wait until each answers: a runner is a Ray worker process
@@ -117,7 +155,7 @@ class RunnerPool:
         await asyncio.gather(*(runner.actor.ping.remote() for runner in self.runners.values()))
 
     def release(self, runner: Runner) -> None:
-        """A session sent to `runner` is done."""
+        """A session given to `runner` is done (answered, failed or cancelled)."""
         runner.in_flight -= 1
         self._freed.set()
 
@@ -168,11 +206,29 @@ class RunnerPool:
         name = f"{node.get('NodeManagerAddress', '?')} ({node['NodeID'][:12]})"
         actor = self._remote.options(
             num_cpus=0, max_concurrency=100_000, max_restarts=0,
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)).remote(name)
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)).remote(name, self.tmpdir)
         return Runner(node["NodeID"], name, actor, session_capacity(node.get("Resources", {}), self.resources))
 
     def _describe(self) -> str:
         return "; ".join(r.name for r in self.runners.values()) or "none alive"
+
+
+async def _deliver(stream: Any, waiting: dict[str, asyncio.Future[NodeAnswer]]) -> None:
+    """Hand each answer of a `run_many` stream to its session; when the stream breaks (the node or its runner
+    died), the sessions not answered yet get that error."""
+    try:
+        async for ref in stream:
+            answer: NodeAnswer = await ref
+            if (future := waiting.pop(answer.session_id, None)) is not None and not future.done():
+                future.set_result(answer)
+    except Exception as error:
+        for future in waiting.values():
+            if not future.done():
+                future.set_exception(error)
+        return
+    for future in waiting.values():
+        if not future.done():
+            future.set_exception(AgentFailure("the node's runner ended the batch without answering", None, ""))
 
 
 TIMING_STEPS = (("queued", "started", "acquired"), ("submit", "acquired", "submitted"),
@@ -198,15 +254,16 @@ def session_capacity(node_resources: Mapping[str, float], resources: Mapping[str
     return capacity
 
 
-_pools: dict[tuple[tuple[str, float], ...], RunnerPool] = {}
+_pools: dict[tuple[tuple[tuple[str, float], ...], str | None], RunnerPool] = {}
 
 
 def runner_pool(spec: AgentSpec) -> RunnerPool:
-    """The run's pool for `spec.resources`, joining Ray (`ray_runtime.connect`) on first use."""
-    key = tuple(sorted(spec.resources.items()))
+    """The run's pool for `spec.resources` (and `ray.node_tmpdir`), joining Ray (`ray_runtime.connect`) on first
+    use."""
+    key = (tuple(sorted(spec.resources.items())), spec.ray.get("node_tmpdir"))
     if key not in _pools:
         ray = ray_runtime.connect(spec.ray)
-        _pools[key] = RunnerPool(ray, spec.resources)
+        _pools[key] = RunnerPool(ray, spec.resources, spec.ray.get("node_tmpdir"))
         ray_runtime.on_shutdown(lambda: _pools.pop(key).close())
     return _pools[key]
 
@@ -228,12 +285,13 @@ class RayAgent(RemoteAgent):
         """Epoch seconds here: `started`, `acquired` (a runner had room), `submitted`, `returned` (the answer)."""
 
     async def start(self, session_env: Mapping[str, str], io_dir: Path) -> None:
-        """Send the session to a node; returns at once (the call stays open until the agent is done)."""
+        """Send the session to a node, at once when one has room (the answer comes when the agent is done)."""
         self._marks["started"] = time.time()
         self._open(session_env, io_dir)
         call = self._call(session_env)
-        self._pool = runner_pool(self.spec)
-        self._launch(self._run(self._pool, call))
+        self._pool = pool = runner_pool(self.spec)
+        runner = pool.try_acquire()
+        self._launch(self._run(pool, call, None if runner is None else self._submit(pool, runner, call)))
 
     def _call(self, session_env: Mapping[str, str]) -> NodeCall:
         """The session as values: the input file's text, the env without the local paths."""
@@ -242,18 +300,24 @@ class RayAgent(RemoteAgent):
         return NodeCall(self._session_id, self.spec.command, self.spec.cwd, {k: str(v) for k, v in
                         self.spec.env.items()}, env, text, self.spec.grace_s, self.spec.log_tail_bytes)
 
-    async def _run(self, pool: RunnerPool, call: NodeCall) -> NodeAnswer:
-        runner = await pool.acquire()
-        self._marks["acquired"] = time.time()
-        self._runner = runner
+    async def _run(self, pool: RunnerPool, call: NodeCall, answer: asyncio.Future[NodeAnswer] | None) -> NodeAnswer:
+        """The node's answer to `call`, sent already (`answer`) or, when None, once a node has room."""
+        if answer is None:
+            answer = self._submit(pool, await pool.acquire(), call)
+        self._note("")  # the placement line (`_submit`), written once the start that sent the call returned
         try:
-            pending = runner.actor.run.remote(call)
-            self._marks["submitted"] = time.time()
-            self._note(f"ray: session {call.session_id} runs on node {runner.name}")
-            return await pending
+            return await answer
         finally:
             self._marks["returned"] = time.time()
-            pool.release(runner)
+
+    def _submit(self, pool: RunnerPool, runner: Runner, call: NodeCall) -> asyncio.Future[NodeAnswer]:
+        """Give `call` to `runner` (its room taken by `acquire`); the room is freed when the answer is done."""
+        self._marks["acquired"] = time.time()
+        self._runner = runner
+        answer = pool.submit(runner, call)
+        self._marks["submitted"] = time.time()
+        self._note(f"ray: session {call.session_id} runs on node {runner.name}", later=True)
+        return answer
 
     def _answer(self, task: asyncio.Task[Any]) -> tuple[int | None, str, str, str | None]:
         """The node's answer; a call that did not answer (node lost, runner raised) is an `AgentFailure`."""

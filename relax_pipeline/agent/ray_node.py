@@ -5,7 +5,10 @@ session's `RELAX_*` variables, the input file's text), writes the input into a f
 NODE, points `RELAX_INPUT_JSON`, `RELAX_OUTPUT_JSON` and `RELAX_SESSION_IO_DIR` at it, and runs the agent with
 the local launcher (`AgentProcess`: `bash -c command` in its own process group, the harness variables, the
 group ended with SIGTERM, grace, SIGKILL). It answers a `NodeAnswer` (exit code, reason, the output file's text,
-the log tail, the node) and removes the folder. `cancel(session_id)` ends a running session's process group and
+the log tail, the node) and removes the folder. `run_many(calls)` runs a batch of sessions at once and streams
+each answer back as its session ends (a Ray streaming generator): one Ray call for the sessions a driver starts
+together. The folders go under `ray.node_tmpdir` when set (e.g. /dev/shm), else the node's temp folder.
+`cancel(session_id)` ends a running session's process group and
 waits for it; `kill(session_id)` SIGKILLs it without waiting. The active-time budget is not counted here: the
 driver keeps the `ActiveTimer` (paused while the group lease is not held) and calls `cancel` when it runs out.
 
@@ -35,6 +38,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -89,18 +93,21 @@ class NodeAnswer:
     marks: dict[str, float] = field(default_factory=dict, compare=False)
     """Epoch seconds on the node: `received` (the call arrived), `spawned` (the process started), `exited`
     (its group ended), `answered` (the answer was built); where the node spends a session's time."""
+    session_id: str = ""
+    """The session it answers (`NodeCall.session_id`): `run_many` answers in the order the sessions end."""
 
 
 class NodeProcess(AgentProcess):
     """`AgentProcess` started the cheap way (see the module) whose main process dies with the runner."""
 
-    async def _spawn(self, env: dict[str, str], log_fd: int) -> asyncio.subprocess.Process:
+    async def _spawn(self, env: dict[str, str], log_path: Path) -> asyncio.subprocess.Process:
         wrapper = death_wrapper()
         try:
-            popen = subprocess.Popen(
-                [*wrapper, "bash", "-c", self.spec.command], cwd=self.spec.cwd, env=env, start_new_session=True,
-                stdin=subprocess.DEVNULL, stdout=log_fd, stderr=subprocess.STDOUT,
-                preexec_fn=None if wrapper else _die_with_parent)
+            with open(log_path, "ab") as log:
+                popen = subprocess.Popen(
+                    [*wrapper, "bash", "-c", self.spec.command], cwd=self.spec.cwd, env=env, start_new_session=True,
+                    stdin=subprocess.DEVNULL, stdout=log.fileno(), stderr=subprocess.STDOUT,
+                    preexec_fn=None if wrapper else _die_with_parent)
         except OSError as error:
             raise AgentFailure(f"could not start on {socket.gethostname()} ({error}); check agent.cwd (a path on "
                                "the node) and agent.command", None, "") from error
@@ -172,8 +179,13 @@ def death_wrapper() -> tuple[str, ...]:
 class NodeRunner:
     """Runs the sessions Ray sends to this node (see the module); one per node, many sessions at once."""
 
-    def __init__(self, node: str = "") -> None:
+    def __init__(self, node: str = "", tmpdir: str | None = None) -> None:
         self.node = node or socket.gethostname()
+        self.tmpdir = tmpdir
+        """Where session folders go (`ray.node_tmpdir`); None: the node's temp folder."""
+        if tmpdir is not None and not (os.path.isdir(tmpdir) and os.access(tmpdir, os.W_OK | os.X_OK)):
+            raise ValueError(f"ray.node_tmpdir={tmpdir!r} is not a writable folder on node {self.node}; create it "
+                             "on every node or set ray.node_tmpdir=null (the node's temp folder)")
         death_wrapper()  # probed now, not on the first session's spawn
         self._agents: dict[str, AgentProcess] = {}
         self._cancelled: set[str] = set()
@@ -186,7 +198,7 @@ class NodeRunner:
     async def run(self, call: NodeCall) -> NodeAnswer:
         """Run one session to its end on this node (see the module)."""
         marks = {"received": time.time()}
-        folder = Path(tempfile.mkdtemp(prefix=f"relax-{call.session_id[:24]}-"))
+        folder = Path(tempfile.mkdtemp(prefix=f"relax-{call.session_id[:24]}-", dir=self.tmpdir))
         process = NodeProcess(AgentSpec(command=call.command, cwd=call.cwd, env=dict(call.env), timeout=None,
                                         grace_s=call.grace_s, log_tail_bytes=call.log_tail_bytes))
         self._agents[call.session_id] = process
@@ -198,12 +210,26 @@ class NodeRunner:
             code = process.returncode
             marks["answered"] = time.time()
             return NodeAnswer(code if code is not None and code >= 0 else None, reason, text, process.tail(),
-                              self.node, str(folder), marks)
+                              self.node, str(folder), marks, call.session_id)
         finally:
             self._agents.pop(call.session_id, None)
             self._cancelled.discard(call.session_id)
             await asyncio.shield(process.terminate())
             shutil.rmtree(folder, ignore_errors=True)
+
+    async def run_many(self, calls: list[NodeCall]) -> AsyncIterator[NodeAnswer]:
+        """Run the sessions of one batch at once and yield each one's answer as it ends (Ray streams them back:
+        one call per node for the sessions a driver starts together, not one each). A session the runner fails
+        to run answers a failure naming the error; the others go on."""
+        for finished in asyncio.as_completed([asyncio.ensure_future(self._run_or_fail(call)) for call in calls]):
+            yield await finished
+
+    async def _run_or_fail(self, call: NodeCall) -> NodeAnswer:
+        try:
+            return await self.run(call)
+        except Exception as error:  # a bug or a broken node: this session fails, its batch goes on
+            return NodeAnswer(None, f"failed on the runner: {type(error).__name__}: {error}", None, "", self.node,
+                              session_id=call.session_id)
 
     async def _run(self, process: AgentProcess, call: NodeCall, folder: Path, marks: dict[str, float]) -> str | None:
         """Start and wait; the failure's reason, None after exit 0."""

@@ -172,3 +172,43 @@ async def test_the_main_process_dies_with_the_thread_that_started_it(tmp_path: P
         assert await gone([main]), "the thread that started it exited: SIGKILL"
     finally:
         process.kill()
+
+
+async def test_sessions_live_under_the_node_tmpdir(tmp_path: Path, ray_pool: None) -> None:
+    node_tmp = tmp_path / "node-tmp"
+    node_tmp.mkdir()
+    agent = await started(tmp_path, spec(f'echo "$RELAX_SESSION_IO_DIR" > {tmp_path}/where', timeout=60.0,
+                                         ray={"node_tmpdir": str(node_tmp)}))
+    await agent.wait()
+    where = Path((tmp_path / "where").read_text().strip())
+    assert where.parent == node_tmp and where.name.startswith("relax-s-1-")
+    assert not where.exists(), "the session's folder is removed once it answered"
+
+
+async def test_a_node_tmpdir_missing_on_the_nodes_fails_at_start_naming_the_key(ray_pool: None) -> None:
+    pool = runner_pool(spec("unused", ray={"node_tmpdir": "/nonexistent/relax"}))
+    with pytest.raises(Exception, match=r"ray\.node_tmpdir='/nonexistent/relax' is not a writable folder on node"):
+        await pool.ready()
+
+
+async def test_sessions_started_together_each_get_their_own_answer(tmp_path: Path, ray_pool: None) -> None:
+    """Sessions started in one go travel to a node in one call (`RunnerPool.submit`) and their answers stream back
+    as they end, here in the reverse order; each session gets its own exit code, output and log."""
+    agents = []
+    for i in range(12):
+        io_dir = tmp_path / f"io-{i}"
+        io_dir.mkdir()
+        (io_dir / "input.json").write_text(json.dumps({"i": i}))
+        agent = RayAgent(spec(f'sleep 0.{11 - i}; echo "agent {i}"; cat "$RELAX_INPUT_JSON" > "$RELAX_OUTPUT_JSON"; '
+                              f"exit {3 if i % 4 == 0 else 0}", timeout=60.0))
+        await agent.start({"RELAX_INPUT_JSON": str(io_dir / "input.json"), "RELAX_OUTPUT_JSON": str(io_dir / "out"),
+                           "RELAX_SESSION_ID": f"s-{i}"}, io_dir)
+        agents.append(agent)
+    results = await asyncio.gather(*(agent.wait() for agent in agents), return_exceptions=True)
+    for i, result in enumerate(results):
+        assert json.loads((tmp_path / f"io-{i}" / "out").read_text()) == {"i": i}
+        assert f"agent {i}\n" in (tmp_path / f"io-{i}" / "agent.log").read_text()
+        if i % 4 == 0:
+            assert isinstance(result, AgentFailure) and result.exit_code == 3, result
+        else:
+            assert not isinstance(result, BaseException) and result.exit_code == 0, result

@@ -236,6 +236,12 @@ class TrainerConfig:
     num_ranks: int = 1
     """Data-parallel training processes on this machine (trainer=deepspeed only): the run is rank 0 and
     starts ranks 1..N-1, logging to <output>/trainer_ranks/rank<r>.log (train/rank_group.py)."""
+    rank_placement: str = "local"
+    """Where ranks 1..N-1 run (trainer=deepspeed, num_ranks > 1): `local` (processes of this machine) or `ray`
+    (Ray actors on the cluster at ray.address, any node with room for rank_resources; train/rank_ray.py)."""
+    rank_resources: dict[str, float] = field(default_factory=dict)
+    """rank_placement=ray: what each rank holds ({num_gpus: 1} on GPU nodes, custom resources to pin nodes);
+    empty: {num_cpus: 1}."""
     save_interval: int | None = None
     """Save a checkpoint every N steps (and at the end); None saves only at the end."""
     resume: bool = False
@@ -666,7 +672,7 @@ def build_trainer(cfg: DictConfig, model_path: str, output_dir: Path | None = No
     """The `trainer` group's object: `trainer_node` with its nested nodes as records, plus `trainer_context`
     (and `output_dir` when the class takes it: trainer=deepspeed's rank logs)."""
     node = trainer_node(cfg.trainer)
-    run = engine_context(node, output_dir) if output_dir is not None else {}
+    run = engine_context(node, output_dir, cfg.ray) if output_dir is not None else {}
     return build(node, _convert_="object", model_path=model_path, **trainer_context(cfg), **run)
 
 

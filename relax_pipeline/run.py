@@ -287,9 +287,9 @@ class _Parts:
             await self.engine.close()
         finally:
             await self.services.stop()
-            ray_runtime.shutdown()  # the agent runners and Ray itself when this run started it; no-op without Ray
             if self.trainer is not None:
-                self.trainer.close()
+                self.trainer.close()  # before Ray goes: ranks placed on Ray close their trainers first
+            ray_runtime.shutdown()  # the agent runners and Ray itself when this run started it; no-op without Ray
             self.tracker.finish()
 
 

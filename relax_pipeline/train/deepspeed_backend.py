@@ -30,10 +30,11 @@ destroys the process group this trainer created. Without CUDA, `DS_ACCELERATOR=c
 are used, NCCL with CUDA. `TORCH_EXTENSIONS_DIR` defaults to `<relax cache>/torch_extensions` so
 DeepSpeed's one-time op builds (the CPU shm comm op, ~40-70 s) are reused across runs and tests.
 
-Several ranks (`trainer.num_ranks` N > 1, one machine): the trainer built by the run is rank 0 and starts
-ranks 1..N-1 as `WorkerTrainer` processes (rank_group.py, rank_worker.py; chosen over torchrun, which would
-have to start the whole run N times, and over Ray train workers, which would make Ray a dependency of
-every multi-rank run). Every call that involves DeepSpeed collectives (`train`, `engine_weights` under
+Several ranks (`trainer.num_ranks` N > 1): the trainer built by the run is rank 0 and starts ranks 1..N-1 as
+`WorkerTrainer`s: processes of this machine (rank_group.py, rank_worker.py; chosen over torchrun, which would
+have to start the whole run N times), or with `trainer.rank_placement=ray` Ray actors on any node of the cluster
+at `ray.address` (rank_ray.py: MASTER_ADDR is then rank 0's address on the cluster; Ray stays an extra only
+those runs need). Every call that involves DeepSpeed collectives (`train`, `engine_weights` under
 ZeRO-3, `save`, `load`, construction) is sent to the workers first and then run on rank 0, in the same
 order on every rank. `train` splits each global batch with `data_parallel.shard` (sample i to rank i mod
 N, padding micro-batches so every rank runs the same passes) and ships each worker its `RankShare`s over
@@ -47,7 +48,7 @@ its log; `close()` stops every worker.
 
 What it does not do: vision-language models (a model folder with a `vision_config`, such as
 `model=tiny_vl`, is refused at construction: its `multimodal_train_inputs` are untested under ZeRO; use
-`trainer=torch`), ranks on several machines (a launcher's WORLD_SIZE > 1 is refused naming
+`trainer=torch`), ranks started by an outside launcher (a launcher's WORLD_SIZE > 1 is refused naming
 `trainer.num_ranks`), CPU offload, mixed precision, or pipeline/tensor parallelism. `trainer.device` is not
 used: the device is DeepSpeed's accelerator device for LOCAL_RANK.
 """
@@ -73,6 +74,7 @@ from relax_pipeline.train.data_parallel import RankShare, shard
 from relax_pipeline.train.losses import LossSettings
 from relax_pipeline.train.optim import OptimSettings, adamw
 from relax_pipeline.train.rank_group import RankFailed, RankGroup
+from relax_pipeline.train.rank_ray import RayRankGroup
 from relax_pipeline.train.step import share_step
 from relax_pipeline.train.torch_backend import (
     TorchTrainer,
@@ -110,7 +112,10 @@ class DeepSpeedTrainer(TorchTrainer):
         autocast: str | None = None,
         keep_freed_memory: bool | None = None,
         attn_implementation: str | None = None,
+        rank_placement: str = "local",
+        rank_resources: dict[str, float] | None = None,
         output_dir: str | None = None,
+        ray: dict[str, Any] | None = None,
     ) -> None:
         settings = {"model_path": model_path, "seed": seed, "device": device, "loss": loss, "batching": batching,
                     "optim": optim, "advantages": advantages, "temperature": temperature, "zero_stage": zero_stage,
@@ -120,8 +125,14 @@ class DeepSpeedTrainer(TorchTrainer):
         """The constructor's settings (all but `output_dir`), sent to every worker rank."""
         self.rank_log_dir = Path(output_dir) / RANK_LOG_FOLDER if output_dir else None
         """Where worker ranks write `rank<r>.log` (`<output_dir>/trainer_ranks`); None: a fresh temporary folder."""
-        self.ranks: RankGroup | None = None
-        super().__init__(**settings)
+        self.ranks: RankGroup | RayRankGroup | None = None
+        self.rank_placement = rank_placement
+        """`trainer.rank_placement`: ranks 1..N-1 as local processes (`local`) or Ray actors (`ray`)."""
+        self.rank_resources = dict(rank_resources or {})
+        """`trainer.rank_resources`: what each Ray-placed rank holds."""
+        self.ray_settings = ray
+        """The run's `ray.*` keys (address, runtime_env) for rank_placement=ray."""
+        super().__init__(**settings, rank_placement=rank_placement, rank_resources=rank_resources)
 
     def check_zero_stage(self, zero_stage: int) -> None:
         if zero_stage not in (0, 1, 2, 3):
@@ -152,10 +163,14 @@ class DeepSpeedTrainer(TorchTrainer):
 
     def _environment(self) -> dict[str, str | None]:
         """Rank 0's launcher variables; the previous values, restored by `close`."""
-        return prepare_environment(self.num_ranks)
+        on_ray = self.rank_placement == "ray" and self.num_ranks > 1
+        return prepare_environment(self.num_ranks, rank0_address(self.ray_settings) if on_ray else "127.0.0.1")
 
     def _start_ranks(self) -> None:
-        if self.num_ranks > 1:
+        if self.num_ranks > 1 and self.rank_placement == "ray":
+            self.ranks = RayRankGroup.start(self.num_ranks, WorkerTrainer, self.settings_for_ranks,
+                                            self.rank_resources, self.ray_settings)
+        elif self.num_ranks > 1:
             log_dir = self.rank_log_dir or Path(tempfile.mkdtemp(prefix="relax-trainer-ranks-"))
             self.ranks = RankGroup.start(self.num_ranks, self.settings_for_ranks, log_dir)
 
@@ -362,8 +377,17 @@ LAUNCH_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR")
 """torch.distributed's launcher variables besides MASTER_PORT."""
 
 
-def prepare_environment(num_ranks: int = 1) -> dict[str, str | None]:
-    """Set rank 0's launcher variables for `num_ranks` local ranks; return each changed key's previous value.
+def rank0_address(ray_settings: dict[str, Any] | None) -> str:
+    """Rank 0's address on the Ray cluster (MASTER_ADDR of ranks placed there), joining it if needed."""
+    from relax_pipeline.agent import ray_runtime
+
+    ray_runtime.connect(ray_settings)
+    return ray_runtime.node_ip()
+
+
+def prepare_environment(num_ranks: int = 1, master_addr: str = "127.0.0.1") -> dict[str, str | None]:
+    """Set rank 0's launcher variables for `num_ranks` ranks (reaching rank 0 at `master_addr`); return each
+    changed key's previous value.
 
     One rank keeps what a launcher set (a free port otherwise); several ranks are started by this process,
     so a launcher's WORLD_SIZE > 1 is refused (each launched process would start its own ranks).
@@ -377,7 +401,7 @@ def prepare_environment(num_ranks: int = 1) -> dict[str, str | None]:
             f"trainer=deepspeed starts its own ranks (trainer.num_ranks); WORLD_SIZE={world} from a launcher is "
             "not supported: run one process and set trainer.num_ranks instead"
         )
-    wanted = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": str(num_ranks), "MASTER_ADDR": "127.0.0.1"}
+    wanted = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": str(num_ranks), "MASTER_ADDR": master_addr}
     if num_ranks == 1:
         wanted = {k: v for k, v in wanted.items() if k not in os.environ}
     if num_ranks > 1 or "MASTER_PORT" not in os.environ:

@@ -45,6 +45,8 @@ STARTUP_TIMEOUT_S = 600.0
 STOP_GRACE_S = 10.0
 """How long `close` waits for a worker to stop by itself before SIGTERM, then as long again before SIGKILL."""
 LOG_TAIL_LINES = 20
+COMMANDS = {"train": "run_shares", "gather": "gathered_weights", "save": "save_part", "load": "load"}
+"""Rank 0's command → the `WorkerTrainer` method every worker runs for it (the same collectives as rank 0)."""
 
 
 class RankFailed(RuntimeError):

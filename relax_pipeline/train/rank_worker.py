@@ -23,10 +23,7 @@ import traceback
 from multiprocessing.connection import Connection
 from typing import Any
 
-from relax_pipeline.train.rank_group import FD_ENV, PARENT_ENV
-
-COMMANDS = {"train": "run_shares", "gather": "gathered_weights", "save": "save_part", "load": "load"}
-"""Rank 0's command → the `WorkerTrainer` method every worker runs for it (the same collectives as rank 0)."""
+from relax_pipeline.train.rank_group import COMMANDS, FD_ENV, PARENT_ENV
 
 
 def main() -> int:

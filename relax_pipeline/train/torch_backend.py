@@ -74,11 +74,14 @@ class TorchTrainer:
         autocast: str | None = None,
         keep_freed_memory: bool | None = None,
         attn_implementation: str | None = None,
+        rank_placement: str = "local",
+        rank_resources: dict[str, float] | None = None,
     ) -> None:
         if temperature < 0:
             raise ValueError(f"rollout.temperature={temperature} must be >= 0 (0 is greedy)")
         self.check_zero_stage(zero_stage)
         self.check_num_ranks(num_ranks)
+        check_rank_placement(rank_placement, num_ranks)
         self.num_ranks = num_ranks
         """`trainer.num_ranks`: data-parallel training processes (trainer=deepspeed only; 1 here)."""
         self.settings = StepSettings(loss or LossSettings(), batching or BatchSettings(),
@@ -173,6 +176,20 @@ class TorchTrainer:
 
     def close(self) -> None:
         """Nothing to release in a single process (the DeepSpeed backend destroys its process group)."""
+
+
+RANK_PLACEMENTS = ("local", "ray")
+"""Where `trainer=deepspeed` starts ranks 1..N-1 (`trainer.rank_placement`): processes of this machine, or Ray actors
+on the cluster at `ray.address` (train/rank_ray.py)."""
+
+
+def check_rank_placement(placement: str, num_ranks: int) -> None:
+    """A known placement; `ray` only means something with several ranks (it is refused with one, as a mistake)."""
+    if placement not in RANK_PLACEMENTS:
+        raise ValueError(f"trainer.rank_placement={placement!r}; choose one of {', '.join(RANK_PLACEMENTS)}")
+    if placement == "ray" and num_ranks == 1:
+        raise ValueError("trainer.rank_placement=ray places ranks 1..N-1 on a Ray cluster; set trainer.num_ranks "
+                         "to 2 or more (with trainer=deepspeed), or leave rank_placement=local")
 
 
 def load_policy(model_path: str, seed: int, device: str, attention: str | None = None) -> tuple[torch.nn.Module, int]:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from relax_pipeline.run import run
+from relax_pipeline.testing.ray_cluster import local_cluster, require_ray
 from tests.e2e.test_train_e2e import train_config
 
 pytest.importorskip("deepspeed")
@@ -50,3 +51,19 @@ def rank_workers() -> list[int]:
         if int(fields[1]) == os.getpid() and fields[0] != "Z" and b"relax_pipeline.train.rank_worker" in cmdline:
             found.append(int(stat.parent.name))
     return found
+
+
+def test_two_rank_training_run_with_rank_1_on_another_ray_node(tmp_path: Path, tiny_path: Path) -> None:
+    """trainer.rank_placement=ray: rank 1 is a Ray actor on the worker node of a local 2-node cluster."""
+    require_ray()
+    with local_cluster(workers=1, cpus=2, head_cpus=1) as cluster:
+        cfg = train_config(tmp_path, tiny_path, "trainer=deepspeed", "trainer.num_ranks=2", "trainer.zero_stage=2",
+                           "trainer.rank_placement=ray", "+trainer.rank_resources.node_0=0.5",
+                           f"ray.address={cluster.address}", "rollout.num_steps=2",
+                           "rollout.n_samples_per_prompt=2", "trainer.batching.micro_batch_size=1")
+        metrics = run(cfg)
+    assert metrics["train/weight_version"] == 2 and metrics["train/grad_norm"] > 0
+    (checkpoint,) = {p.parent.parent for p in tmp_path.rglob("zero_pp_rank_1_mp_rank_00_optim_states.pt")}
+    assert (checkpoint / "model.safetensors").is_file()
+    log = (tmp_path / "run.log").read_text()
+    assert "trainer ranks: rank 1 on node" in log

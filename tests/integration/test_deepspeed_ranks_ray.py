@@ -2,7 +2,8 @@
 CPU (gloo): rank 1 is a Ray actor pinned to the worker node (a custom resource), rank 0 is this process.
 
 One optimizer step of the two ranks equals the 1-rank step (loss, metrics, grad norm, parameters) on the same
-batch, with an odd split and a padding micro-batch; rank 1 really ran on the other node. A rank whose call
+batch, with an odd split and a padding micro-batch; rank 1 really ran on the other node. A rank whose actor dies
+fails the next step as "died"; a rank whose call
 raises fails it with `RankFailed` naming the rank, its node, the error and its log; closing the trainer ends the
 actor. Skipped without Ray or DeepSpeed.
 """
@@ -79,6 +80,19 @@ def test_a_rank_that_raises_fails_the_call_naming_rank_node_and_log(tiny_path: P
     assert "IndexError" in message and "relax-trainer-ranks/rank1.log" in message
     assert actor is not None and t.ranks is None
     assert ended(ray, actor), "closing the trainer ended the actor"
+
+
+def test_a_lost_rank_fails_the_next_step_as_died(tiny_path: Path, cluster: Any) -> None:
+    import ray
+
+    t = on_ray(tiny_path)
+    try:
+        assert t.ranks is not None
+        ray.kill(t.ranks.actors[0])  # as when its node goes away
+        with pytest.raises(RankFailed, match=r"trainer rank 1 \(Ray actor on node .*\) died \(\w+\) during 'train'"):
+            t.train(BATCH)
+    finally:
+        t.close()
 
 
 def ended(ray: Any, actor: Any, within_s: float = 30.0) -> bool:

@@ -3,9 +3,8 @@ CPU (gloo): rank 1 is a Ray actor pinned to the worker node (a custom resource),
 
 One optimizer step of the two ranks equals the 1-rank step (loss, metrics, grad norm, parameters) on the same
 batch, with an odd split and a padding micro-batch; rank 1 really ran on the other node. A rank whose actor dies
-fails the next step as "died"; a rank whose call
-raises fails it with `RankFailed` naming the rank, its node, the error and its log; closing the trainer ends the
-actor. Skipped without Ray or DeepSpeed.
+fails the next step as "died"; a rank whose call raises fails it with `RankFailed` naming the rank, its node, the
+error and its log; closing the trainer ends the actor. Skipped without Ray or DeepSpeed.
 """
 
 from __future__ import annotations

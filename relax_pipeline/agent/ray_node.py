@@ -42,7 +42,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from relax_pipeline.agent.launcher import AgentFailure, AgentProcess, AgentSpec
+from relax_pipeline.agent.launcher import LOG_NAME, AgentFailure, AgentProcess, AgentSpec
 
 _PR_SET_PDEATHSIG = 1
 """prctl option: the signal a child gets when the thread that started it exits."""
@@ -195,15 +195,14 @@ class NodeRunner:
         """The node's name once the actor is up."""
         return self.node
 
-    async def run(self, call: NodeCall) -> NodeAnswer:
-        """Run one session to its end on this node (see the module)."""
+    async def run(self, call: NodeCall, folder: Path | None = None) -> NodeAnswer:
+        """Run one session to its end on this node (see the module), in `folder` when `prepare` made it."""
         marks = {"received": time.time()}
-        folder = Path(tempfile.mkdtemp(prefix=f"relax-{call.session_id[:24]}-", dir=self.tmpdir))
+        folder = folder or self.prepare(call)
         process = NodeProcess(AgentSpec(command=call.command, cwd=call.cwd, env=dict(call.env), timeout=None,
                                         grace_s=call.grace_s, log_tail_bytes=call.log_tail_bytes))
         self._agents[call.session_id] = process
         try:
-            (folder / "input.json").write_text(call.input_text)
             reason = await self._run(process, call, folder, marks)
             output = folder / "output.json"
             text = output.read_text(errors="replace") if output.exists() else None
@@ -221,12 +220,34 @@ class NodeRunner:
         """Run the sessions of one batch at once and yield each one's answer as it ends (Ray streams them back:
         one call per node for the sessions a driver starts together, not one each). A session the runner fails
         to run answers a failure naming the error; the others go on."""
-        for finished in asyncio.as_completed([asyncio.ensure_future(self._run_or_fail(call)) for call in calls]):
+        folders = await asyncio.get_running_loop().run_in_executor(None, self._prepare_all, calls)
+        runs = [asyncio.ensure_future(self._run_or_fail(c, f)) for c, f in zip(calls, folders, strict=True)]
+        for finished in asyncio.as_completed(runs):
             yield await finished
 
-    async def _run_or_fail(self, call: NodeCall) -> NodeAnswer:
+    def prepare(self, call: NodeCall) -> Path:
+        """A fresh folder for the session (under `tmpdir`) with its input file and an empty log."""
+        folder = Path(tempfile.mkdtemp(prefix=f"relax-{call.session_id[:24]}-", dir=self.tmpdir))
+        (folder / "input.json").write_text(call.input_text)
+        (folder / LOG_NAME).touch()
+        return folder
+
+    def _prepare_all(self, calls: list[NodeCall]) -> list[Path | Exception]:
+        """`prepare` for a batch, in a thread: file creates wait on the disk (up to ~1 ms each on a slow one) while
+        the loop goes on starting the sessions of earlier batches."""
+        folders: list[Path | Exception] = []
+        for call in calls:
+            try:
+                folders.append(self.prepare(call))
+            except OSError as error:
+                folders.append(error)
+        return folders
+
+    async def _run_or_fail(self, call: NodeCall, folder: Path | Exception | None = None) -> NodeAnswer:
         try:
-            return await self.run(call)
+            if isinstance(folder, Exception):
+                raise folder
+            return await self.run(call, folder)
         except Exception as error:  # a bug or a broken node: this session fails, its batch goes on
             return NodeAnswer(None, f"failed on the runner: {type(error).__name__}: {error}", None, "", self.node,
                               session_id=call.session_id)

@@ -5,7 +5,8 @@ calls through the gateway to a paced fake engine (`testing.engines.PacedEngine`,
 exports. One step holds all 256 sessions at once (`--groups` groups x `--n` sessions, every group resident).
 The same run config goes once with `agent.executor=local` and once with `agent.executor=ray` on a local 2-node
 Ray cluster (`testing.ray_cluster.separate_cluster`: head + one worker, sessions spread over both, the cluster's
-processes in a session of their own). Each mode runs 2 steps; the second is measured (the first warms the page
+processes in a session of their own; `ray.node_tmpdir=/dev/shm` where the machine has it, as the README advises
+for nodes with a slow disk). Each mode runs 2 steps; the second is measured (the first warms the page
 cache and starts Ray's per-node runners).
 
 Printed per mode: sessions/s over the measured step (256 / its rollout time), the mean agent time per session
@@ -182,7 +183,8 @@ def main() -> None:
     sessions = args.groups * args.n
     local = None if args.executor_only else measure(args, ["agent.executor=local"])
     with separate_cluster(workers=1, cpus=2, head_cpus=2) as address:
-        on_ray = None if local is None else measure(args, ["agent.executor=ray", f"ray.address={address}"])
+        ram = [f"ray.node_tmpdir={RAM_TMPDIR}"] if Path(RAM_TMPDIR).is_dir() else []
+        on_ray = None if local is None else measure(args, ["agent.executor=ray", f"ray.address={address}", *ram])
         light = [executor_costs(address, sessions) for _ in range(args.repeats)]
     if local is not None and on_ray is not None:
         report_pipeline(args, local, on_ray)

@@ -463,6 +463,10 @@ class AgentConfig:
     resource); a node runs as many sessions at once as its Ray resources allow; {}: no limit."""
     server_url: str | None = None
     """executor=http: base URL of the agent server (its POST /sessions runs one session)."""
+    nice: int | None = None
+    """executor=local and ray: lower each agent's CPU priority by this much (0-19), so the run's engine, gateway and
+    trainer win the cores when many agents start at once (Linux: the agent's session, all its processes); null:
+    unchanged."""
     services: dict[str, ServiceConfig] = field(default_factory=dict)
     """Processes started once per run before the first rollout, health-checked, stopped at the end; logs in
     `<output>/services/<name>.log`."""

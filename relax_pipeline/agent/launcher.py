@@ -130,11 +130,17 @@ class AgentSpec:
     """executor=ray: what one session holds on its node (`num_cpus`, `num_gpus`, `memory`, custom resources)."""
     ray: dict[str, Any] = field(default_factory=dict)
     """executor=ray: the run's `ray.*` keys (address, num_cpus, runtime_env; `agent/ray_runtime.py`)."""
+    nice: int | None = None
+    """Lower each agent's CPU priority by this much (1-19, `lower_priority`), so the run's own process (engine,
+    gateway, trainer) wins the cores when many agents start at once; None: the priority it inherits."""
 
     def __post_init__(self) -> None:
         reserved = sorted(k for k in self.env if str(k).startswith(RESERVED_PREFIX))
         if reserved:
             raise ValueError(f"agent.env sets {reserved}: the RELAX_ prefix is reserved; rename these keys")
+        if self.nice is not None and not (isinstance(self.nice, int) and 0 <= self.nice <= 19):
+            raise ValueError(f"agent.nice={self.nice!r}: use an integer from 0 to 19 (how much lower the agents' "
+                             "CPU priority is), or null")
 
 
 @dataclass(frozen=True)
@@ -175,6 +181,56 @@ class AgentFailure(Exception):
         return f"agent {self.reason}{where}; last output:\n{self.log_tail}"
 
 
+class ChildProcess:
+    """A `subprocess.Popen` seen as `AgentProcess` sees an asyncio process (`pid`, `returncode`, `await wait()`):
+    its exit is watched with a pidfd on the running loop, no thread; any number of waiters, each cancellable."""
+
+    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+        self.popen = popen
+        self._exited: asyncio.Future[int] | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.popen.returncode
+
+    async def wait(self) -> int:
+        """The exit code (negative: the signal), once the process exited; reaps it."""
+        if self.popen.returncode is not None:
+            return self.popen.returncode
+        if self._exited is None:
+            self._exited = self._watch()
+        return await asyncio.shield(self._exited)
+
+    def _watch(self) -> asyncio.Future[int]:
+        loop = asyncio.get_running_loop()
+        try:
+            fd = os.pidfd_open(self.popen.pid)
+        except (AttributeError, OSError):  # not Linux >= 5.3: poll
+            return asyncio.ensure_future(self._poll())
+        exited: asyncio.Future[int] = loop.create_future()
+        loop.add_reader(fd, self._on_exit, loop, fd, exited)
+        return exited
+
+    def _on_exit(self, loop: asyncio.AbstractEventLoop, fd: int, exited: asyncio.Future[int]) -> None:
+        """The pidfd became readable: the process exited; reap it and stop watching."""
+        code = self.popen.poll()
+        if code is None:
+            return
+        loop.remove_reader(fd)
+        os.close(fd)
+        if not exited.done():
+            exited.set_result(code)
+
+    async def _poll(self) -> int:
+        while (code := self.popen.poll()) is None:
+            await asyncio.sleep(_POLL_S)
+        return code
+
+
 class AgentProcess:
     """One agent process group: start it, wait on it under the active timer, terminate it."""
 
@@ -204,6 +260,8 @@ class AgentProcess:
         io_dir.mkdir(parents=True, exist_ok=True)
         self._log_path = io_dir / LOG_NAME
         self._proc = await self._spawn(self._environment(session_env), self._log_path)
+        if self.spec.nice:
+            lower_priority(self._proc.pid, self.spec.nice)
         self._started_at = time.monotonic()
         self.timer.start()
 
@@ -220,12 +278,16 @@ class AgentProcess:
         return env
 
     async def _spawn(self, env: dict[str, str], log_path: Path) -> asyncio.subprocess.Process:
-        """Create the subprocess, its output appended to `log_path`; a missing cwd or bash is an `AgentFailure`."""
+        """Create the subprocess, its output appended to `log_path`; a missing cwd or bash is an `AgentFailure`.
+        A plain `Popen` (vfork + exec) watched through a pidfd (`ChildProcess`), not `create_subprocess_exec`,
+        whose watcher starts a thread per child (Python 3.11): at a step's start, while the trainer's thread
+        computes, a hundred such threads each took the GIL."""
         try:
             with open(log_path, "ab") as log:
-                return await asyncio.create_subprocess_exec(
-                    "bash", "-c", self.spec.command, cwd=self.spec.cwd, env=env, start_new_session=True,
+                popen = subprocess.Popen(
+                    ["bash", "-c", self.spec.command], cwd=self.spec.cwd, env=env, start_new_session=True,
                     stdin=subprocess.DEVNULL, stdout=log.fileno(), stderr=subprocess.STDOUT)
+            return ChildProcess(popen)  # type: ignore[return-value]  # the part of Process used here
         except OSError as error:
             raise AgentFailure(f"could not start ({error}); check agent.cwd and agent.command", None,
                                "", self._log_path) from error
@@ -345,6 +407,20 @@ def _signal_name(signum: int) -> str:
         return signal.Signals(signum).name
     except ValueError:
         return f"signal {signum}"
+
+
+def lower_priority(pid: int, nice: int) -> None:
+    """Best effort, Linux: `nice` for the autogroup of `pid`'s session (with autogroup scheduling on, the CPU is
+    shared between sessions, and each agent is a session of its own; this covers every process of the session,
+    those already forked too) and for the process itself (what counts where autogroup is off)."""
+    try:
+        Path(f"/proc/{pid}/autogroup").write_text(f"{nice}\n")
+    except OSError:  # no autogroup in this kernel, or the process is gone
+        pass
+    try:
+        os.setpriority(os.PRIO_PROCESS, pid, nice)
+    except OSError:
+        pass
 
 
 def _group_alive(pgid: int) -> bool:

@@ -298,7 +298,7 @@ class RayAgent(RemoteAgent):
         text = self._input_text(session_env)
         env = {k: str(v) for k, v in session_env.items() if k not in NODE_PATHS}
         return NodeCall(self._session_id, self.spec.command, self.spec.cwd, {k: str(v) for k, v in
-                        self.spec.env.items()}, env, text, self.spec.grace_s, self.spec.log_tail_bytes)
+                        self.spec.env.items()}, env, text, self.spec.grace_s, self.spec.log_tail_bytes, self.spec.nice)
 
     async def _run(self, pool: RunnerPool, call: NodeCall, answer: asyncio.Future[NodeAnswer] | None) -> NodeAnswer:
         """The node's answer to `call`, sent already (`answer`) or, when None, once a node has room."""

@@ -15,12 +15,11 @@ driver keeps the `ActiveTimer` (paused while the group lease is not held) and ca
 The agent's main process also gets SIGKILL when the runner's worker dies (`PR_SET_PDEATHSIG`), so a lost or
 stopped runner does not leave it behind; processes it started in turn are not followed.
 
-Spawning is cheap and never blocks the actor for long (many sessions arrive at once): the process is started with
-a plain `subprocess.Popen` on the actor's loop (vfork + exec, about 1 ms) and its exit is awaited through a pidfd
-watched by that loop (`ChildProcess`). The death signal is set by exec'ing through `setpriv --pdeathsig KILL`
-(util-linux), which keeps that fast path; only on a node without it does the child run `prctl` itself in a
-`preexec_fn`, which forces a full fork of the large worker process (~15 ms each). `asyncio.create_subprocess_exec`
-is not used: in a Ray worker its thread per child (ThreadedChildWatcher) costs ~10 ms a spawn in GIL hand-offs.
+Spawning is cheap and never blocks the actor for long (many sessions arrive at once): as for local agents, the
+process is started with a plain `subprocess.Popen` on the actor's loop (vfork + exec, about 1 ms) and its exit is
+awaited through a pidfd watched by that loop (`launcher.ChildProcess`). The death signal is set by exec'ing
+through `setpriv --pdeathsig KILL` (util-linux), which keeps that fast path; only on a node without it does the
+child run `prctl` itself in a `preexec_fn`, which forces a full fork of the large worker process (~15 ms each).
 
 One actor serves many sessions at once (an asyncio actor): a Ray worker per session would cost a Python
 process (~100 MB, ~1 s to start) for every agent. Ray is not imported here: `ray_executor` wraps the class.
@@ -42,14 +41,12 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from relax_pipeline.agent.launcher import LOG_NAME, AgentFailure, AgentProcess, AgentSpec
+from relax_pipeline.agent.launcher import LOG_NAME, AgentFailure, AgentProcess, AgentSpec, ChildProcess
 
 _PR_SET_PDEATHSIG = 1
 """prctl option: the signal a child gets when the thread that started it exits."""
 DEATH_WRAPPER = ("setpriv", "--pdeathsig", "KILL", "--")
 """The command prefix that sets the agent's death signal before it execs bash (util-linux >= 2.33)."""
-_POLL_S = 0.05
-"""How often a child is polled where no pidfd can be opened (not Linux >= 5.3)."""
 
 
 @dataclass(frozen=True)
@@ -72,6 +69,8 @@ class NodeCall:
     """Seconds between SIGTERM and SIGKILL of the group."""
     log_tail_bytes: int = 8192
     """How much of the end of the agent's log comes back."""
+    nice: int | None = None
+    """`agent.nice`: how much lower the agent's CPU priority is on the node."""
 
 
 @dataclass(frozen=True)
@@ -114,56 +113,6 @@ class NodeProcess(AgentProcess):
         return ChildProcess(popen)  # type: ignore[return-value]  # the part of Process that AgentProcess uses
 
 
-class ChildProcess:
-    """A `subprocess.Popen` seen as `AgentProcess` sees an asyncio process (`pid`, `returncode`, `await wait()`):
-    its exit is watched with a pidfd on the running loop, no thread; any number of waiters, each cancellable."""
-
-    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
-        self.popen = popen
-        self._exited: asyncio.Future[int] | None = None
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    @property
-    def returncode(self) -> int | None:
-        return self.popen.returncode
-
-    async def wait(self) -> int:
-        """The exit code (negative: the signal), once the process exited; reaps it."""
-        if self.popen.returncode is not None:
-            return self.popen.returncode
-        if self._exited is None:
-            self._exited = self._watch()
-        return await asyncio.shield(self._exited)
-
-    def _watch(self) -> asyncio.Future[int]:
-        loop = asyncio.get_running_loop()
-        try:
-            fd = os.pidfd_open(self.popen.pid)
-        except (AttributeError, OSError):  # not Linux >= 5.3: poll
-            return asyncio.ensure_future(self._poll())
-        exited: asyncio.Future[int] = loop.create_future()
-        loop.add_reader(fd, self._on_exit, loop, fd, exited)
-        return exited
-
-    def _on_exit(self, loop: asyncio.AbstractEventLoop, fd: int, exited: asyncio.Future[int]) -> None:
-        """The pidfd became readable: the process exited; reap it and stop watching."""
-        code = self.popen.poll()
-        if code is None:
-            return
-        loop.remove_reader(fd)
-        os.close(fd)
-        if not exited.done():
-            exited.set_result(code)
-
-    async def _poll(self) -> int:
-        while (code := self.popen.poll()) is None:
-            await asyncio.sleep(_POLL_S)
-        return code
-
-
 @functools.cache
 def death_wrapper() -> tuple[str, ...]:
     """`DEATH_WRAPPER` when it works on this node (checked once per process), else () (then `preexec_fn`)."""
@@ -200,7 +149,7 @@ class NodeRunner:
         marks = {"received": time.time()}
         folder = folder or self.prepare(call)
         process = NodeProcess(AgentSpec(command=call.command, cwd=call.cwd, env=dict(call.env), timeout=None,
-                                        grace_s=call.grace_s, log_tail_bytes=call.log_tail_bytes))
+                                        grace_s=call.grace_s, log_tail_bytes=call.log_tail_bytes, nice=call.nice))
         self._agents[call.session_id] = process
         try:
             reason = await self._run(process, call, folder, marks)

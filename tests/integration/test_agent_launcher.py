@@ -125,6 +125,20 @@ async def test_cwd_honoured_and_stdin_is_devnull(tmp_path: Path) -> None:
 
 
 @pytest.mark.asyncio
+async def test_agent_nice_lowers_the_priority_of_the_agents_session(tmp_path: Path) -> None:
+    """agent.nice: the agent's session (its autogroup, where the kernel has them) and main process run at lower
+    priority; a child it forks inherits the process's nice."""
+    command = ('sleep 0.3; cd "$RELAX_SESSION_IO_DIR"; cat /proc/self/autogroup > group.txt 2>/dev/null; '
+               "ps -o ni= -p $$ > main.txt; sh -c 'ps -o ni= -p $$' > child.txt")
+    await run_agent(tmp_path, command, nice=7)
+    assert (tmp_path / "main.txt").read_text().strip() == "7" and (tmp_path / "child.txt").read_text().strip() == "7"
+    if Path("/proc/sys/kernel/sched_autogroup_enabled").is_file():
+        assert (tmp_path / "group.txt").read_text().strip().endswith("nice 7")
+    with pytest.raises(ValueError, match="agent.nice=20: use an integer from 0 to 19"):
+        AgentSpec(command="true", nice=20)
+
+
+@pytest.mark.asyncio
 async def test_missing_cwd_is_an_agent_failure(tmp_path: Path) -> None:
     with pytest.raises(AgentFailure, match="agent.cwd"):
         await run_agent(tmp_path, "true", cwd=str(tmp_path / "nope"))

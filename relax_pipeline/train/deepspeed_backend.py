@@ -169,7 +169,7 @@ class DeepSpeedTrainer(TorchTrainer):
     def _start_ranks(self) -> None:
         if self.num_ranks > 1 and self.rank_placement == "ray":
             self.ranks = RayRankGroup.start(self.num_ranks, WorkerTrainer, self.settings_for_ranks,
-                                            self.rank_resources, self.ray_settings)
+                                            self.rank_resources, self.ray_settings, self.rank_log_dir)
         elif self.num_ranks > 1:
             log_dir = self.rank_log_dir or Path(tempfile.mkdtemp(prefix="relax-trainer-ranks-"))
             self.ranks = RankGroup.start(self.num_ranks, self.settings_for_ranks, log_dir)

@@ -11,9 +11,9 @@ waits for them while rank 0 runs its own part in between.
 
 Failure: a rank whose call raises fails it with `RankFailed` naming the rank, its node and the error's last line;
 a rank whose actor or node died fails it the same way ("died"). Each actor writes its output to
-`<node temp folder>/relax-trainer-ranks/rank<r>.log` on its node; the message carries its last lines while the
-actor lives. Actors are owned by rank 0: they end when it closes the group or exits, even by SIGKILL (Ray ends an
-owner's actors).
+`<node temp folder>/relax-trainer-rank-*/rank<r>.log` on its node; a failure's message carries its last lines
+while the actor lives, and `close` copies it to rank 0's `<output>/trainer_ranks/rank<r>.log`. Actors are owned by
+rank 0: they end when it closes the group or exits, even by SIGKILL (Ray ends an owner's actors).
 
 Needs: the model path and the checkpoint folder readable and writable at the same path on every node that holds a
 rank (a shared filesystem), and rank 0's address reachable from them (set GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME
@@ -38,8 +38,10 @@ from relax_pipeline.train.rank_group import COMMANDS, LOG_TAIL_LINES, STARTUP_TI
 
 log = logging.getLogger("relax_pipeline")
 
-LOG_FOLDER = "relax-trainer-ranks"
-"""The folder under each node's temp folder holding the ranks' logs."""
+LOG_FOLDER = "relax-trainer-rank"
+"""The prefix of the folder (under its node's temp folder) each rank logs into."""
+LOG_COPY_BYTES = 16 << 20
+"""How much of the end of each rank's log `close` copies to rank 0's log folder."""
 DEFAULT_RESOURCES = {"num_cpus": 1}
 """What one rank holds when `trainer.rank_resources` is empty (`{num_gpus: 1}` is the usual choice on GPUs)."""
 
@@ -49,8 +51,7 @@ class RankActor:
 
     def __init__(self, rank: int, launch: Mapping[str, str]) -> None:
         self.rank = rank
-        self.log = Path(tempfile.gettempdir()) / LOG_FOLDER / f"rank{rank}.log"
-        self.log.parent.mkdir(parents=True, exist_ok=True)
+        self.log = Path(tempfile.mkdtemp(prefix=f"{LOG_FOLDER}-")) / f"rank{rank}.log"
         with open(self.log, "ab") as log:  # the rank's prints, warnings and tracebacks
             os.dup2(log.fileno(), 1)
             os.dup2(log.fileno(), 2)
@@ -84,6 +85,12 @@ class RankActor:
     def log_path(self) -> str:
         return str(self.log)
 
+    def log_text(self, limit: int) -> bytes:
+        """The last `limit` bytes of this rank's log."""
+        with open(self.log, "rb") as log:
+            log.seek(max(0, log.seek(0, os.SEEK_END) - limit))
+            return log.read()
+
     def _logged(self, work: Any, *args: Any, **kwargs: Any) -> Any:
         """`work(...)`; on an exception the traceback goes to the log, the rank leaves the process group (closing
         its connections, so rank 0 is not left waiting in a collective for it), and the error goes up to rank 0."""
@@ -108,8 +115,10 @@ class RankActor:
 class RayRankGroup:
     """Ranks 1..N-1 as Ray actors; the interface of `RankGroup` (send, collect, diagnose, close)."""
 
-    def __init__(self, ray: Any) -> None:
+    def __init__(self, ray: Any, log_dir: Path | None = None) -> None:
         self.ray = ray
+        self.log_dir = log_dir
+        """Where `close` copies each rank's log (`rank<r>.log`, as local ranks write theirs); None: not copied."""
         self.actors: list[Any] = []
         self.nodes: list[str] = []
         self.failed: str | None = None
@@ -118,10 +127,10 @@ class RayRankGroup:
 
     @classmethod
     def start(cls, world: int, worker_class: type, settings: dict[str, Any], resources: Mapping[str, float],
-              ray_settings: Mapping[str, Any] | None) -> RayRankGroup:
+              ray_settings: Mapping[str, Any] | None, log_dir: Path | None = None) -> RayRankGroup:
         """Start ranks 1..world-1 on the cluster with rank 0's launcher variables, wait until each has imported
         DeepSpeed, then start their builds: rank 0 builds its own part next, and `collect("start-up")` waits."""
-        group = cls(ray_runtime.connect(ray_settings))
+        group = cls(ray_runtime.connect(ray_settings), log_dir)
         try:
             remote = group.ray.remote(RankActor)
             options = _actor_options(resources or DEFAULT_RESOURCES)
@@ -163,11 +172,24 @@ class RayRankGroup:
         if self.failed is None:
             closing = [actor.close.remote() for actor in actors]
             self.ray.wait(closing, num_returns=len(closing), timeout=10.0)
+        self._copy_logs(actors)
         for actor in actors:
             try:
                 self.ray.kill(actor)
             except Exception:  # already gone with its node
                 pass
+
+    def _copy_logs(self, actors: list[Any]) -> None:
+        """Each living rank's log into `log_dir/rank<r>.log` (best effort: a lost rank's log stays on its node)."""
+        if self.log_dir is None:
+            return
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        for rank, actor in enumerate(actors, 1):
+            try:
+                (self.log_dir / f"rank{rank}.log").write_bytes(
+                    self.ray.get(actor.log_text.remote(LOG_COPY_BYTES), timeout=10.0))
+            except Exception as error:  # the actor or its node is gone
+                log.warning("trainer ranks: could not copy rank %d's log (%s)", rank, type(error).__name__)
 
     def _wait(self, command: str, timeout: float | None) -> list[Any]:
         """Every rank's result of the last command, in rank order; the first rank that fails raises at once (the
@@ -201,7 +223,7 @@ class RayRankGroup:
         try:
             log, tail = self.ray.get([actor.log_path.remote(), actor.tail.remote()], timeout=10.0)
         except Exception:
-            log, tail = f"{LOG_FOLDER}/rank{rank}.log in the temp folder of node {node}", "(the rank is gone)"
+            log, tail = f"{LOG_FOLDER}-*/rank{rank}.log in the temp folder of node {node}", "(the rank is gone)"
         last = detail.strip().splitlines()[-1] if detail and detail.strip() else ""
         self.failed = (f"trainer rank {rank} (Ray actor on node {node}) {how} during {command!r}"
                        + (f": {last}" if last else "") + f"; its log on that node: {log}\n"

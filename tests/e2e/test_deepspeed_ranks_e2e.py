@@ -67,3 +67,4 @@ def test_two_rank_training_run_with_rank_1_on_another_ray_node(tmp_path: Path, t
     assert (checkpoint / "model.safetensors").is_file()
     log = (tmp_path / "run.log").read_text()
     assert "trainer ranks: rank 1 on node" in log
+    assert (tmp_path / "trainer_ranks" / "rank1.log").is_file(), "the rank's log, copied from its node at the end"

@@ -4,11 +4,13 @@ CPU (gloo): rank 1 is a Ray actor pinned to the worker node (a custom resource),
 One optimizer step of the two ranks equals the 1-rank step (loss, metrics, grad norm, parameters) on the same
 batch, with an odd split and a padding micro-batch; rank 1 really ran on the other node. A rank whose actor dies
 fails the next step as "died"; a rank whose call raises fails it with `RankFailed` naming the rank, its node, the
-error and its log; closing the trainer ends the actor. Skipped without Ray or DeepSpeed.
+error and its log; closing the trainer copies the rank's log into the output folder and ends the actor. Skipped
+without Ray or DeepSpeed.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -42,9 +44,10 @@ def cluster() -> Iterator[Any]:
         ray_runtime.shutdown()
 
 
-def on_ray(tiny_path: Path) -> DeepSpeedTrainer:
+def on_ray(tiny_path: Path, output_dir: Path | None = None) -> DeepSpeedTrainer:
     return DeepSpeedTrainer(model_path=str(tiny_path), zero_stage=2, num_ranks=2, rank_placement="ray",
-                            rank_resources=ON_WORKER, **SETTINGS)
+                            rank_resources=ON_WORKER, output_dir=None if output_dir is None else str(output_dir),
+                            **SETTINGS)
 
 
 def test_a_rank_on_another_node_takes_the_same_step_as_one_rank(tiny_path: Path, cluster: Any) -> None:
@@ -61,11 +64,12 @@ def test_a_rank_on_another_node_takes_the_same_step_as_one_rank(tiny_path: Path,
     assert_weights(one_weights, two_weights, atol=LR / 10)
 
 
-def test_a_rank_that_raises_fails_the_call_naming_rank_node_and_log(tiny_path: Path, cluster: Any) -> None:
+def test_a_rank_that_raises_fails_the_call_naming_rank_node_and_log(tiny_path: Path, tmp_path: Path,
+                                                                    cluster: Any) -> None:
     import ray
 
     bad = TrainSample((10, 11, 10**7, 12), 2, (1, 1), (-1.0, -1.0), 1.0)  # token id beyond the vocabulary
-    t = on_ray(tiny_path)
+    t = on_ray(tiny_path, tmp_path)
     actor = t.ranks.actors[0] if t.ranks else None
     try:
         with pytest.raises(RankFailed) as failure:
@@ -76,7 +80,8 @@ def test_a_rank_that_raises_fails_the_call_naming_rank_node_and_log(tiny_path: P
         t.close()
     message = str(failure.value)
     assert "trainer rank 1 (Ray actor on node " in message and "raised during 'train'" in message
-    assert "IndexError" in message and "relax-trainer-ranks/rank1.log" in message
+    assert "IndexError" in message and re.search(r"relax-trainer-rank-\w+/rank1\.log", message)
+    assert "IndexError" in (tmp_path / "trainer_ranks" / "rank1.log").read_text(), "closing copied its log here"
     assert actor is not None and t.ranks is None
     assert ended(ray, actor), "closing the trainer ended the actor"
 

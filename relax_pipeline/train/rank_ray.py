@@ -12,7 +12,7 @@ waits for them while rank 0 runs its own part in between.
 Failure: a rank whose call raises fails it with `RankFailed` naming the rank, its node and the error's last line;
 a rank whose actor or node died fails it the same way ("died"). Each actor writes its output to
 `<node temp folder>/relax-trainer-rank-*/rank<r>.log` on its node; a failure's message carries its last lines
-while the actor lives, and `close` copies it to rank 0's `<output>/trainer_ranks/rank<r>.log`. Actors are owned by
+while the actor lives, and `close` moves it to rank 0's `<output>/trainer_ranks/rank<r>.log`. Actors are owned by
 rank 0: they end when it closes the group or exits, even by SIGKILL (Ray ends an owner's actors).
 
 Needs: the model path and the checkpoint folder readable and writable at the same path on every node that holds a
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -85,11 +86,14 @@ class RankActor:
     def log_path(self) -> str:
         return str(self.log)
 
-    def log_text(self, limit: int) -> bytes:
-        """The last `limit` bytes of this rank's log."""
+    def log_text(self, limit: int, remove: bool = False) -> bytes:
+        """The last `limit` bytes of this rank's log; `remove`: then delete its folder (the log was copied)."""
         with open(self.log, "rb") as log:
             log.seek(max(0, log.seek(0, os.SEEK_END) - limit))
-            return log.read()
+            text = log.read()
+        if remove:
+            shutil.rmtree(self.log.parent, ignore_errors=True)
+        return text
 
     def _logged(self, work: Any, *args: Any, **kwargs: Any) -> Any:
         """`work(...)`; on an exception the traceback goes to the log, the rank leaves the process group (closing
@@ -187,7 +191,7 @@ class RayRankGroup:
         for rank, actor in enumerate(actors, 1):
             try:
                 (self.log_dir / f"rank{rank}.log").write_bytes(
-                    self.ray.get(actor.log_text.remote(LOG_COPY_BYTES), timeout=10.0))
+                    self.ray.get(actor.log_text.remote(LOG_COPY_BYTES, remove=True), timeout=10.0))
             except Exception as error:  # the actor or its node is gone
                 log.warning("trainer ranks: could not copy rank %d's log (%s)", rank, type(error).__name__)
 

@@ -82,6 +82,8 @@ def test_a_rank_that_raises_fails_the_call_naming_rank_node_and_log(tiny_path: P
     assert "trainer rank 1 (Ray actor on node " in message and "raised during 'train'" in message
     assert "IndexError" in message and re.search(r"relax-trainer-rank-\w+/rank1\.log", message)
     assert "IndexError" in (tmp_path / "trainer_ranks" / "rank1.log").read_text(), "closing copied its log here"
+    node_log = re.search(r"its log on that node: (\S+)", message)
+    assert node_log and not Path(node_log.group(1)).exists(), "and removed it from the node"
     assert actor is not None and t.ranks is None
     assert ended(ray, actor), "closing the trainer ended the actor"
 

@@ -304,7 +304,9 @@ class RayAgent(RemoteAgent):
         """The node's answer to `call`, sent already (`answer`) or, when None, once a node has room."""
         if answer is None:
             answer = self._submit(pool, await pool.acquire(), call)
-        self._note("")  # the placement line (`_submit`), written once the start that sent the call returned
+        assert self._runner is not None
+        # written here, not in `_submit`: a file open (up to a millisecond on a slow disk) after the start returned
+        self._note(f"ray: session {call.session_id} runs on node {self._runner.name}")
         try:
             return await answer
         finally:
@@ -316,7 +318,6 @@ class RayAgent(RemoteAgent):
         self._runner = runner
         answer = pool.submit(runner, call)
         self._marks["submitted"] = time.time()
-        self._note(f"ray: session {call.session_id} runs on node {runner.name}", later=True)
         return answer
 
     def _answer(self, task: asyncio.Task[Any]) -> tuple[int | None, str, str, str | None]:

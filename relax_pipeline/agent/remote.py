@@ -43,8 +43,6 @@ class RemoteAgent:
         self._output_path: Path | None = None
         self._exit_code: int | None = None
         self._started_at = 0.0
-        self._notes: list[str] = []
-        """Notes not written to agent.log yet (`_note(later=True)`)."""
 
     @property
     def pid(self) -> int | None:
@@ -119,18 +117,13 @@ class RemoteAgent:
 
     def tail(self) -> str:
         """The last `log_tail_bytes` of agent.log (the remote log and this executor's notes)."""
-        self._note("")
         return log_tail(self._log_path, self.spec.log_tail_bytes)
 
-    def _note(self, text: str, later: bool = False) -> None:
-        """Append `text` to agent.log; `later`: when the log is next written or read (a file open costs up to a
-        millisecond on a slow disk, paid on the loop that starts every session)."""
-        if text:
-            self._notes.append(text if text.endswith("\n") else text + "\n")
-        if self._log_path is not None and self._notes and not later:
+    def _note(self, text: str) -> None:
+        """Append `text` to agent.log."""
+        if self._log_path is not None and text:
             with open(self._log_path, "a", encoding="utf-8", errors="replace") as file:
-                file.write("".join(self._notes))
-            self._notes.clear()
+                file.write(text if text.endswith("\n") else text + "\n")
 
     def _failure(self, reason: str, exit_code: int | None) -> AgentFailure:
         return AgentFailure(reason, exit_code, self.tail(), self._log_path)

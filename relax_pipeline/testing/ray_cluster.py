@@ -53,6 +53,23 @@ def local_cluster(workers: int = 2, cpus: int = 4, head_cpus: int = 2) -> Iterat
 
 
 @contextlib.contextmanager
+def joined_cluster(workers: int = 1, cpus: int = 2, head_cpus: int = 1) -> Iterator[Any]:
+    """`local_cluster` with this process joined to it (`ray.init`), as a module-scoped test fixture wants it; Ray
+    is left at the end (`ray_runtime.shutdown`)."""
+    require_ray()
+    import ray
+
+    from relax_pipeline.agent import ray_runtime
+
+    with local_cluster(workers, cpus, head_cpus) as cluster:
+        ray.init(address=cluster.address, include_dashboard=False, logging_level="WARNING")
+        try:
+            yield cluster
+        finally:
+            ray_runtime.shutdown()
+
+
+@contextlib.contextmanager
 def separate_cluster(workers: int = 2, cpus: int = 4, head_cpus: int = 2) -> Iterator[str]:
     """`local_cluster` run by a helper process in its own session (see the module); yields the address."""
     code = ("import sys; from relax_pipeline.testing.ray_cluster import local_cluster\n"

@@ -18,8 +18,7 @@ from typing import Any
 
 import pytest
 
-from relax_pipeline.agent import ray_runtime
-from relax_pipeline.testing.ray_cluster import local_cluster, node_id, require_ray
+from relax_pipeline.testing.ray_cluster import joined_cluster, node_id
 from relax_pipeline.train.batching import TrainSample
 from tests.integration.test_deepspeed_ranks import BATCH, COMPARED, LR, SETTINGS, one_step
 from tests.integration.test_trainer import assert_weights
@@ -35,13 +34,8 @@ ON_WORKER = {"num_cpus": 1, "node_0": 0.5}
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Any]:
-    require_ray()
-    import ray
-
-    with local_cluster(workers=1, cpus=2, head_cpus=1) as cluster:
-        ray.init(address=cluster.address, include_dashboard=False, logging_level="WARNING")
+    with joined_cluster(workers=1, cpus=2, head_cpus=1) as cluster:
         yield cluster
-        ray_runtime.shutdown()
 
 
 def on_ray(tiny_path: Path, output_dir: Path | None = None) -> DeepSpeedTrainer:

@@ -24,7 +24,7 @@ from relax_pipeline.agent import ray_runtime
 from relax_pipeline.agent.launcher import AgentFailure, AgentSpec
 from relax_pipeline.agent.ray_executor import RayAgent, runner_pool
 from relax_pipeline.agent.ray_node import NodeCall
-from relax_pipeline.testing.ray_cluster import local_cluster, require_ray
+from relax_pipeline.testing.ray_cluster import joined_cluster
 
 pytestmark = pytest.mark.asyncio
 
@@ -34,11 +34,7 @@ STUBBORN = "trap '' TERM; sleep 300 & echo $! > {pids}/child; echo $$ > {pids}/m
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Any]:
-    require_ray()
-    import ray
-
-    with local_cluster(workers=1, cpus=2, head_cpus=1) as cluster:
-        ray.init(address=cluster.address, include_dashboard=False, logging_level="WARNING")
+    with joined_cluster(workers=1, cpus=2, head_cpus=1) as cluster:
         yield cluster
 
 

@@ -18,7 +18,7 @@ the whole growing history each turn. Phase one runs `--serial` sessions one afte
 stay up and each repeat runs every phase on bare then on ours, back to back, so load from elsewhere on
 the machine hits both alike. Printed per server and phase: requests/s and server CPU ms per request
 (medians of the repeats), p50 and p99 latency (all requests); the ratio ours/bare of CPU per request
-(DESIGN §5: ≤ 1.8× at 32 turns), requests/s at 32 clients (≥ 500); our gateway's memory per stored
+(docs/design.md §5: ≤ 1.8× at 32 turns), requests/s at 32 clients (≥ 500); our gateway's memory per stored
 token: its RSS growth over the phases divided by the tokens its sessions' forests gained (RSS read
 after `gc.collect()`, so it counts what the forests keep, not garbage); and the CPU time its garbage
 collector spent during the phases per generation, with the longest full collection (what a p99 pays

@@ -1,6 +1,6 @@
 """`experiment=deepeyes_agentic`: a vision agent that zooms into its image with a `crop` tool before answering.
 
-The agent contract (DESIGN §3.2): the input's user message holds the question and the image as an OpenAI
+The agent contract (docs/design.md §3.2): the input's user message holds the question and the image as an OpenAI
 `image_url` part (a data URI). Each turn replays the whole history through the OpenAI SDK with one function
 tool, `crop` (`{"x0", "y0", "x1", "y1"}`: a box in pixels of the original image, or fractions of its size
 when all four are in [0, 1]). The tool crops the box (clamped to the image) and enlarges it, and its result

@@ -1,7 +1,7 @@
 """The minimal relax_pipeline agent: one model call through the OpenAI SDK, exported implicitly.
 
 The pipeline starts this once per session with RELAX_INPUT_JSON, RELAX_BASE_URL and RELAX_API_KEY
-set (DESIGN §3.2). It asks the model once, appends the assistant message (`model_dump()`) and writes
+set (docs/design.md §3.2). It asks the model once, appends the assistant message (`model_dump()`) and writes
 only a reward: the recorded conversation itself is the implicit export.
 """
 

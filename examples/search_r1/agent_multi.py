@@ -6,8 +6,8 @@ and a different angle on the question, for up to `SEARCH_SEARCHER_TURNS` model c
 report is the documents it retrieved plus its last reply. The main agent then gets the question and every report
 in one conversation of its own (no tools) and answers, `<answer>...</answer>` or its last line.
 
-Export, JSONL in RELAX_OUTPUT_JSON (DESIGN §3.2), one record per context, each exactly the messages sent plus the
-final assistant reply (so they match the recorded turns):
+Export, JSONL in RELAX_OUTPUT_JSON (docs/design.md §3.2), one record per context, each exactly the messages
+sent plus the final assistant reply (so they match the recorded turns):
 `{"name": "main", "messages", "reward": outcome, "metadata": {"outcome", ...}}` where outcome is the exact match
 (normalized) against `metadata.answer`, and `{"name": "searcher_<i>", "messages", "tools", "metadata":
 {"usefulness", "searches"}}` where usefulness is 1.0 when the main agent's (non-empty) answer appears in that

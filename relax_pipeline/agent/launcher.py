@@ -1,4 +1,4 @@
-"""Start one agent process per session and end its whole process group (DESIGN §3.2).
+"""Start one agent process per session and end its whole process group (docs/design.md §3.2).
 
 `AgentProcess.start` runs `bash -c <command>` in `cwd`, in a new session (so its own process group),
 with stdin from /dev/null and stdout and stderr appended to one file, `<io_dir>/agent.log`. The

@@ -1,4 +1,4 @@
-"""The session input and output files of the agent process contract (DESIGN §3.2).
+"""The session input and output files of the agent process contract (docs/design.md §3.2).
 
 Input: `build_input` turns a dataset row's input and metadata into `{"messages": [...], "metadata": {...}}`
 (either key absent when the row has none; a string becomes one user message) and `write_input` writes it

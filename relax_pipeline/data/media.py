@@ -1,6 +1,6 @@
 """Images at the two boundaries: dataset sources → data URIs for agents, request URLs → PIL images.
 
-Towards the agent (DESIGN §3.2): `image_url(source)` turns what a dataset row holds into the URL an
+Towards the agent (docs/design.md §3.2): `image_url(source)` turns what a dataset row holds into the URL an
 OpenAI `image_url` part carries. Local paths (relative ones resolved against the dataset file's folder
 by the dataset), raw bytes, in-memory PIL images and `{"bytes": ...}` / `{"path": ...}` dicts (the
 Hugging Face `datasets` image form; `bytes` may also be base64 text in JSONL) become RGB PNG data URIs;

@@ -5,7 +5,7 @@ and `{prefix}/<resource>` (the OpenAI SDKs append the bare resource to a base UR
 `Authorization: Bearer <credential>` (or `x-api-key`) selects the session. The credential is the session's
 `RELAX_API_KEY`, a random secret separate from the session id; on a loopback gateway (`session_ids=True`,
 what the run passes when `gateway.allow_remote=false`) the session's own `RELAX_SESSION_ID` also opens it
-(DESIGN §3.3), while a gateway other hosts can reach takes keys only (the id is logged, so it is no secret).
+(docs/design.md §3.3), while a gateway other hosts can reach takes keys only (the id is logged, so it is no secret).
 Missing or unknown → 401, a session that is not running (not started, finished, failed, dropped) → 404,
 each before the body is read. A credential opens only its own session: a request can only read and write
 that session's forest and continue from that session's response ids. Bodies are parsed with

@@ -6,7 +6,7 @@ once, for the front-ends a gateway serves: OpenAI Chat Completions (`chat/comple
 `{prefix}/v1/`. `openapi_document` is served at `GET {prefix}/openapi.json` without a credential and is what
 the fuzz tier (`tests/fuzz`, schemathesis) generates requests from.
 
-The request schemas describe what the gateway reads (DESIGN §3.3): the fields it uses, typed; every other
+The request schemas describe what the gateway reads (docs/design.md §3.3): the fields it uses, typed; every other
 field is allowed (`additionalProperties`), since real harnesses send many. Response schemas are loose for
 200 (the SDKs validate those) and exact for errors: the OpenAI shape `{"error": {"message", "type", "param",
 "code"}}` on OpenAI routes and the Anthropic shape `{"type": "error", "error": {"type", "message"}}` on

@@ -1,6 +1,6 @@
 """Runtime strategies: when groups start, how many are resident, and when a step closes.
 
-Every mode of DESIGN §1 is a `RuntimeStrategy` over the same `Pipeline` and `GroupPool`:
+Every mode of docs/design.md §2.4 is a `RuntimeStrategy` over the same `Pipeline` and `GroupPool`:
 
 - `sync`: each step leases its groups under the resident capacity and waits for them;
 - `prelaunch`: as sync, and once a step has its groups the next step's agents start while the trainer

@@ -1,7 +1,7 @@
 """Prepare stage: open a group's sessions, write their input files and start their agents.
 
 One session per copy of the prompt (`rollout.n_samples_per_prompt`), each with its own io folder,
-input file and `RELAX_*` environment (DESIGN §3.2). A session whose group lease is not granted yet
+input file and `RELAX_*` environment (docs/design.md §3.2). A session whose group lease is not granted yet
 (prelaunch) starts `waiting`, with its agent's active-time clock paused. This stage does not wait for
 agents.
 """

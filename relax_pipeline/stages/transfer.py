@@ -1,4 +1,4 @@
-"""Transfer stage: scored contexts → training samples and rollout-dump rows (DESIGN §3.4).
+"""Transfer stage: scored contexts → training samples and rollout-dump rows (docs/design.md §3.4).
 
 A healthy group yields one row per exported context, with status `completed` (or `truncated` when its
 last turn hit the length limit); a dropped group yields one row per session saying why (`failed` for

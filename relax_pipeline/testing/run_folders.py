@@ -1,4 +1,4 @@
-"""A synthetic run output folder for the viewer's tests and bench: dump rows with the DESIGN §3.4 fields and
+"""A synthetic run output folder for the viewer's tests and bench: dump rows with the docs/design.md §3.4 fields and
 invariants, a `config.yaml` naming the dump pattern, `run.log` metric and fork lines, `metrics.jsonl`.
 
 `write_run_folder(root, steps, sessions, ...)` writes `steps` dump files of `sessions` sessions each (every

@@ -1,4 +1,4 @@
-"""Rollout metrics with the names of DESIGN §3.4.
+"""Rollout metrics with the names of docs/design.md §3.4.
 
 `rollout/raw_reward` is the mean primary reward of the step's scored contexts; numeric fields of
 reward objects (exported or produced by a reward model) become `rollout/<field>/{mean,median,max,min}`

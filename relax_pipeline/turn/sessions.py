@@ -16,8 +16,8 @@ terminal state with a reason, so nothing is lost silently. The store does no I/O
 Credentials: each session has an id (`sess-` + 24 random hex digits; it names the session in logs, the dump
 and agent-server URLs, so it is not secret) and a separate key (`rk-` + 32 random url-safe characters from
 `secrets`, unrelated to the id, never logged). `authenticate` finds a session by its key; only when asked
-(`session_ids=True`, what a loopback gateway passes: DESIGN §3.3's `Bearer <RELAX_SESSION_ID>`) also by its
-own id. Either way a credential opens only the session it belongs to; a forged id or key opens nothing.
+(`session_ids=True`, what a loopback gateway passes: docs/design.md §3.3's `Bearer <RELAX_SESSION_ID>`)
+also by its own id. Either way a credential opens only the session it belongs to; a forged id or key opens nothing.
 
 Memory: `release` forgets an ended session once its group's rows are written (the pipeline does it at the
 end of each step), keeping only its key, id and final status, so a run of days holds the sessions of its

@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 
 STATUSES = ("completed", "truncated", "aborted", "failed", "dropped", "filtered")
-"""Row statuses of DESIGN §3.4, in the order the viewer lists them."""
+"""Row statuses of docs/design.md §3.4, in the order the viewer lists them."""
 HEAD_END = b', "messages": '
 HEAD_KEYS = ("session_id", "status", "reward")
 

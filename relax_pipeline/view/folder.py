@@ -1,6 +1,6 @@
 """A run's output folder as the viewer reads it: its config, its dump files, its metrics and its fork records.
 
-`RunFolder` finds what a run wrote (DESIGN §3.1, §3.4): `config.yaml` (for the dump pattern and the model),
+`RunFolder` finds what a run wrote (docs/design.md §3.1, §3.4): `config.yaml` (for the dump pattern and the model),
 the rollout dump files (`debug.save_rollout_data` with `{rollout_id}` → the step number, or
 `eval_<name>_<steps done>` for eval dumps), `metrics.jsonl` (`tracking/metrics_file.py`) or, for runs
 that predate it, the `step N metrics k=v ...` and `eval after N steps metrics ...` lines of `run.log`,

@@ -1,5 +1,5 @@
 """Test agent: reports the base URL it was given and how the gateway answers its session id, then makes one
-model call with the credential named by BEARER_AGENT_CREDENTIAL (`session_id`: RELAX_SESSION_ID, DESIGN
+model call with the credential named by BEARER_AGENT_CREDENTIAL (`session_id`: RELAX_SESSION_ID, docs/design.md
 §3.3's loopback promise; anything else: RELAX_API_KEY) through the OpenAI SDK, and exports implicitly."""
 
 import json

@@ -5,8 +5,8 @@ Two runs, each a real gateway and real agent subprocesses (examples/deepeyes_age
   it never calls the tool, so every session ends with reward 0), writing dump rows with the input image;
 - `engine=scripted` on `model=tiny_vl`, forcing a broken crop call, a good one and the right answer: the
   tool result's image is recorded in the forest and the dump row's `multimodal` covers both images (the
-  input's and the crop's, each expanded to its image-pad tokens), the invariants of DESIGN §3.4 hold and
-  the reward is 1.0.
+  input's and the crop's, each expanded to its image-pad tokens), the invariants of docs/design.md §3.4 hold
+  and the reward is 1.0.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def compose_experiment(tmp_path: Path, tiny_vl_path: Path, *overrides: str) -> D
 
 
 def check_invariants(row: dict, pad: int) -> None:
-    """DESIGN §3.4: lengths agree, loss only on generated tokens, observation tokens (image pads too) at 0.0."""
+    """docs/design.md §3.4: lengths agree, loss only on generated tokens, observation tokens (image pads) at 0.0."""
     assert set(row) == FIELDS | {"multimodal"} and row["status"] in ("completed", "truncated")
     n = row["response_length"]
     assert len(row["tokens"]) == row["prompt_length"] + n

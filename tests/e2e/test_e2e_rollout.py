@@ -1,6 +1,6 @@
 """End to end: `job=rollout` with the real engine, gateway, and subprocess agents using the openai SDK.
 
-Checks every dump invariant of DESIGN §3.4, that each turn's prompt starts with the previous turn's
+Checks every dump invariant of docs/design.md §3.4, that each turn's prompt starts with the previous turn's
 prompt and output tokens, and that failing agents are recorded (failed + dropped rows) while the run
 goes on, replacing the dropped groups within the step.
 """

@@ -1,6 +1,6 @@
 """Whole runs with the `gateway.*` keys: the base URL agents get and the credentials they may send.
 
-Loopback (the default): an agent that sends `Authorization: Bearer $RELAX_SESSION_ID` (DESIGN §3.3) is
+Loopback (the default): an agent that sends `Authorization: Bearer $RELAX_SESSION_ID` (docs/design.md §3.3) is
 served. `gateway.host=0.0.0.0 gateway.allow_remote=true gateway.public_url=...`: every agent's
 `RELAX_BASE_URL` is the public URL, the gateway answers at it, and a session id is refused (401) while
 `RELAX_API_KEY` is served. A remote bind without `gateway.allow_remote` stops the run before anything starts.

@@ -2,7 +2,7 @@
 
 Real parts throughout: the tiny VL model in the embedded engine, the gateway, the minimal OpenAI-SDK agent
 as a subprocess (it forwards the input messages, image parts included), the dump. The dump row's training
-ids must be processor-expanded (as many image-pad tokens as `image_grid_thw` implies), keep the DESIGN §3.4
+ids must be processor-expanded (as many image-pad tokens as `image_grid_thw` implies), keep the docs/design.md §3.4
 invariants, and score its generated tokens exactly as the trainer's forward with the same pixels does.
 `job=train model=tiny_vl` (slow) shows the trainer feeds `multimodal_train_inputs` and moves the weights.
 """
@@ -69,7 +69,7 @@ def test_two_images_reach_the_dump_as_expanded_training_ids(tmp_path: Path, tiny
 
 
 def check_expanded_row(row: dict, pad: int, grids: list[tuple[int, int, int]]) -> None:
-    """DESIGN §3.4 invariants, plus training ids expanded exactly as image_grid_thw implies (merge 2×2)."""
+    """docs/design.md §3.4 invariants, plus training ids expanded exactly as image_grid_thw implies (merge 2×2)."""
     assert set(row) == FIELDS | {"multimodal"} and row["status"] in ("completed", "truncated")
     assert row["multimodal"]["image_grid_thw"] == [list(g) for g in grids]
     expected = [t * h * w // 4 for t, h, w in grids]

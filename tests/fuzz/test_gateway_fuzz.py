@@ -8,7 +8,7 @@ name the field: `param` on OpenAI routes, a `field: ` prefix on Anthropic ones (
 not JSON objects, which have no field). A schema-valid body may still be a 400 (`positive_data_acceptance` is
 not checked): JSON Schema cannot say that an assistant message may not come last, that a tool result needs
 its call, or that a prompt must fit the context; such 400s are held to the same shape and field rules. Nor is
-`negative_data_rejection`: the gateway is lenient on purpose (DESIGN §3.3: what it does not use is accepted
+`negative_data_rejection`: the gateway is lenient on purpose (docs/design.md §3.3: what it does not use is accepted
 and ignored; `null` reads as absent), so a body outside the schema may be answered 200. The number of cases
 tried and of 500s seen is printed at the end.
 

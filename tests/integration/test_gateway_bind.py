@@ -3,7 +3,7 @@ machine's non-loopback address, and on 127.0.0.1, with the real `openai` and `an
 
 `gateway.allow_remote=true` (the app built with `session_ids=False`): only a session's `RELAX_API_KEY` opens
 it; its id gets 401 naming RELAX_API_KEY. Loopback (`session_ids=True`, what the run passes when
-`gateway.allow_remote=false`): the session's own `RELAX_SESSION_ID` opens it too (DESIGN §3.3). Either way a
+`gateway.allow_remote=false`): the session's own `RELAX_SESSION_ID` opens it too (docs/design.md §3.3). Either way a
 credential opens only its own session: session A's credential never reads or changes session B's forest,
 B's response ids included, and a 401 or 404 changes nothing anywhere (forests, responses, statuses, the
 engine's prompts).

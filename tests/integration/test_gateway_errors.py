@@ -1,7 +1,7 @@
 """Bad requests over real HTTP: each answers its status and the OpenAI error shape, and commits nothing.
 
 The shape is `{"error": {"message", "type", "param", "code"}}` with `param` the field path to fix
-(DESIGN §3.3). Also here: what must be accepted although we do not use it (unknown fields, query
+(docs/design.md §3.3). Also here: what must be accepted although we do not use it (unknown fields, query
 parameters, non-function tools, request temperature/top_p), and the context-length limit.
 """
 

@@ -254,7 +254,7 @@ def test_none_filters_the_group(monkeypatch: pytest.MonkeyPatch, caplog: pytest.
         rows = made.stage(CustomAdvantageCredit(advantage_path="credit_hooks.advantage_none"), monkeypatch)
     assert made.group.dropped is None and made.group.filtered is not None and made.group.excluded
     assert [(r["status"], r["index"], r["tokens"]) for r in rows] == [("filtered", 0, []), ("filtered", 1, [])]
-    assert all(r["error"] is None for r in rows), "DESIGN §3.4: error is for failed/dropped rows only"
+    assert all(r["error"] is None for r in rows), "docs/design.md §3.4: error is for failed/dropped rows only"
     assert "group g0 filtered: credit.advantage_path returned None" in caplog.text
     assert [s.status for s in made.group.sessions] == [Status.FILTERED, Status.FILTERED]
     metrics = rollout_metrics(rows, [made.group])

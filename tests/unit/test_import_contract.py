@@ -1,4 +1,4 @@
-"""The import contract of DESIGN §2: every import points down the layers, and none closes a circle.
+"""The import contract of docs/design.md §2: every import points down the layers, and none closes a circle.
 
 An AST walk over every module of the package (imports under `TYPE_CHECKING` and inside functions count:
 a hidden circle is still a circle). A module may import its own package, and any package on a lower
@@ -46,7 +46,7 @@ def floor_of(unit: str) -> int:
     for floor, units in enumerate(FLOORS):
         if unit in units:
             return floor
-    raise AssertionError(f"relax_pipeline.{unit} is on no floor of FLOORS; add it to DESIGN §2 and to this test")
+    raise AssertionError(f"relax_pipeline.{unit} is on no floor of FLOORS; add it to docs/layout.md and this test")
 
 
 def module_name(path: Path, base: Path = ROOT.parent) -> str:
@@ -93,7 +93,7 @@ def test_every_unit_is_on_a_floor() -> None:
 def test_imports_point_down() -> None:
     upward = [f"{file}:{line}: {here} imports {there}" for file, line, here, there in edges()
               if here != "testing" and (there == "testing" or floor_of(there) <= floor_of(here))]
-    assert not upward, "imports that point up or sideways (DESIGN §2):\n" + "\n".join(upward)
+    assert not upward, "imports that point up or sideways (docs/design.md §2):\n" + "\n".join(upward)
 
 
 def test_no_circle_between_modules() -> None:

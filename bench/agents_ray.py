@@ -48,11 +48,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from hydra import compose, initialize_config_dir  # noqa: E402
 
-from relax_pipeline.agent import ray_runtime  # noqa: E402
 from relax_pipeline.agent.executors import new_agent  # noqa: E402
 from relax_pipeline.agent.launcher import AgentSpec  # noqa: E402
 from relax_pipeline.agent.ray_executor import warm_up  # noqa: E402
 from relax_pipeline.config import CONF_DIR, quote_placeholders, register  # noqa: E402
+from relax_pipeline.infra import ray_runtime  # noqa: E402
 from relax_pipeline.run import run  # noqa: E402
 from relax_pipeline.testing.ray_cluster import separate_cluster  # noqa: E402
 

@@ -13,7 +13,6 @@ import importlib.util
 import inspect
 import logging
 import re
-import socket
 import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -25,6 +24,7 @@ from hydra.utils import get_class, instantiate
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from relax_pipeline.gateway.server import check_bind, check_public_url
+from relax_pipeline.infra.ports import named_port
 from relax_pipeline.train.advantages import AdvantageSettings
 from relax_pipeline.train.base import Trainer
 from relax_pipeline.train.batching import BatchSettings
@@ -423,7 +423,7 @@ session run on a node of a Ray cluster (`agent/ray_executor.py`)."""
 
 @dataclass
 class RayConfig:
-    """The Ray cluster of `agent.executor=ray` and `engine.placement=ray` (`agent/ray_runtime.py`): connected once,
+    """The Ray cluster of `agent.executor=ray` and `engine.placement=ray` (`infra/ray_runtime.py`): connected once,
     on first use, and left at the end of the run."""
 
     address: str | None = None
@@ -624,19 +624,7 @@ def register() -> None:
     if not OmegaConf.has_resolver("relax_python"):
         OmegaConf.register_new_resolver("relax_python", lambda: sys.executable)
     if not OmegaConf.has_resolver("relax_free_port"):
-        OmegaConf.register_new_resolver("relax_free_port", free_port)
-
-
-_PORTS: dict[str, int] = {}
-
-
-def free_port(name: str) -> int:
-    """A free TCP port on 127.0.0.1 for `name`, picked once per process (the same on every access)."""
-    if name not in _PORTS:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            _PORTS[name] = probe.getsockname()[1]
-    return _PORTS[name]
+        OmegaConf.register_new_resolver("relax_free_port", named_port)
 
 
 def build(node: DictConfig | Any, **kwargs: Any) -> Any:

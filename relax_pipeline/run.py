@@ -33,7 +33,6 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from relax_pipeline.agent import ray_runtime
 from relax_pipeline.agent.ray_executor import warm_up
 from relax_pipeline.agent.services import Services, service_problems
 from relax_pipeline.config import (
@@ -50,6 +49,7 @@ from relax_pipeline.data.dataset import DataSource
 from relax_pipeline.engine.template import ChatTemplate
 from relax_pipeline.gateway.app import create_app
 from relax_pipeline.gateway.server import GatewayServer
+from relax_pipeline.infra import ray_runtime
 from relax_pipeline.loop import Checkpoints, RunInterrupted, StepLoop
 from relax_pipeline.models.spec import context_len
 from relax_pipeline.scheduling.base import Binding

@@ -1,6 +1,6 @@
 """`agent.executor=ray`: each session's agent runs on a node of a Ray cluster, waited on like a local process.
 
-The agent contract is unchanged (DESIGN §3.2): `RayAgent.start` reads the session's input file here and sends
+The agent contract is unchanged (docs/design.md §3.2): `RayAgent.start` reads the session's input file here and sends
 its text, `agent.command`, `agent.cwd`, `agent.env` and the session's `RELAX_*` variables as one `NodeCall` to
 the `NodeRunner` actor of a node (`agent/ray_node.py`), which writes the input into a temporary folder on that
 node, runs `bash -c command` there in its own process group and answers the exit code, the output file's text
@@ -47,10 +47,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from relax_pipeline.agent import ray_runtime
 from relax_pipeline.agent.launcher import AgentFailure, AgentSpec
 from relax_pipeline.agent.ray_node import NodeAnswer, NodeCall, NodeRunner
 from relax_pipeline.agent.remote import RemoteAgent
+from relax_pipeline.infra import ray_runtime
 
 log = logging.getLogger("relax_pipeline")
 

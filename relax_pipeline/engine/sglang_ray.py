@@ -1,6 +1,6 @@
 """`engine.placement=ray`: the SGLang servers of `engine.launch=true` placed on a Ray cluster by a placement group.
 
-`RayServers.start` joins the run's Ray cluster (`agent/ray_runtime.connect`, `ray.*` keys), reserves one placement
+`RayServers.start` joins the run's Ray cluster (`infra/ray_runtime.connect`, `ray.*` keys), reserves one placement
 group of `engine.servers` bundles, each `{GPU: engine.gpus_per_server, CPU: engine.cpus_per_server}` (a CPU-only
 bundle when `gpus_per_server` is 0), with `engine.placement_strategy` (`PACK` by default; `SPREAD`,
 `STRICT_PACK`, `STRICT_SPREAD`), and starts one `ServerHost` actor in each bundle. Ray gives the actor its GPUs
@@ -33,8 +33,8 @@ from typing import Any
 
 import httpx
 
-from relax_pipeline.agent import ray_runtime
 from relax_pipeline.engine.sglang_launch import GRACE_S, free_port, server_command
+from relax_pipeline.infra import ray_runtime
 
 STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 """Placement group strategies Ray offers (`engine.placement_strategy`)."""

@@ -59,7 +59,7 @@ def joined_cluster(workers: int = 1, cpus: int = 2, head_cpus: int = 1) -> Itera
     require_ray()
     import ray
 
-    from relax_pipeline.agent import ray_runtime
+    from relax_pipeline.infra import ray_runtime
 
     with local_cluster(workers, cpus, head_cpus) as cluster:
         ray.init(address=cluster.address, include_dashboard=False, logging_level="WARNING")

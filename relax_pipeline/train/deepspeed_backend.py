@@ -379,7 +379,7 @@ LAUNCH_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR")
 
 def rank0_address(ray_settings: dict[str, Any] | None) -> str:
     """Rank 0's address on the Ray cluster (MASTER_ADDR of ranks placed there), joining it if needed."""
-    from relax_pipeline.agent import ray_runtime
+    from relax_pipeline.infra import ray_runtime
 
     ray_runtime.connect(ray_settings)
     return ray_runtime.node_ip()

@@ -34,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from relax_pipeline.agent import ray_runtime
+from relax_pipeline.infra import ray_runtime
 from relax_pipeline.train.rank_group import COMMANDS, LOG_TAIL_LINES, STARTUP_TIMEOUT_S, RankFailed
 
 log = logging.getLogger("relax_pipeline")

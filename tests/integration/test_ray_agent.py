@@ -20,10 +20,10 @@ from typing import Any
 
 import pytest
 
-from relax_pipeline.agent import ray_runtime
 from relax_pipeline.agent.launcher import AgentFailure, AgentSpec
 from relax_pipeline.agent.ray_executor import RayAgent, runner_pool
 from relax_pipeline.agent.ray_node import NodeCall
+from relax_pipeline.infra import ray_runtime
 from relax_pipeline.testing.ray_cluster import joined_cluster
 
 pytestmark = pytest.mark.asyncio

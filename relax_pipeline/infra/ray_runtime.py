@@ -8,8 +8,8 @@ used as it is and left running. `on_shutdown(hook)` registers what must end befo
 the engine's server hosts); `shutdown()` runs the hooks, then leaves Ray when this run started it. `node_ip()`
 is the address other processes of the cluster reach this one by.
 
-Ray is imported here lazily and nowhere below `agent`: a run that does not use it never imports it, and a
-missing `ray` package is an error naming the extra to install.
+Ray is imported here lazily: a run that does not use it never imports it, and a missing `ray` package is an
+error naming the extra to install.
 
 Not done here: starting or scaling a cluster (`ray start`, the autoscaler), authentication to it.
 """

@@ -1,8 +1,8 @@
 """Runtime modes on one long-tailed workload: samples/s, engine busy fraction, and each mode vs `sync`.
 
 The whole pipeline runs for real (gateway, agent subprocesses from `examples/long_tail_agent`, stages,
-strategies, credit, step loop) around a simulated engine and trainer (`fakes.PacedEngine`: every
-`--token-s` each active request gets a token, lengths log-normal; `fakes.PacedTrainer`: a fixed
+strategies, credit, step loop) around a simulated engine and trainer (`testing.engines.PacedEngine`: every
+`--token-s` each active request gets a token, lengths log-normal; `testing.engines.PacedTrainer`: a fixed
 `--train-s` optimizer step), so what is measured is the scheduler. Workload per session: `--startup-s`
 of agent start-up, `--turns` model calls with log-normal tool latency between them. Every mode runs the
 same steps, groups and seeds; the first step is left out of the rates (nothing is warm yet).

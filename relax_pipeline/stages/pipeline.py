@@ -1,10 +1,12 @@
-"""The step loop: runtime strategies drive groups through Prepare → Runtime → Reward → Transfer.
+"""One group through the four stages: Prepare → Runtime → Reward → Transfer, and the close of a step.
 
-`Pipeline` owns the four stage objects and the data source and knows how to move one group through
-them (`start_group`, `await_group`, `score_group`); a runtime strategy (`relax_pipeline.runtime`) decides when, and
-how many groups are resident. Each rollout step ends with the dump, the metrics and the one-line
-`AGENTIC ROLLOUT event=accounting_end` record. Dropped groups give their prompt back to the data
-source. Training is not here: `run.py` calls the trainer between steps.
+`Pipeline` owns the four stage objects, the data source and the rollout dump, and moves one group through
+them (`start_group`, `await_group`, `score_group`); it does not decide when or how many: a runtime strategy
+(`relax_pipeline.scheduling`) calls these methods and keeps groups resident under the capacity. A dropped
+or filtered train group gives its prompt back to the data source. `close_step` ends a rollout step: it
+writes the dump, takes the rollout metrics (`rollout/wasted_tokens`: tokens of filtered or surplus groups)
+and logs the one-line `AGENTIC ROLLOUT event=accounting_end` record. Training, weight sync and checkpoints
+are not here: the step loop (`loop.py`) calls the trainer between steps.
 
 The pipeline knows which groups still have agents running (started, not yet through `await_group`).
 `interrupt(reason)` (the run's first SIGINT/SIGTERM) drops every one of them (`cancel_group`: sessions

@@ -1,7 +1,7 @@
 """Runtime modes end to end: prelaunch, request-level partial rollout, fully async, and no lost session.
 
 Real gateway, real agent subprocesses (`examples/long_tail_agent`), real stages and strategies; the
-engine is `fakes.PacedEngine` (time proportional to tokens, abortable, letters in a cycle so lost or
+engine is `testing.engines.PacedEngine` (time proportional to tokens, abortable, letters in a cycle so lost or
 duplicated tokens show) so the scheduler is what is tested. Steps are driven through the strategy
 directly where a test needs to act between them (a simulated optimizer step, a weight update).
 """

@@ -1,5 +1,5 @@
 """Reasoning and tool-call parsers on whole outputs: every built-in name, malformed calls kept as text,
-and delegation of other names to SGLang's parsers (against `fakes.write_fake_sglang`)."""
+and delegation of other names to SGLang's parsers (against `relax_pipeline.testing.sglang_stub.write_fake_sglang`)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,42 @@
+"""`trainer.keep_freed_memory` (train/allocator.py): freed large buffers stay mapped for reuse.
+
+Each case runs in a fresh interpreter, since the setting is process-wide and cannot be undone: a 256 MiB
+tensor is filled, freed, and the resident size is read back from /proc. (The setting's default, which needs no
+process, is tested in `tests/unit/test_allocator.py`.)
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PROBE = """
+import sys, torch
+from relax_pipeline.train.allocator import keep_freed_cpu_memory
+kept = keep_freed_cpu_memory() if sys.argv[1] == "keep" else None
+def rss_mib():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096 / 2**20
+before = rss_mib()
+big = torch.ones(64 << 20)  # 256 MiB of float32, touched
+del big
+print(kept, round(rss_mib() - before))
+"""
+
+
+def resident_after_free(mode: str) -> tuple[str, int]:
+    out = subprocess.run([sys.executable, "-c", PROBE, mode], capture_output=True, text=True, check=True)
+    kept, grown = out.stdout.split()
+    return kept, int(grown)
+
+
+@pytest.mark.skipif(not Path("/proc/self/statm").exists() or sys.platform != "linux", reason="reads /proc (Linux)")
+def test_freed_buffers_stay_mapped_only_when_asked() -> None:
+    kept, grown = resident_after_free("keep")
+    assert kept == "True" and grown >= 200, f"the freed 256 MiB should stay resident for reuse (grew {grown} MiB)"
+    _, grown = resident_after_free("default")
+    assert grown < 64, f"by default malloc unmaps a freed 256 MiB buffer (grew {grown} MiB)"
+

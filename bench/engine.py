@@ -39,6 +39,7 @@ from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM  # noqa: E
 from relax_pipeline.engine import hf_batch  # noqa: E402
 from relax_pipeline.engine.base import GenerateResult, SamplingParams  # noqa: E402
 from relax_pipeline.engine.hf import HFEngine  # noqa: E402
+from relax_pipeline.engine.settings import EngineRun, HFEngineSettings
 from relax_pipeline.models.spec import load_pretrained  # noqa: E402
 from relax_pipeline.models.tiny import build_tiny  # noqa: E402
 
@@ -70,8 +71,9 @@ def encode(tokenizer: object, messages: list[dict[str, str]]) -> list[int]:
 
 
 async def started(folder: Path, args: argparse.Namespace, kv_cache_mb: int) -> HFEngine:
-    engine = HFEngine(str(folder), max_batch_size=args.batch, max_context_len=8192, threads=args.threads,
-                      kv_cache_mb=kv_cache_mb, dtype=args.dtype, attn_implementation=args.attention)
+    settings = HFEngineSettings(max_batch_size=args.batch, threads=args.threads, kv_cache_mb=kv_cache_mb,
+                                dtype=args.dtype, attn_implementation=args.attention)
+    engine = HFEngine(settings, EngineRun(str(folder), max_context_len=8192))
     await engine.start()
     await engine.generate([1, 2, 3], SamplingParams(max_new_tokens=2), rid="warm-up")
     return engine

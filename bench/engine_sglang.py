@@ -43,6 +43,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import httpx  # noqa: E402
 
+from relax_pipeline.engine.settings import EngineRun, SglangEngineSettings
+
 PREFIX = "/agentic_api"
 
 
@@ -116,11 +118,12 @@ async def measure(args: argparse.Namespace) -> dict[str, list[float]]:
 
     model = args.model or str(build_tiny(Path(tempfile.gettempdir()) / "relax-bench"))
     fake = f"{sys.executable} -m relax_pipeline.testing.sglang_server"
-    engine = SglangEngine(model, launch=True, servers=args.servers, gpus_per_server=args.gpus_per_server,
-                          launch_command=args.launch_command or fake,
-                          server_args={} if args.launch_command else {"ignore_stop": True, "kv_cache_mb": 0},
-                          router="sglang", router_command=f"{sys.executable} -m sglang_router.launch_router",
-                          router_args={"log_level": "warn"}, output_dir=tempfile.mkdtemp(prefix="bench-sglang-"))
+    settings = SglangEngineSettings(
+        launch=True, servers=args.servers, gpus_per_server=args.gpus_per_server,
+        launch_command=args.launch_command or fake,
+        server_args={} if args.launch_command else {"ignore_stop": True, "kv_cache_mb": 0}, router="sglang",
+        router_command=f"{sys.executable} -m sglang_router.launch_router", router_args={"log_level": "warn"})
+    engine = SglangEngine(settings, EngineRun(model, output_dir=tempfile.mkdtemp(prefix="bench-sglang-")))
     await engine.start()
     recorder = Recorder(engine)
     turns = TurnService(ChatTemplate(engine.tokenizer), engine, OutputParser(),

@@ -26,6 +26,7 @@ from transformers import AutoModelForCausalLM  # noqa: E402
 
 from relax_pipeline.models.tiny import build_tiny  # noqa: E402
 from relax_pipeline.train.batching import BatchSettings, TrainSample  # noqa: E402
+from relax_pipeline.train.settings import TrainerRun, TrainerSettings
 from relax_pipeline.train.torch_backend import TorchTrainer  # noqa: E402
 
 
@@ -88,7 +89,7 @@ def main() -> None:
     path = build_tiny(seed=0)
     samples = synthetic_samples(args.samples, args.length)
     packing = BatchSettings(use_dynamic_batch_size=True, max_tokens_per_gpu=1 << 20)
-    trainer = TorchTrainer(model_path=str(path), batching=packing)
+    trainer = TorchTrainer(TrainerSettings(batching=packing), TrainerRun(str(path)))
     bare = BareStep(path, samples)
     ours_times, bare_times = [], []
     for rep in range(args.reps + 2):  # two warm-up reps each

@@ -76,6 +76,7 @@ from relax_pipeline.engine.sampling import (
     make_generator,
     sample_rows,
 )
+from relax_pipeline.engine.settings import EngineRun, HFEngineSettings
 from relax_pipeline.engine.vision import Vision
 from relax_pipeline.models.attention import check_implementation
 from relax_pipeline.models.spec import load_pretrained
@@ -318,38 +319,18 @@ class HFEngine:
     them per training step.
     """
 
-    def __init__(
-        self,
-        model_path: str,
-        device: str = "cpu",
-        dtype: str = "float32",
-        max_batch_size: int = 32,
-        max_context_len: int = 4096,
-        seed: int = 0,
-        default_stop_token_ids: tuple[int, ...] = (),
-        threads: int | None = None,
-        kv_cache_mb: int = 1024,
-        attn_implementation: str | None = None,
-    ) -> None:
-        self.model_path = model_path
-        self.device = device
-        self.dtype = dtype
-        self.max_batch_size = max_batch_size
-        self.max_context_len = max_context_len
-        self.seed = seed
-        self.default_stop_token_ids = tuple(default_stop_token_ids)
-        if threads is not None and threads < 1:
-            raise ValueError(f"engine.threads={threads} must be >= 1 (or null: torch's default)")
-        if kv_cache_mb < 0:
-            raise ValueError(f"engine.kv_cache_mb={kv_cache_mb} must be >= 0 (0 turns the prefix cache off)")
-        if dtype not in _DTYPES:
-            raise ValueError(f"engine.dtype={dtype!r} is not supported; use one of {sorted(_DTYPES)}")
+    def __init__(self, settings: HFEngineSettings, run: EngineRun) -> None:
+        self.settings = settings
+        """The `engine` node (engine/settings.py); its keys were checked when it was made."""
+        self.model_path, self.seed, self.max_context_len = run.model_path, run.seed, run.max_context_len
+        self.device, self.dtype, self.max_batch_size = settings.device, settings.dtype, settings.max_batch_size
+        self.default_stop_token_ids: tuple[int, ...] = ()
+        """Token ids that end every generation besides the request's own (the SGLang-wire fake sets its EOS)."""
         # On a CPU, bfloat16 decoding is about 25% faster with `eager` (batched matmuls) than with `sdpa`, and
         # `grouped` (models/attention.py) saves another 10% (SmolLM2-135M).
-        check_implementation("engine.attn_implementation", attn_implementation)
-        self.threads = threads
-        self.kv_cache_mb = kv_cache_mb
-        self.attn_implementation = attn_implementation
+        check_implementation("engine.attn_implementation", settings.attn_implementation)
+        self.threads, self.kv_cache_mb = settings.threads, settings.kv_cache_mb
+        self.attn_implementation = settings.attn_implementation
         self.weight_version = 0
         self.stats: dict[str, float] = {"steps": 0, "prefills": 0, "tokens": 0, "max_batch": 0, "prefill_passes": 0,
                                         "prefill_tokens": 0, "cached_tokens": 0, "prefill_s": 0.0, "decode_s": 0.0}

@@ -54,18 +54,16 @@ import httpx
 import orjson
 
 from relax_pipeline.engine.base import GenerateResult, ImageFeatures, SamplingParams
-from relax_pipeline.engine.sglang_launch import Processes, free_port, gpu_env, router_command, server_command
+from relax_pipeline.engine.settings import EngineRun, SglangEngineSettings
+from relax_pipeline.engine.sglang_launch import Processes, gpu_env, router_command, server_command
 from relax_pipeline.engine.sglang_ray import RayServers
 from relax_pipeline.engine.sglang_routing import ROUTING_KEY_HEADER, Affinity, KvAdmission, WorkerLoad, WorkerPool
 from relax_pipeline.engine.sglang_weights import write_weights
+from relax_pipeline.infra.ports import free_port
 
 log = logging.getLogger(__name__)
 SGLANG_API_VERSION = "0.5.3"
 """The SGLang release whose HTTP API this client (and the fake server) follows."""
-ROUTERS = ("none", "sglang")
-ADMISSIONS = ("none", "kv")
-PLACEMENTS = ("local", "ray")
-"""Where launched servers run (`engine.placement`): subprocesses here, or placement-group bundles of a Ray cluster."""
 FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
 
 
@@ -95,47 +93,29 @@ class _Targets:
 class SglangEngine:
     """Client of SGLang servers (see the module); one instance per run."""
 
-    def __init__(self, model_path: str, seed: int = 0, max_context_len: int = 4096, urls: Sequence[str] = (),
-                 launch: bool = False, servers: int = 1, gpus_per_server: int = 1,
-                 launch_command: str = "python -m sglang.launch_server", server_args: dict[str, Any] | None = None,
-                 launch_timeout: float = 900.0, host: str = "127.0.0.1", router: str = "none",
-                 router_url: str | None = None, router_command: str = "python -m sglang_router.launch_router",
-                 router_args: dict[str, Any] | None = None, admission: str = "none", kv_headroom: float = 0.9,
-                 admission_max_wait_s: float = 300.0, weights_dir: str | None = None, log_dir: str | None = None,
-                 output_dir: str | None = None, max_batch_size: int = 32, affinity_block: int = 16,
-                 placement: str | None = None, placement_strategy: str = "PACK", cpus_per_server: float = 1.0,
-                 ray: dict[str, Any] | None = None) -> None:
-        _check_choice("engine.router", router, ROUTERS)
-        _check_choice("engine.admission", admission, ADMISSIONS)
-        if bool(urls) == bool(launch):
-            raise ValueError("engine=sglang needs exactly one of engine.urls=[http://HOST:PORT,...] (running SGLang "
-                             "servers) and engine.launch=true (start engine.servers of them)")
-        if launch and servers < 1:
-            raise ValueError(f"engine.servers={servers} must be >= 1 with engine.launch=true")
-        if router_url and router != "sglang":
-            raise ValueError("engine.router_url is set but engine.router=none; set engine.router=sglang")
-        self.model_path = model_path
-        self.seed = seed
-        self.max_context_len = max_context_len
-        self.max_batch_size = max_batch_size
+    def __init__(self, settings: SglangEngineSettings, run: EngineRun) -> None:
+        self.settings = settings
+        """The `engine` node (engine/settings.py); its keys were checked when it was made."""
+        self.model_path, self.seed, self.max_context_len = run.model_path, run.seed, run.max_context_len
+        self.max_batch_size = settings.max_batch_size
         self.weight_version = 0
         self.vision = None
         """SGLang serves text here: the turn service refuses images."""
-        self.urls = [u.rstrip("/") for u in urls]
-        self.launch, self.servers, self.gpus_per_server = launch, servers, gpus_per_server
-        self.launch_command, self.server_args = launch_command, dict(server_args or {})
-        self.launch_timeout, self.host = launch_timeout, host
-        self.router, self.router_url = router, router_url.rstrip("/") if router_url else None
-        self.router_command, self.router_args = router_command, dict(router_args or {})
-        base = Path(output_dir) / "sglang" if output_dir else Path(tempfile.gettempdir()) / "relax-sglang"
-        self.log_dir = Path(log_dir) if log_dir else base
-        self.weights_dir = Path(weights_dir) if weights_dir else base / "weights"
-        self.affinity = Affinity(affinity_block)
-        self.admission = KvAdmission(kv_headroom, admission_max_wait_s) if admission == "kv" else None
+        self.urls = [u.rstrip("/") for u in settings.urls]
+        router = settings.router_part
+        self.router_url = router.url if router is not None else None
+        base = Path(run.output_dir) / "sglang" if run.output_dir else Path(tempfile.gettempdir()) / "relax-sglang"
+        self.log_dir = Path(settings.log_dir) if settings.log_dir else base
+        self.weights_dir = Path(settings.weights_dir) if settings.weights_dir else base / "weights"
+        self.affinity = Affinity(settings.affinity_block)
+        admission = settings.admission_part
+        self.admission = KvAdmission(admission.headroom, admission.max_wait_s) if admission is not None else None
         self.processes = Processes(self.log_dir)
-        self.placement = _placement(placement, launch, ray)
-        self.ray_servers = RayServers(self.log_dir, ray, placement_strategy, cpus_per_server) \
-            if self.placement == "ray" else None
+        placement = settings.placement_part(run.ray)
+        self.placement = "ray" if placement is not None else "local"
+        """`engine.placement`, resolved (null: ray when launching with a `ray.address`)."""
+        self.ray_servers = RayServers(self.log_dir, run.ray, placement.strategy, placement.cpus_per_server) \
+            if placement is not None else None
         """engine.placement=ray: the servers placed on the Ray cluster (`sglang_ray.py`)."""
         self.server_info: dict[str, dict[str, Any]] = {}
         """`/get_server_info` of every server, by URL (read at start)."""
@@ -166,9 +146,10 @@ class SglangEngine:
         self._http = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0),
                                        limits=httpx.Limits(max_connections=None, max_keepalive_connections=256))
         try:
-            urls = await self._launch_servers() if self.launch else list(self.urls)
+            urls = await self._launch_servers() if self.settings.launch else list(self.urls)
             workers = [await self._check_server(url) for url in urls]
-            self._targets = _Targets(urls, await self._start_router(urls) if self.router == "sglang" else None)
+            router = await self._start_router(urls) if self.settings.router == "sglang" else None
+            self._targets = _Targets(urls, router)
         except BaseException:
             await self.close()
             raise
@@ -352,29 +333,31 @@ class SglangEngine:
     async def _launch_servers(self) -> list[str]:
         """Start `servers` SGLang servers on free ports and wait until each answers /health (on Ray nodes with
         engine.placement=ray)."""
+        launch = self.settings.launch_part
         if self.ray_servers is not None:
-            return await self.ray_servers.start(self.servers, self.gpus_per_server, self.launch_command,
-                                                self.model_path, self.server_args, self.launch_timeout)
+            return await self.ray_servers.start(launch.servers, launch.gpus_per_server, launch.command,
+                                                self.model_path, launch.server_args, launch.timeout)
         started = []
-        for i in range(self.servers):
-            port = free_port(self.host)
-            command = server_command(self.launch_command, self.model_path, self.host, port, self.server_args)
-            started.append((self.processes.start(f"server_{i}", command, gpu_env(i, self.gpus_per_server)),
-                            f"http://{self.host}:{port}"))
-        await asyncio.gather(*(self.processes.wait_ready(p, url + "/health", self.launch_timeout)
-                               for p, url in started))
+        for i in range(launch.servers):
+            port = free_port(launch.host)
+            command = server_command(launch.command, self.model_path, launch.host, port, launch.server_args)
+            started.append((self.processes.start(f"server_{i}", command, gpu_env(i, launch.gpus_per_server)),
+                            f"http://{launch.host}:{port}"))
+        await asyncio.gather(*(self.processes.wait_ready(p, url + "/health", launch.timeout) for p, url in started))
         return [url for _, url in started]
 
     async def _start_router(self, urls: list[str]) -> str:
         """The router's URL: `router_url`, or a started sglang-router once it sees every worker healthy."""
         if self.router_url:
             return self.router_url
-        port = free_port(self.host)
-        command = router_command(self.router_command, self.host, port, urls, self.router_args)
+        router_part, host = self.settings.router_part, self.settings.host
+        assert router_part is not None, "engine.router=sglang"
+        port = free_port(host)
+        command = router_command(router_part.command, host, port, urls, router_part.args)
         router = self.processes.start("router", command)
-        url = f"http://{self.host}:{port}"
-        await self.processes.wait_ready(router, url + "/health", self.launch_timeout)
-        for _ in range(int(self.launch_timeout * 5)):
+        url = f"http://{self.settings.host}:{port}"
+        await self.processes.wait_ready(router, url + "/health", self.settings.launch_timeout)
+        for _ in range(int(self.settings.launch_timeout * 5)):
             workers = (await self._call("GET", url, "/workers")).get("workers", [])
             if len(workers) == len(urls) and all(w.get("is_healthy") for w in workers):
                 return url
@@ -413,19 +396,3 @@ def parse_generate(body: dict[str, Any], version: int, url: str = "") -> Generat
     served = str(meta.get("weight_version", ""))
     return GenerateResult(ids, tuple(float(p[0]) for p in pairs), finish,  # type: ignore[arg-type]
                           int(served) if served.isdigit() else version, matched)
-
-
-def _placement(placement: str | None, launch: bool, ray: dict[str, Any] | None) -> str:
-    """`engine.placement`, resolved: null means `ray` when launching with a `ray.address`, else `local`."""
-    if placement is None:
-        return "ray" if launch and (ray or {}).get("address") else "local"
-    _check_choice("engine.placement", placement, PLACEMENTS)
-    if placement == "ray" and not launch:
-        raise ValueError("engine.placement=ray places launched servers: set engine.launch=true (or "
-                         "engine.placement=local with engine.urls)")
-    return placement
-
-
-def _check_choice(key: str, value: str, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ValueError(f"{key}={value!r}; choose one of {list(allowed)}")

@@ -26,6 +26,7 @@ from typing import Any
 
 from relax_pipeline.canonical.form import Context, Message, ToolCall, canonical_arguments
 from relax_pipeline.engine.base import GenerateResult, ImageFeatures, SamplingParams
+from relax_pipeline.engine.settings import EngineRun, ScriptEngineSettings
 from relax_pipeline.engine.template import ChatTemplate
 from relax_pipeline.engine.vision import Vision
 from relax_pipeline.testing.engines import FakeLifecycle
@@ -38,14 +39,14 @@ _LINE_KEYS = {"content", "reasoning", "tool_calls", "finish"}
 class ScriptEngine(FakeLifecycle):
     """Replays `script` turn by turn for every session, through the model's template and tokenizer."""
 
-    def __init__(self, model_path: str, script: str, seed: int = 0, max_context_len: int = 4096,
-                 end_of_turn: str | None = None) -> None:
-        self.model_path = model_path
-        self.lines = read_script(script)
-        self.seed = seed
-        self.max_context_len = max_context_len
+    def __init__(self, settings: ScriptEngineSettings, run: EngineRun) -> None:
+        self.model_path = run.model_path
+        self.lines = read_script(settings.script)
+        self.seed = run.seed
+        self.max_context_len = run.max_context_len
+        self.max_batch_size = settings.max_batch_size
         self.weight_version = 0
-        self.end_of_turn = end_of_turn
+        self.end_of_turn = run.end_of_turn
         self.tokenizer: Any = None
         self.template: ChatTemplate | None = None
         self.vision: Vision | None = None

@@ -39,6 +39,7 @@ from fastapi.responses import JSONResponse, Response
 
 from relax_pipeline.engine.base import GenerateResult, SamplingParams
 from relax_pipeline.engine.hf import HFEngine
+from relax_pipeline.engine.settings import EngineRun, HFEngineSettings
 from relax_pipeline.gateway.server import GatewayServer
 
 log = logging.getLogger(__name__)
@@ -214,7 +215,8 @@ class FakeSglangServer:
     def __init__(self, model_path: str | Path, capacity: int = 65536, decode_delay_s: float = 0.0,
                  disabled: set[str] | None = None, seed: int = 0, host: str = "127.0.0.1", port: int = 0,
                  max_context_len: int = 4096, ignore_stop: bool = False, kv_cache_mb: int = 64) -> None:
-        self.engine = HFEngine(str(model_path), seed=seed, max_context_len=max_context_len, kv_cache_mb=kv_cache_mb)
+        self.engine = HFEngine(HFEngineSettings(kv_cache_mb=kv_cache_mb),
+                               EngineRun(str(model_path), seed=seed, max_context_len=max_context_len))
         self.state = FakeState(self.engine, str(model_path), capacity, set(disabled or ()), ignore_stop)
         self.decode_delay_s = decode_delay_s
         self.server = GatewayServer(create_app(self.state), host=host, port=port, prefix="",

@@ -1,6 +1,7 @@
 """`trainer=deepspeed`: the torch trainer's step loop on a DeepSpeed engine with ZeRO stage 0-3.
 
-`DeepSpeedTrainer` has `TorchTrainer`'s constructor and methods and runs the same per-micro-batch code
+`DeepSpeedTrainer` takes `DeepSpeedSettings` (the shared trainer record plus the ZeRO stage and ranks) and has
+`TorchTrainer`'s methods; it runs the same per-micro-batch code
 (`step.optimizer_step`); only the model wrapper, backward, optimizer step, weight gathering and
 checkpoint format differ. The optimizer is torch's AdamW handed to `deepspeed.initialize` (nothing to
 compile; DeepSpeed's CPU Adam would cost a ~20 s build for no gain at these sizes).
@@ -56,25 +57,25 @@ used: the device is DeepSpeed's accelerator device for LOCAL_RANK.
 from __future__ import annotations
 
 import os
-import socket
 import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from relax_pipeline.infra.ports import free_port
 from relax_pipeline.models.folder import WEIGHTS_FILE, copy_model_files, save_weights
 from relax_pipeline.models.spec import is_multimodal
 from relax_pipeline.models.tiny import default_cache_dir
-from relax_pipeline.train.advantages import AdvantageSettings
-from relax_pipeline.train.batching import BatchSettings, TrainSample
+from relax_pipeline.train.batching import TrainSample
 from relax_pipeline.train.data_parallel import RankShare, shard
-from relax_pipeline.train.losses import LossSettings
-from relax_pipeline.train.optim import OptimSettings, adamw
+from relax_pipeline.train.optim import adamw
 from relax_pipeline.train.rank_group import RankFailed, RankGroup
 from relax_pipeline.train.rank_ray import RayRankGroup
+from relax_pipeline.train.settings import DeepSpeedSettings, TrainerRun
 from relax_pipeline.train.step import share_step
 from relax_pipeline.train.torch_backend import (
     TorchTrainer,
@@ -96,54 +97,24 @@ class DeepSpeedTrainer(TorchTrainer):
     """`TorchTrainer` whose model and optimizer live in a DeepSpeed engine (ZeRO `zero_stage`); with
     `num_ranks` N > 1 this process is rank 0 and drives N - 1 worker ranks (rank_group.py)."""
 
-    def __init__(
-        self,
-        model_path: str,
-        seed: int = 0,
-        device: str = "cpu",
-        loss: LossSettings | None = None,
-        batching: BatchSettings | None = None,
-        optim: OptimSettings | None = None,
-        advantages: AdvantageSettings | None = None,
-        temperature: float = 1.0,
-        zero_stage: int = 0,
-        save_optimizer: bool = True,
-        num_ranks: int = 1,
-        autocast: str | None = None,
-        keep_freed_memory: bool | None = None,
-        attn_implementation: str | None = None,
-        rank_placement: str = "local",
-        rank_resources: dict[str, float] | None = None,
-        output_dir: str | None = None,
-        ray: dict[str, Any] | None = None,
-    ) -> None:
-        settings = {"model_path": model_path, "seed": seed, "device": device, "loss": loss, "batching": batching,
-                    "optim": optim, "advantages": advantages, "temperature": temperature, "zero_stage": zero_stage,
-                    "save_optimizer": save_optimizer, "num_ranks": num_ranks, "autocast": autocast,
-                    "keep_freed_memory": keep_freed_memory, "attn_implementation": attn_implementation}
-        self.settings_for_ranks = settings
-        """The constructor's settings (all but `output_dir`), sent to every worker rank."""
-        self.rank_log_dir = Path(output_dir) / RANK_LOG_FOLDER if output_dir else None
+    def __init__(self, settings: DeepSpeedSettings, run: TrainerRun) -> None:
+        self.num_ranks = settings.num_ranks
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else None
+        if gpus is not None and self.num_ranks > gpus:
+            raise ValueError(f"trainer.num_ranks={self.num_ranks} but {gpus} GPUs are visible; use at most {gpus}")
+        self.zero_stage = settings.zero_stage
+        self.rank_log_dir = Path(run.output_dir) / RANK_LOG_FOLDER if run.output_dir else None
         """Where worker ranks write `rank<r>.log` (`<output_dir>/trainer_ranks`); None: a fresh temporary folder."""
         self.ranks: RankGroup | RayRankGroup | None = None
-        self.rank_placement = rank_placement
+        self.rank_placement = settings.rank_placement
         """`trainer.rank_placement`: ranks 1..N-1 as local processes (`local`) or Ray actors (`ray`)."""
-        self.rank_resources = dict(rank_resources or {})
-        """`trainer.rank_resources`: what each Ray-placed rank holds."""
-        self.ray_settings = ray
-        """The run's `ray.*` keys (address, runtime_env) for rank_placement=ray."""
-        super().__init__(**settings, rank_placement=rank_placement, rank_resources=rank_resources)
+        super().__init__(settings, run)
 
-    def check_zero_stage(self, zero_stage: int) -> None:
-        if zero_stage not in (0, 1, 2, 3):
-            raise ValueError(f"trainer.zero_stage={zero_stage}; choose 0, 1, 2 or 3")
-
-    def check_num_ranks(self, num_ranks: int) -> None:
-        if not (isinstance(num_ranks, int) and num_ranks >= 1):
-            raise ValueError(f"trainer.num_ranks={num_ranks!r}; use 1 or more")
-        gpus = torch.cuda.device_count() if torch.cuda.is_available() else None
-        if gpus is not None and num_ranks > gpus:
-            raise ValueError(f"trainer.num_ranks={num_ranks} but {gpus} GPUs are visible; use at most {gpus}")
+    @property
+    def settings_for_ranks(self) -> tuple[DeepSpeedSettings, TrainerRun]:
+        """The constructor's records, sent to every worker rank (without the output folder: workers log where rank 0
+        tells them)."""
+        return self.trainer_settings, replace(self.run_settings, output_dir=None)
 
     def _setup(self, device: str, needs_reference: bool) -> None:
         """Process group, worker ranks, policy (+ reference), torch AdamW, `deepspeed.initialize`; undone if
@@ -164,12 +135,13 @@ class DeepSpeedTrainer(TorchTrainer):
     def _environment(self) -> dict[str, str | None]:
         """Rank 0's launcher variables; the previous values, restored by `close`."""
         on_ray = self.rank_placement == "ray" and self.num_ranks > 1
-        return prepare_environment(self.num_ranks, rank0_address(self.ray_settings) if on_ray else "127.0.0.1")
+        return prepare_environment(self.num_ranks, rank0_address(self.run_settings.ray) if on_ray else "127.0.0.1")
 
     def _start_ranks(self) -> None:
         if self.num_ranks > 1 and self.rank_placement == "ray":
             self.ranks = RayRankGroup.start(self.num_ranks, WorkerTrainer, self.settings_for_ranks,
-                                            self.rank_resources, self.ray_settings, self.rank_log_dir)
+                                            self.trainer_settings.rank_resources, self.run_settings.ray,
+                                            self.rank_log_dir)
         elif self.num_ranks > 1:
             log_dir = self.rank_log_dir or Path(tempfile.mkdtemp(prefix="relax-trainer-ranks-"))
             self.ranks = RankGroup.start(self.num_ranks, self.settings_for_ranks, log_dir)
@@ -418,13 +390,6 @@ def restore_environment(previous: dict[str, str | None]) -> None:
             os.environ.pop(key, None)
         else:
             os.environ[key] = value
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def init_process_group(deepspeed: Any) -> bool:

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import relax_pipeline
+from relax_pipeline.infra.processes import signal_group
 
 WORKER_MODULE = "relax_pipeline.train.rank_worker"
 FD_ENV = "RELAX_RANK_FD"
@@ -72,7 +73,7 @@ class RankGroup:
         """The first failure seen (a `RankFailed` message); later commands fail with it at once."""
 
     @classmethod
-    def start(cls, world: int, settings: dict[str, Any], log_dir: Path) -> RankGroup:
+    def start(cls, world: int, settings: tuple[Any, Any], log_dir: Path) -> RankGroup:
         """Launch ranks 1..world-1 (inheriting rank 0's environment: MASTER_ADDR, MASTER_PORT, ...) and send
         each the trainer `settings`; return once every worker has imported its libraries and is about to
         join the process group."""
@@ -180,20 +181,13 @@ def _stop(processes: list[subprocess.Popen[bytes]], grace_s: float) -> None:
         running = [p for p in processes if p.poll() is None]
         for p in running:
             if sig is not None:
-                _signal_group(p, sig)
+                signal_group(p.pid, sig)
         deadline = time.monotonic() + grace_s
         while running and time.monotonic() < deadline:
             running = [p for p in running if p.poll() is None]
             time.sleep(0.05)
         if not running:
             return
-
-
-def _signal_group(process: subprocess.Popen[bytes], sig: signal.Signals) -> None:
-    try:
-        os.killpg(process.pid, sig)
-    except ProcessLookupError:
-        pass
 
 
 def _exit_code(process: subprocess.Popen[bytes], wait_s: float = 5.0) -> int | None:

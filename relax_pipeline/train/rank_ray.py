@@ -65,10 +65,10 @@ class RankActor:
 
         return f"{ray_runtime.node_ip()} ({ray_runtime.import_ray().get_runtime_context().get_node_id()[:12]})"
 
-    def build(self, worker_class: type, settings: dict[str, Any]) -> None:
-        """Join rank 0's process group and build the rank's trainer, `worker_class(**settings)` (deepspeed_backend's
+    def build(self, worker_class: type, settings: tuple[Any, Any]) -> None:
+        """Join rank 0's process group and build the rank's trainer, `worker_class(*settings)` (deepspeed_backend's
         `WorkerTrainer`: its construction runs collectives with rank 0's)."""
-        self.trainer = self._logged(worker_class, **settings)
+        self.trainer = self._logged(worker_class, *settings)
 
     def call(self, command: str, args: tuple[Any, ...]) -> None:
         """Run rank 0's `command` (`rank_group.COMMANDS`) with `args`."""
@@ -130,7 +130,7 @@ class RayRankGroup:
         self._pending: list[Any] = []
 
     @classmethod
-    def start(cls, world: int, worker_class: type, settings: dict[str, Any], resources: Mapping[str, float],
+    def start(cls, world: int, worker_class: type, settings: tuple[Any, Any], resources: Mapping[str, float],
               ray_settings: Mapping[str, Any] | None, log_dir: Path | None = None) -> RayRankGroup:
         """Start ranks 1..world-1 on the cluster with rank 0's launcher variables, wait until each has imported
         DeepSpeed, then start their builds: rank 0 builds its own part next, and `collect("start-up")` waits."""

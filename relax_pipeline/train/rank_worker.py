@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
-import time
 import traceback
 from multiprocessing.connection import Connection
 from typing import Any
 
+from relax_pipeline.infra.processes import exit_when_orphaned
 from relax_pipeline.train.rank_group import COMMANDS, FD_ENV, PARENT_ENV
 
 
@@ -31,7 +30,7 @@ def main() -> int:
     fd = int(os.environ[FD_ENV])
     os.set_inheritable(fd, False)
     conn = Connection(fd)
-    _watch_parent(int(os.environ[PARENT_ENV]))
+    exit_when_orphaned(int(os.environ[PARENT_ENV]))
     try:
         serve(conn)
     except BaseException:
@@ -61,14 +60,14 @@ def serve(conn: Connection) -> None:
         conn.send(("ok", None))
 
 
-def _trainer(settings: dict[str, Any], conn: Connection) -> Any:
+def _trainer(settings: tuple[Any, Any], conn: Connection) -> Any:
     """Import DeepSpeed, say "ready" (rank 0 then joins the group too), build the rank's trainer."""
     import deepspeed  # noqa: F401 - the slow import happens before "ready"
 
     from relax_pipeline.train.deepspeed_backend import WorkerTrainer
 
     conn.send(("ok", None))
-    trainer = WorkerTrainer(**settings)
+    trainer = WorkerTrainer(*settings)
     conn.send(("ok", None))
     return trainer
 
@@ -78,17 +77,6 @@ def _send(conn: Connection, message: tuple[str, str]) -> None:
         conn.send(message)
     except OSError:
         pass
-
-
-def _watch_parent(parent: int) -> None:
-    """Exit at once when this process's parent changes (rank 0 is gone, even if it was SIGKILLed)."""
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(1.0)
-        os._exit(3)
-
-    threading.Thread(target=watch, name="rank0-watch", daemon=True).start()
 
 
 if __name__ == "__main__":

@@ -1,12 +1,11 @@
 """`trainer=torch`: single-process GRPO-family training of a Hugging Face causal LM on recorded samples.
 
-`TorchTrainer` implements the `Trainer` protocol (train/base.py). `config.build_trainer` builds it from
-the `trainer` node: `device`, `zero_stage` and the records of the nested nodes (`loss`: `LossSettings`,
-`batching`: `BatchSettings`, `optim`: `OptimSettings`), plus the run-level values the trainer must agree
-on with the engine (the sampling `temperature`) and the credit stage (`AdvantageSettings`: estimator, KL
-shaping, whitening). Each record checks its own keys, so a mistake fails before any model is loaded.
-Construction seeds torch, loads the policy in float32 on `device`, builds AdamW and, only when a KL term
-needs one, a frozen reference copy.
+`TorchTrainer` implements the `Trainer` protocol (train/base.py). It takes the `trainer` node as one record
+(`TrainerSettings`, train/settings.py: device, the nested `loss`, `batching` and `optim` records, precision) and
+`TrainerRun`: what the run agreed on with the engine (the sampling `temperature`) and the credit stage
+(`AdvantageSettings`: estimator, KL shaping, whitening). Each record checks its own keys, so a mistake fails
+before any model is loaded. Construction seeds torch, loads the policy in float32 on `device`, builds AdamW
+and, only when a KL term needs one, a frozen reference copy.
 
 Contract: `train(samples)` runs one optimizer step per global batch (`step.optimizer_step`) and returns
 metrics averaged over those steps (`train/...`, `perf/train_time`, `perf/tokens_per_s`); each call that
@@ -43,11 +42,10 @@ from safetensors.torch import load_file
 
 from relax_pipeline.models.attention import check_implementation
 from relax_pipeline.models.folder import WEIGHTS_FILE, copy_model_files, save_weights
-from relax_pipeline.train.advantages import AdvantageSettings
 from relax_pipeline.train.allocator import keep_freed_cpu_memory, wants_freed_memory_kept
-from relax_pipeline.train.batching import BatchSettings, TrainSample, global_batches
-from relax_pipeline.train.losses import LossSettings
-from relax_pipeline.train.optim import OptimSettings, adamw, clip_and_step
+from relax_pipeline.train.batching import TrainSample, global_batches
+from relax_pipeline.train.optim import adamw, clip_and_step
+from relax_pipeline.train.settings import TrainerRun, TrainerSettings
 from relax_pipeline.train.step import StepSettings, mean_metrics, optimizer_step
 
 log = logging.getLogger(__name__)
@@ -58,55 +56,27 @@ STATE_FILE = "trainer_state.pt"
 class TorchTrainer:
     """The policy, its optimizer and the step loop in one process; the torch half of the `trainer` group."""
 
-    def __init__(
-        self,
-        model_path: str,
-        seed: int = 0,
-        device: str = "cpu",
-        loss: LossSettings | None = None,
-        batching: BatchSettings | None = None,
-        optim: OptimSettings | None = None,
-        advantages: AdvantageSettings | None = None,
-        temperature: float = 1.0,
-        zero_stage: int = 0,
-        save_optimizer: bool = True,
-        num_ranks: int = 1,
-        autocast: str | None = None,
-        keep_freed_memory: bool | None = None,
-        attn_implementation: str | None = None,
-        rank_placement: str = "local",
-        rank_resources: dict[str, float] | None = None,
-    ) -> None:
-        if temperature < 0:
-            raise ValueError(f"rollout.temperature={temperature} must be >= 0 (0 is greedy)")
-        self.check_zero_stage(zero_stage)
-        self.check_num_ranks(num_ranks)
-        check_rank_placement(rank_placement, num_ranks)
-        self.num_ranks = num_ranks
-        """`trainer.num_ranks`: data-parallel training processes (trainer=deepspeed only; 1 here)."""
-        self.settings = StepSettings(loss or LossSettings(), batching or BatchSettings(),
-                                     advantages or AdvantageSettings(), temperature, autocast)
-        self.optim = optim or OptimSettings()
-        self.model_path, self.seed, self.zero_stage = model_path, seed, zero_stage
-        self.save_optimizer = save_optimizer
+    num_ranks = 1
+    """Data-parallel training processes (`trainer.num_ranks` under trainer=deepspeed; one here)."""
+
+    def __init__(self, settings: TrainerSettings, run: TrainerRun) -> None:
+        self.trainer_settings = settings
+        """The `trainer` node this trainer was built from (worker ranks get the same)."""
+        self.run_settings = run
+        """What the run agreed on: model path, seed, temperature, advantage settings, output folder, Ray."""
+        self.settings = StepSettings(settings.loss, settings.batching, run.advantages, run.temperature,
+                                     settings.autocast)
+        self.optim = settings.optim
+        self.model_path, self.seed = run.model_path, run.seed
+        self.save_optimizer = settings.save_optimizer
         """`trainer.save_optimizer`: False writes weights only (resuming then starts a fresh optimizer)."""
         self.version = 0
-        check_implementation("trainer.attn_implementation", attn_implementation)
-        self.attn_implementation = attn_implementation
+        check_implementation("trainer.attn_implementation", settings.attn_implementation)
+        self.attn_implementation = settings.attn_implementation
         """`trainer.attn_implementation`: the policy's attention kernel (None: transformers' default)."""
-        if wants_freed_memory_kept(keep_freed_memory, device):
+        if wants_freed_memory_kept(settings.keep_freed_memory, settings.device):
             keep_freed_cpu_memory()
-        self._setup(device, needs_reference=self.settings.loss.use_kl_loss or self.settings.advantages.kl_coef > 0)
-
-    def check_zero_stage(self, zero_stage: int) -> None:
-        """The torch backend has no ZeRO: any stage but 0 is a config mistake."""
-        if zero_stage != 0:
-            raise ValueError(f"trainer.zero_stage={zero_stage} needs trainer=deepspeed; the torch trainer uses 0")
-
-    def check_num_ranks(self, num_ranks: int) -> None:
-        """The torch backend trains in one process."""
-        if num_ranks != 1:
-            raise ValueError(f"trainer.num_ranks={num_ranks} needs trainer=deepspeed; the torch trainer uses 1")
+        self._setup(settings.device, needs_reference=self.settings.loss.use_kl_loss or run.advantages.kl_coef > 0)
 
     def _setup(self, device: str, needs_reference: bool) -> None:
         """Seed, load the policy (and reference) on `device`, build AdamW."""
@@ -176,20 +146,6 @@ class TorchTrainer:
 
     def close(self) -> None:
         """Nothing to release in a single process (the DeepSpeed backend destroys its process group)."""
-
-
-RANK_PLACEMENTS = ("local", "ray")
-"""Where `trainer=deepspeed` starts ranks 1..N-1 (`trainer.rank_placement`): processes of this machine, or Ray actors
-on the cluster at `ray.address` (train/rank_ray.py)."""
-
-
-def check_rank_placement(placement: str, num_ranks: int) -> None:
-    """A known placement; `ray` only means something with several ranks (it is refused with one, as a mistake)."""
-    if placement not in RANK_PLACEMENTS:
-        raise ValueError(f"trainer.rank_placement={placement!r}; choose one of {', '.join(RANK_PLACEMENTS)}")
-    if placement == "ray" and num_ranks == 1:
-        raise ValueError("trainer.rank_placement=ray places ranks 1..N-1 on a Ray cluster; set trainer.num_ranks "
-                         "to 2 or more (with trainer=deepspeed), or leave rank_placement=local")
 
 
 def load_policy(model_path: str, seed: int, device: str, attention: str | None = None) -> tuple[torch.nn.Module, int]:

@@ -18,6 +18,7 @@ from relax_pipeline.loop import Checkpoints
 from relax_pipeline.models.spec import ModelSpec
 from relax_pipeline.train.batching import BatchSettings, TrainSample
 from relax_pipeline.train.optim import OptimSettings
+from relax_pipeline.train.settings import DeepSpeedSettings, TrainerRun, TrainerSettings
 from relax_pipeline.train.torch_backend import TorchTrainer
 
 SETTINGS = {"batching": BatchSettings(micro_batch_size=2), "optim": OptimSettings(lr=5e-3)}
@@ -51,7 +52,8 @@ def assert_loadable(folder: Path, expected: dict[str, torch.Tensor]) -> None:
 
 def test_a_checkpoint_is_a_model_folder_and_weights_only_resumes_with_a_fresh_optimizer(
         tiny_path: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    full, light = (TorchTrainer(model_path=str(tiny_path), save_optimizer=keep, **SETTINGS) for keep in (True, False))
+    full, light = (TorchTrainer(TrainerSettings(save_optimizer=keep, **SETTINGS),
+                                TrainerRun(str(tiny_path))) for keep in (True, False))
     for t, name in ((full, "full"), (light, "light")):
         t.train(samples(4, seed=1))
         t.save(tmp_path / name, {"step": 1})
@@ -59,13 +61,14 @@ def test_a_checkpoint_is_a_model_folder_and_weights_only_resumes_with_a_fresh_op
     assert_loadable(tmp_path / "full", full.engine_weights())
     assert_loadable(tmp_path / "light", light.engine_weights())
 
-    resumed = TorchTrainer(model_path=str(tiny_path), **SETTINGS)
+    resumed = TorchTrainer(TrainerSettings(**SETTINGS), TrainerRun(str(tiny_path)))
     with caplog.at_level(logging.WARNING):
         assert resumed.load(tmp_path / "light") == {"step": 1} and resumed.version == 1
     assert "holds no optimizer state (saved with trainer.save_optimizer=false)" in caplog.text
     assert not resumed.optimizer.state_dict()["state"], "the optimizer starts fresh"
     assert all(torch.equal(v, light.engine_weights()[k]) for k, v in resumed.engine_weights().items())
-    again = TorchTrainer(model_path=str(tmp_path / "full"), **SETTINGS)  # a checkpoint is a model.path
+    again = TorchTrainer(TrainerSettings(**SETTINGS),
+                         TrainerRun(str(tmp_path / "full")))  # a checkpoint is a model.path
     assert all(torch.equal(v, full.engine_weights()[k]) for k, v in again.engine_weights().items())
 
 
@@ -89,7 +92,8 @@ def test_deepspeed_checkpoints_are_model_folders_and_resume_weights_only(tiny_pa
     from relax_pipeline.train.deepspeed_backend import DS_TAG, DeepSpeedTrainer
 
     first, second = samples(4, seed=2), samples(4, seed=3)
-    ds = DeepSpeedTrainer(model_path=str(tiny_path), zero_stage=stage, save_optimizer=False, **SETTINGS)
+    ds = DeepSpeedTrainer(DeepSpeedSettings(zero_stage=stage, save_optimizer=False, **SETTINGS),
+                          TrainerRun(str(tiny_path)))
     try:
         ds.train(first)
         ds.save(tmp_path / "ckpt", {"step": 1})
@@ -98,10 +102,10 @@ def test_deepspeed_checkpoints_are_model_folders_and_resume_weights_only(tiny_pa
         ds.close()
     assert not (tmp_path / "ckpt" / DS_TAG).exists()
     assert_loadable(tmp_path / "ckpt", saved)
-    reference = TorchTrainer(model_path=str(tiny_path), **SETTINGS)
+    reference = TorchTrainer(TrainerSettings(**SETTINGS), TrainerRun(str(tiny_path)))
     reference.load(tmp_path / "ckpt")
     reference.train(second)
-    resumed = DeepSpeedTrainer(model_path=str(tiny_path), zero_stage=stage, **SETTINGS)
+    resumed = DeepSpeedTrainer(DeepSpeedSettings(zero_stage=stage, **SETTINGS), TrainerRun(str(tiny_path)))
     try:
         assert resumed.load(tmp_path / "ckpt") == {"step": 1} and resumed.version == 1
         assert all(torch.equal(v, saved[k]) for k, v in resumed.engine_weights().items())

@@ -25,7 +25,7 @@ from relax_pipeline.train.advantages import AdvantageSettings
 from relax_pipeline.train.batching import BatchSettings, TrainSample
 from relax_pipeline.train.losses import LossSettings
 from relax_pipeline.train.optim import OptimSettings
-from relax_pipeline.train.torch_backend import TorchTrainer
+from relax_pipeline.train.settings import DeepSpeedSettings, TrainerRun
 from tests.integration.test_trainer import assert_weights, make_samples
 
 pytest.importorskip("deepspeed")
@@ -38,8 +38,8 @@ SETTINGS = {
     "batching": BatchSettings(micro_batch_size=2),
     "loss": LossSettings(entropy_coef=0.01, use_kl_loss=True, kl_loss_coef=0.1),
     "optim": OptimSettings(lr=LR),
-    "advantages": AdvantageSettings(normalize_advantages=True),
 }
+ADVANTAGES = AdvantageSettings(normalize_advantages=True)
 BATCH = make_samples(9, seed=7, logprob=-3.0)
 """Rank 0 gets 5 samples (3 micro-batches), rank 1 gets 4 (2 micro-batches + 1 padding)."""
 COMPARED = ("train/loss", "train/pg_loss", "train/entropy", "train/kl", "train/clipfrac", "train/ppo_kl",
@@ -47,7 +47,8 @@ COMPARED = ("train/loss", "train/pg_loss", "train/entropy", "train/kl", "train/c
 
 
 def one_step(tiny_path: Path, stage: int, ranks: int) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
-    t = DeepSpeedTrainer(model_path=str(tiny_path), zero_stage=stage, num_ranks=ranks, **SETTINGS)
+    t = DeepSpeedTrainer(DeepSpeedSettings(zero_stage=stage, num_ranks=ranks, **SETTINGS),
+                         TrainerRun(str(tiny_path), advantages=ADVANTAGES))
     try:
         metrics = t.train(BATCH)
         return metrics, t.engine_weights()
@@ -69,8 +70,8 @@ def test_two_ranks_take_the_same_step_as_one(tiny_path: Path, stage: int) -> Non
 
 def test_two_rank_zero3_checkpoint_resumes_exactly(tiny_path: Path, tmp_path: Path) -> None:
     first, second = make_samples(5, seed=8), make_samples(5, seed=9)
-    straight = DeepSpeedTrainer(model_path=str(tiny_path), zero_stage=3, num_ranks=2, output_dir=str(tmp_path),
-                                **SETTINGS)
+    straight = DeepSpeedTrainer(DeepSpeedSettings(zero_stage=3, num_ranks=2, **SETTINGS),
+                                TrainerRun(str(tiny_path), advantages=ADVANTAGES, output_dir=str(tmp_path)))
     try:
         straight.train(first)
         straight.save(tmp_path / "ckpt", {"step": 1})
@@ -82,7 +83,8 @@ def test_two_rank_zero3_checkpoint_resumes_exactly(tiny_path: Path, tmp_path: Pa
     assert {"model.safetensors", "config.json", "trainer_state.pt"} <= files
     assert {f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in (0, 1)} <= files
     assert (tmp_path / "trainer_ranks" / "rank1.log").is_file()
-    resumed = DeepSpeedTrainer(model_path=str(tiny_path), zero_stage=3, num_ranks=2, **SETTINGS)
+    resumed = DeepSpeedTrainer(DeepSpeedSettings(zero_stage=3, num_ranks=2, **SETTINGS),
+                               TrainerRun(str(tiny_path), advantages=ADVANTAGES))
     try:
         assert resumed.load(tmp_path / "ckpt") == {"step": 1} and resumed.version == 1
         resumed.train(second)
@@ -93,8 +95,8 @@ def test_two_rank_zero3_checkpoint_resumes_exactly(tiny_path: Path, tmp_path: Pa
 
 def test_a_worker_that_raises_fails_the_call_naming_the_rank_and_its_log(tiny_path: Path, tmp_path: Path) -> None:
     bad = TrainSample((10, 11, 10**7, 12), 2, (1, 1), (-1.0, -1.0), 1.0)  # token id beyond the vocabulary
-    t = DeepSpeedTrainer(model_path=str(tiny_path), zero_stage=0, num_ranks=2, output_dir=str(tmp_path),
-                         **SETTINGS)
+    t = DeepSpeedTrainer(DeepSpeedSettings(zero_stage=0, num_ranks=2, **SETTINGS),
+                         TrainerRun(str(tiny_path), advantages=ADVANTAGES, output_dir=str(tmp_path)))
     worker = t.ranks.workers[0].process if t.ranks else None
     try:
         with pytest.raises(RankFailed) as failure:
@@ -109,7 +111,8 @@ def test_a_worker_that_raises_fails_the_call_naming_the_rank_and_its_log(tiny_pa
 
 
 def test_a_killed_worker_fails_the_next_call_and_close_leaves_no_process(tiny_path: Path) -> None:
-    t = DeepSpeedTrainer(model_path=str(tiny_path), zero_stage=2, num_ranks=2, **SETTINGS)
+    t = DeepSpeedTrainer(DeepSpeedSettings(zero_stage=2, num_ranks=2, **SETTINGS),
+                         TrainerRun(str(tiny_path), advantages=ADVANTAGES))
     try:
         assert t.ranks is not None
         worker = t.ranks.workers[0]
@@ -127,7 +130,8 @@ RANK0 = """
 import sys
 from pathlib import Path
 from relax_pipeline.train.deepspeed_backend import DeepSpeedTrainer
-t = DeepSpeedTrainer(model_path=sys.argv[1], zero_stage=0, num_ranks=2)
+from relax_pipeline.train.settings import DeepSpeedSettings, TrainerRun
+t = DeepSpeedTrainer(DeepSpeedSettings(zero_stage=0, num_ranks=2), TrainerRun(sys.argv[1]))
 print("worker", t.ranks.workers[0].process.pid, flush=True)
 sys.stdin.read()
 """
@@ -159,11 +163,9 @@ def alive(pid: int) -> bool:
 
 
 def test_rank_settings_are_checked_before_any_process_starts(tiny_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    with pytest.raises(ValueError, match="trainer.num_ranks=2 needs trainer=deepspeed"):
-        TorchTrainer(model_path="unused", num_ranks=2)
     with pytest.raises(ValueError, match="trainer.num_ranks=0; use 1 or more"):
-        DeepSpeedTrainer(model_path=str(tiny_path), num_ranks=0)
+        DeepSpeedSettings(num_ranks=0)
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(RuntimeError, match="set trainer.num_ranks instead"):
-        DeepSpeedTrainer(model_path=str(tiny_path), num_ranks=2)
+        DeepSpeedTrainer(DeepSpeedSettings(num_ranks=2), TrainerRun(str(tiny_path), advantages=ADVANTAGES))
     assert os.environ["WORLD_SIZE"] == "2"

@@ -20,12 +20,13 @@ import pytest
 
 from relax_pipeline.testing.ray_cluster import joined_cluster, node_id
 from relax_pipeline.train.batching import TrainSample
-from tests.integration.test_deepspeed_ranks import BATCH, COMPARED, LR, SETTINGS, one_step
+from tests.integration.test_deepspeed_ranks import ADVANTAGES, BATCH, COMPARED, LR, SETTINGS, one_step
 from tests.integration.test_trainer import assert_weights
 
 pytest.importorskip("deepspeed")
 from relax_pipeline.train.deepspeed_backend import DeepSpeedTrainer  # noqa: E402
 from relax_pipeline.train.rank_group import RankFailed  # noqa: E402
+from relax_pipeline.train.settings import DeepSpeedSettings, TrainerRun
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::DeprecationWarning")
 ON_WORKER = {"num_cpus": 1, "node_0": 0.5}
@@ -39,9 +40,9 @@ def cluster() -> Iterator[Any]:
 
 
 def on_ray(tiny_path: Path, output_dir: Path | None = None) -> DeepSpeedTrainer:
-    return DeepSpeedTrainer(model_path=str(tiny_path), zero_stage=2, num_ranks=2, rank_placement="ray",
-                            rank_resources=ON_WORKER, output_dir=None if output_dir is None else str(output_dir),
-                            **SETTINGS)
+    settings = DeepSpeedSettings(zero_stage=2, num_ranks=2, rank_placement="ray", rank_resources=ON_WORKER, **SETTINGS)
+    return DeepSpeedTrainer(settings, TrainerRun(str(tiny_path), advantages=ADVANTAGES,
+                                                 output_dir=None if output_dir is None else str(output_dir)))
 
 
 def test_a_rank_on_another_node_takes_the_same_step_as_one_rank(tiny_path: Path, cluster: Any) -> None:
@@ -109,6 +110,6 @@ def ended(ray: Any, actor: Any, within_s: float = 30.0) -> bool:
 
 def test_ray_placement_needs_several_ranks(tiny_path: Path) -> None:
     with pytest.raises(ValueError, match="trainer.rank_placement=ray places ranks 1..N-1 on a Ray cluster"):
-        DeepSpeedTrainer(model_path=str(tiny_path), num_ranks=1, rank_placement="ray")
+        DeepSpeedTrainer(DeepSpeedSettings(num_ranks=1, rank_placement="ray"), TrainerRun(str(tiny_path)))
     with pytest.raises(ValueError, match="trainer.rank_placement='k8s'; choose one of local, ray"):
-        DeepSpeedTrainer(model_path=str(tiny_path), num_ranks=2, rank_placement="k8s")
+        DeepSpeedTrainer(DeepSpeedSettings(num_ranks=2, rank_placement="k8s"), TrainerRun(str(tiny_path)))

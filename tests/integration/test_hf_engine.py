@@ -23,6 +23,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from relax_pipeline.engine.base import Engine, GenerateResult, SamplingParams
 from relax_pipeline.engine.hf import HFEngine
 from relax_pipeline.engine.sampling import StopStringMatcher
+from relax_pipeline.engine.settings import EngineRun, HFEngineSettings
 
 GREEDY = SamplingParams(max_new_tokens=24, temperature=0.0)
 FIRST_PLAIN_ID = 9
@@ -47,7 +48,7 @@ def model_path(tiny_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
 
 @pytest_asyncio.fixture
 async def engine(model_path: Path) -> AsyncIterator[HFEngine]:
-    eng = HFEngine(str(model_path), seed=7)
+    eng = HFEngine(HFEngineSettings(), EngineRun(str(model_path), seed=7))
     await eng.start()
     yield eng
     await eng.close()
@@ -160,7 +161,7 @@ async def test_unseeded_sampling_follows_engine_seed_and_order(model_path: Path)
     sampling = SamplingParams(max_new_tokens=12, temperature=1.0)
     runs = []
     for _ in range(2):
-        eng = HFEngine(str(model_path), seed=3)
+        eng = HFEngine(HFEngineSettings(), EngineRun(str(model_path), seed=3))
         await eng.start()
         runs.append([(await eng.generate(prompt(6), sampling, rid=str(i))).output_ids for i in range(2)])
         await eng.close()
@@ -181,7 +182,7 @@ async def test_logprobs_match_full_forward(engine: HFEngine, temperature: float)
 
 @pytest.mark.asyncio
 async def test_eager_attention_in_bfloat16_decodes_batches_with_the_model_s_logprobs(model_path: Path) -> None:
-    eng = HFEngine(str(model_path), seed=7, dtype="bfloat16", attn_implementation="eager")
+    eng = HFEngine(HFEngineSettings(dtype="bfloat16", attn_implementation="eager"), EngineRun(str(model_path), seed=7))
     await eng.start()
     try:
         assert eng.model.config._attn_implementation == "eager" and eng.model.dtype == torch.bfloat16
@@ -193,7 +194,7 @@ async def test_eager_attention_in_bfloat16_decodes_batches_with_the_model_s_logp
     finally:
         await eng.close()
     with pytest.raises(ValueError, match="engine.attn_implementation='flash'; use one of"):
-        HFEngine(str(model_path), attn_implementation="flash")
+        HFEngine(HFEngineSettings(attn_implementation="flash"), EngineRun(str(model_path)))
 
 
 @pytest.mark.asyncio
@@ -204,7 +205,7 @@ async def test_grouped_attention_generates_what_eager_generates(model_path: Path
     prompts = [prompt(13, 8), prompt(4, 9), prompt(13, 8)[:-2] + prompt(2, 2), prompt(30, 6)]
     runs = {}
     for attention in ("eager", "grouped"):
-        eng = HFEngine(str(model_path), seed=7, attn_implementation=attention)
+        eng = HFEngine(HFEngineSettings(attn_implementation=attention), EngineRun(str(model_path), seed=7))
         await eng.start()
         try:
             assert eng.model.config._attn_implementation == attention
@@ -216,7 +217,7 @@ async def test_grouped_attention_generates_what_eager_generates(model_path: Path
         assert grouped.output_ids == eager.output_ids
         assert list(grouped.logprobs) == pytest.approx(eager.logprobs, abs=1e-5)
     with pytest.raises(ValueError, match="engine.dtype='int8' is not supported"):
-        HFEngine(str(model_path), dtype="int8")
+        HFEngine(HFEngineSettings(dtype="int8"), EngineRun(str(model_path)))
 
 
 @pytest.mark.asyncio
@@ -239,7 +240,7 @@ async def test_max_new_tokens_ends_with_length(engine: HFEngine) -> None:
 
 @pytest.mark.asyncio
 async def test_context_limit(model_path: Path) -> None:
-    eng = HFEngine(str(model_path), max_context_len=32)
+    eng = HFEngine(HFEngineSettings(), EngineRun(str(model_path), max_context_len=32))
     await eng.start()
     try:
         result = await eng.generate(prompt(29), SamplingParams(max_new_tokens=50), rid="a")
@@ -264,12 +265,13 @@ async def test_stop_token_id_is_kept(engine: HFEngine) -> None:
 
 @pytest.mark.asyncio
 async def test_engine_default_stop_token_ids(model_path: Path) -> None:
-    eng = HFEngine(str(model_path))
+    eng = HFEngine(HFEngineSettings(), EngineRun(str(model_path)))
     await eng.start()
     free = await eng.generate(prompt(8), GREEDY, rid="free")
     await eng.close()
     stop_id = free.output_ids[3]
-    eng = HFEngine(str(model_path), default_stop_token_ids=(stop_id,))
+    eng = HFEngine(HFEngineSettings(), EngineRun(str(model_path)))
+    eng.default_stop_token_ids = (stop_id,)
     await eng.start()
     stopped = await eng.generate(prompt(8), GREEDY, rid="stopped")
     await eng.close()
@@ -413,7 +415,7 @@ async def test_concurrent_requests_share_decode_steps(engine: HFEngine) -> None:
 
 @pytest.mark.asyncio
 async def test_requests_beyond_max_batch_size_wait_for_a_slot(model_path: Path) -> None:
-    eng = HFEngine(str(model_path), max_batch_size=3)
+    eng = HFEngine(HFEngineSettings(max_batch_size=3), EngineRun(str(model_path)))
     await eng.start()
     try:
         prompts = [prompt(2 + 5 * i, i) for i in range(8)]
@@ -434,12 +436,12 @@ async def test_rejects_bad_requests(engine: HFEngine, model_path: Path) -> None:
     with pytest.raises(ValueError, match="input_ids must lie"):
         await engine.generate([10**6], GREEDY, rid="c")
     with pytest.raises(RuntimeError, match="start"):
-        await HFEngine(str(model_path)).generate([10], GREEDY, rid="d")
+        await HFEngine(HFEngineSettings(), EngineRun(str(model_path))).generate([10], GREEDY, rid="d")
 
 
 @pytest.mark.asyncio
 async def test_close_aborts_requests_in_flight(model_path: Path) -> None:
-    eng = HFEngine(str(model_path))
+    eng = HFEngine(HFEngineSettings(), EngineRun(str(model_path)))
     await eng.start()
     task = asyncio.create_task(eng.generate(prompt(5), SamplingParams(3000), rid="x"))
     await wait_for_tokens(eng, 3)
@@ -484,7 +486,7 @@ async def test_aborted_generation_resumes_from_prompt_plus_partial_tokens(engine
 @pytest_asyncio.fixture
 async def uncached(model_path: Path) -> AsyncIterator[HFEngine]:
     """The same engine with the prefix cache off (`kv_cache_mb=0`): every prompt is prefilled whole."""
-    eng = HFEngine(str(model_path), seed=7, kv_cache_mb=0)
+    eng = HFEngine(HFEngineSettings(kv_cache_mb=0), EngineRun(str(model_path), seed=7))
     await eng.start()
     yield eng
     await eng.close()
@@ -585,7 +587,7 @@ async def test_weight_update_clears_the_prefix_cache(engine: HFEngine) -> None:
 @pytest.mark.asyncio
 async def test_threads_set_torch_intra_op_threads(model_path: Path) -> None:
     before = torch.get_num_threads()
-    eng = HFEngine(str(model_path), threads=1)
+    eng = HFEngine(HFEngineSettings(threads=1), EngineRun(str(model_path)))
     try:
         await eng.start()
         assert torch.get_num_threads() == 1
@@ -594,6 +596,6 @@ async def test_threads_set_torch_intra_op_threads(model_path: Path) -> None:
         await eng.close()
         torch.set_num_threads(before)
     with pytest.raises(ValueError, match="engine.threads"):
-        HFEngine(str(model_path), threads=0)
+        HFEngine(HFEngineSettings(threads=0), EngineRun(str(model_path)))
     with pytest.raises(ValueError, match="engine.kv_cache_mb"):
-        HFEngine(str(model_path), kv_cache_mb=-1)
+        HFEngine(HFEngineSettings(kv_cache_mb=-1), EngineRun(str(model_path)))

@@ -29,6 +29,7 @@ from relax_pipeline.data.dataset import JsonlDataset
 from relax_pipeline.data.media import MediaError, image_url, load_image, png_data_uri
 from relax_pipeline.engine.base import SamplingParams, expand_placeholders
 from relax_pipeline.engine.hf import HFEngine
+from relax_pipeline.engine.settings import EngineRun, HFEngineSettings
 from relax_pipeline.engine.template import ChatTemplate
 from relax_pipeline.engine.vision import Vision
 from relax_pipeline.protocol.chat import ChatFrontend
@@ -270,7 +271,7 @@ async def test_text_only_model_answers_images_with_400(template: ChatTemplate, t
 @pytest.mark.asyncio
 async def test_hf_engine_vl_logprobs_match_a_teacher_forced_forward(tiny_vl_path: Path, vision: Vision,
                                                                     vl_template: ChatTemplate) -> None:
-    engine = HFEngine(str(tiny_vl_path), max_batch_size=4, seed=3)
+    engine = HFEngine(HFEngineSettings(max_batch_size=4), EngineRun(str(tiny_vl_path), seed=3))
     await engine.start()
     try:
         assert engine.vision is not None and engine.vision.image_token_id == vision.image_token_id

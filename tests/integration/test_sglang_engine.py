@@ -18,8 +18,9 @@ import pytest
 import torch
 
 from relax_pipeline.engine.base import SamplingParams
+from relax_pipeline.engine.settings import EngineRun, SglangEngineSettings
 from relax_pipeline.engine.sglang import SglangEngine, SglangError
-from relax_pipeline.engine.sglang_launch import free_port
+from relax_pipeline.infra.ports import free_port
 from relax_pipeline.testing.sglang_server import FakeSglangServer
 
 GREEDY = SamplingParams(8, temperature=0.0)
@@ -43,7 +44,8 @@ async def fakes(tiny_path: Path, n: int = 1, **options: object) -> AsyncIterator
 @asynccontextmanager
 async def client(tiny_path: Path, servers: list[FakeSglangServer], tmp_path: Path,
                  **options: object) -> AsyncIterator[SglangEngine]:
-    engine = SglangEngine(str(tiny_path), urls=[s.url for s in servers], output_dir=str(tmp_path), **options)
+    settings = SglangEngineSettings(urls=[s.url for s in servers], **options)  # type: ignore[arg-type]
+    engine = SglangEngine(settings, EngineRun(str(tiny_path), output_dir=str(tmp_path)))
     await engine.start()
     try:
         yield engine
@@ -181,7 +183,7 @@ def test_a_missing_endpoint_fails_naming_it(tiny_path: Path, tmp_path: Path) -> 
 
 def test_start_fails_naming_the_url_when_no_server_answers(tiny_path: Path, tmp_path: Path) -> None:
     url = f"http://127.0.0.1:{free_port()}"
-    engine = SglangEngine(str(tiny_path), urls=[url], output_dir=str(tmp_path))
+    engine = SglangEngine(SglangEngineSettings(urls=[url]), EngineRun(str(tiny_path), output_dir=str(tmp_path)))
     with pytest.raises(SglangError, match=f"engine.urls: SGLang server {url}"):
         asyncio.run(engine.start())
 
@@ -191,18 +193,20 @@ def test_start_fails_naming_the_url_when_no_server_answers(tiny_path: Path, tmp_
                                               ({"urls": ["http://x"], "admission": "lru"}, "engine.admission")])
 def test_config_errors_name_the_key(tiny_path: Path, options: dict, key: str) -> None:
     with pytest.raises(ValueError, match=key):
-        SglangEngine(str(tiny_path), **options)
+        SglangEngineSettings(**options)
 
 
 def test_launched_fake_servers_behind_the_real_sglang_router(tiny_path: Path, tmp_path: Path) -> None:
     pytest.importorskip("sglang_router", reason="pip install 'sglang-router==0.3.2' (the router binary)")
 
     async def go() -> None:
-        engine = SglangEngine(str(tiny_path), launch=True, servers=2, gpus_per_server=0, router="sglang",
-                              launch_command=f"{sys.executable} -m relax_pipeline.testing.sglang_server",
-                              server_args={"decode_delay_s": 0.02, "mem_fraction_static": 0.8},
-                              router_command=f"{sys.executable} -m sglang_router.launch_router",
-                              router_args={"log_level": "warn"}, output_dir=str(tmp_path), launch_timeout=120)
+        settings = SglangEngineSettings(
+            launch=True, servers=2, gpus_per_server=0, router="sglang",
+            launch_command=f"{sys.executable} -m relax_pipeline.testing.sglang_server",
+            server_args={"decode_delay_s": 0.02, "mem_fraction_static": 0.8},
+            router_command=f"{sys.executable} -m sglang_router.launch_router", router_args={"log_level": "warn"},
+            launch_timeout=120)
+        engine = SglangEngine(settings, EngineRun(str(tiny_path), output_dir=str(tmp_path)))
         await engine.start()
         pids = [p.process.pid for p in engine.processes.launched]
         try:

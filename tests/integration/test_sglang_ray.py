@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from relax_pipeline.engine.base import SamplingParams
+from relax_pipeline.engine.settings import EngineRun, SglangEngineSettings
 from relax_pipeline.engine.sglang import SglangEngine
 from relax_pipeline.testing.ray_cluster import local_cluster, require_ray
 
@@ -28,9 +29,10 @@ def cluster() -> Iterator[Any]:
 
 
 def test_servers_placed_on_two_nodes_by_a_placement_group(tiny_path: Path, tmp_path: Path, cluster: Any) -> None:
-    engine = SglangEngine(str(tiny_path), launch=True, servers=2, gpus_per_server=0, launch_command=FAKE,
-                          placement_strategy="STRICT_SPREAD", ray={"address": cluster.address},
-                          output_dir=str(tmp_path), launch_timeout=180)
+    settings = SglangEngineSettings(launch=True, servers=2, gpus_per_server=0, launch_command=FAKE,
+                                    placement_strategy="STRICT_SPREAD", launch_timeout=180)
+    run = EngineRun(str(tiny_path), ray={"address": cluster.address}, output_dir=str(tmp_path))
+    engine = SglangEngine(settings, run)
     assert engine.placement == "ray", "ray.address set and launch=true: placed on Ray by default"
 
     async def go() -> set[str]:
@@ -57,13 +59,14 @@ def test_servers_placed_on_two_nodes_by_a_placement_group(tiny_path: Path, tmp_p
 
 def test_a_placement_the_cluster_cannot_hold_fails_naming_the_bundles(tiny_path: Path, tmp_path: Path,
                                                                       cluster: Any) -> None:
-    engine = SglangEngine(str(tiny_path), launch=True, servers=1, gpus_per_server=1, launch_command=FAKE,
-                          placement="ray", ray={"address": cluster.address}, output_dir=str(tmp_path),
-                          launch_timeout=3)
+    settings = SglangEngineSettings(launch=True, servers=1, gpus_per_server=1, launch_command=FAKE, placement="ray",
+                                    launch_timeout=3)
+    run = EngineRun(str(tiny_path), ray={"address": cluster.address}, output_dir=str(tmp_path))
+    engine = SglangEngine(settings, run)
     with pytest.raises(RuntimeError, match=r"could not reserve 1 x \{'CPU': 1.0, 'GPU': 1\}.*engine.gpus_per_server"):
         asyncio.run(engine.start())
 
 
 def test_placement_ray_without_launch_names_the_key(tiny_path: Path) -> None:
     with pytest.raises(ValueError, match="engine.placement=ray places launched servers"):
-        SglangEngine(str(tiny_path), urls=["http://127.0.0.1:1"], placement="ray")
+        SglangEngineSettings(urls=["http://127.0.0.1:1"], placement="ray")

@@ -23,6 +23,7 @@ from relax_pipeline.train.base import Trainer
 from relax_pipeline.train.batching import BatchSettings, TrainSample, global_batches, micro_batches, padded_tokens
 from relax_pipeline.train.losses import LossSettings
 from relax_pipeline.train.optim import OptimSettings
+from relax_pipeline.train.settings import DeepSpeedSettings, TrainerRun, TrainerSettings
 from relax_pipeline.train.step import Collated, collate, response_logprobs
 from relax_pipeline.train.torch_backend import TorchTrainer
 
@@ -55,8 +56,10 @@ def make_samples(
     return samples
 
 
-def trainer(tiny_path: Path, **kwargs: object) -> TorchTrainer:
-    return TorchTrainer(model_path=str(tiny_path), **kwargs)  # type: ignore[arg-type]
+def trainer(tiny_path: Path, advantages: AdvantageSettings | None = None, **settings: object) -> TorchTrainer:
+    """A torch trainer of `tiny_path` with these `trainer` keys (and the credit's advantage settings)."""
+    run = TrainerRun(str(tiny_path), advantages=advantages or AdvantageSettings())
+    return TorchTrainer(TrainerSettings(**settings), run)  # type: ignore[arg-type]
 
 
 def micro(size: int) -> BatchSettings:
@@ -320,9 +323,10 @@ def test_kl_shaping_whitening_and_kl_loss_run(tiny_path: Path) -> None:
 @pytest.mark.parametrize(
     "make, fragment",
     [
-        (lambda: TorchTrainer(model_path="unused", zero_stage=2), "trainer.zero_stage=2 needs trainer=deepspeed"),
-        (lambda: TorchTrainer(model_path="unused", temperature=-1.0), "rollout.temperature=-1.0"),
-        (lambda: TorchTrainer(model_path="unused", autocast="fp8"), "trainer.autocast='fp8'; choose bfloat16 or"),
+        (lambda: DeepSpeedSettings(zero_stage=5), "trainer.zero_stage=5; choose 0, 1, 2 or 3"),
+        (lambda: TrainerRun("unused", temperature=-1.0), "rollout.temperature=-1.0"),
+        (lambda: TorchTrainer(TrainerSettings(autocast="fp8"),
+                              TrainerRun("unused")), "trainer.autocast='fp8'; choose bfloat16 or"),
         (lambda: AdvantageSettings(kl_coef=0.1), "credit.kl_coef=0.1"),
         (lambda: AdvantageSettings(estimator="ppo"), "credit.estimator='ppo'"),
         (lambda: LossSettings(loss_reduction="sum"), "trainer.loss.loss_reduction='sum'"),
@@ -368,7 +372,8 @@ def test_deepspeed_zero_stage_trains_like_the_torch_backend(tiny_path: Path, tor
     pytest.importorskip("deepspeed")
     from relax_pipeline.train.deepspeed_backend import DeepSpeedTrainer
 
-    ds = DeepSpeedTrainer(model_path=str(tiny_path), zero_stage=stage, **RICH)
+    ds = DeepSpeedTrainer(DeepSpeedSettings(zero_stage=stage, **RICH),
+                          TrainerRun(str(tiny_path)))  # type: ignore[arg-type]
     try:
         before = ds.engine_weights()
         metrics = ds.train(rich_samples())
@@ -388,7 +393,7 @@ def test_deepspeed_zero3_resume_equals_uninterrupted(tiny_path: Path, tmp_path: 
     from relax_pipeline.train.deepspeed_backend import DeepSpeedTrainer
 
     first, second = make_samples(4, seed=8), make_samples(4, seed=9)
-    straight = DeepSpeedTrainer(model_path=str(tiny_path), zero_stage=3, batching=micro(2))
+    straight = DeepSpeedTrainer(DeepSpeedSettings(zero_stage=3, batching=micro(2)), TrainerRun(str(tiny_path)))
     try:
         straight.train(first)
         straight.save(tmp_path / "ckpt", {"step": 1})
@@ -396,7 +401,7 @@ def test_deepspeed_zero3_resume_equals_uninterrupted(tiny_path: Path, tmp_path: 
         expected = straight.engine_weights()
     finally:
         straight.close()
-    resumed = DeepSpeedTrainer(model_path=str(tiny_path), zero_stage=3, batching=micro(2))
+    resumed = DeepSpeedTrainer(DeepSpeedSettings(zero_stage=3, batching=micro(2)), TrainerRun(str(tiny_path)))
     try:
         assert resumed.load(tmp_path / "ckpt") == {"step": 1} and resumed.version == 1
         resumed.train(second)

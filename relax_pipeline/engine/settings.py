@@ -1,0 +1,230 @@
+"""The `engine` node as records: one per `engine=` option, declared once, plus what every engine gets from the run.
+
+`HFEngineSettings` (`engine=hf`, the embedded engine), `SglangEngineSettings` (`engine=sglang`, SGLang servers over
+HTTP) and `ScriptEngineSettings` (`engine=scripted`, the fake in `testing/`) are the options' schemas; each one's
+`_target_` names the class it builds, and each checks its own keys when it is made, naming the key and the
+allowed values. `SglangEngineSettings` keeps the documented flat keys (`engine.launch`, `engine.router`,
+`engine.admission`, ...) and hands its parts out as small records (`launch_part`, `router_part`,
+`admission_part`, `placement_part`) so the launch, routing, admission and placement code each read only theirs.
+`EngineRun` is what an engine gets from the rest of the run: the model folder, the seed, the context length
+the model allows, the template's end-of-turn token, the output folder and the Ray cluster.
+
+What it does not do: build engines or import torch. `run.py` hands these records to the class `_target_` names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+DTYPES = ("float32", "bfloat16", "float16")
+"""`engine.dtype` values of the embedded engine."""
+ROUTERS = ("none", "sglang")
+"""`engine.router`: the client routes by cache affinity itself, or the real sglang-router is in front."""
+ADMISSIONS = ("none", "kv")
+"""`engine.admission`: no admission, or KV-aware admission per request."""
+PLACEMENTS = ("local", "ray")
+"""Where launched servers run (`engine.placement`): subprocesses here, or placement-group bundles of a Ray cluster."""
+
+
+@dataclass(frozen=True)
+class EngineRun:
+    """What an engine gets from the run besides its node; built once by `run.py`."""
+
+    model_path: str
+    """The model's Hugging Face folder (`model.path`, or the built model)."""
+    seed: int = 0
+    """The run's `seed`: each request's sampling generator derives from it."""
+    max_context_len: int = 4096
+    """Most tokens of a prompt plus its response (`rollout.max_context_len`, or the model's own maximum)."""
+    end_of_turn: str | None = None
+    """`model.end_of_turn`: the template's end-of-turn token (None: detected from the chat template)."""
+    output_dir: str | None = None
+    """The run's output folder (launched servers' logs and weights); None: a temporary folder."""
+    ray: dict[str, Any] | None = None
+    """The run's `ray.*` keys, for servers placed on a Ray cluster."""
+
+
+@dataclass
+class HFEngineSettings:
+    """`engine=hf`: the embedded transformers engine (engine/hf.py)."""
+
+    _target_: str = "relax_pipeline.engine.hf.HFEngine"
+    """The engine class this node builds."""
+    device: str = "cpu"
+    """torch device for the embedded engine."""
+    dtype: str = "float32"
+    """Weights dtype: float32, bfloat16 or float16."""
+    max_batch_size: int = 32
+    """Most sequences decoded together."""
+    threads: int | None = None
+    """torch intra-op threads (`torch.set_num_threads`, process-wide); None keeps torch's default."""
+    kv_cache_mb: int = 1024
+    """Prefix KV cache budget in MiB: sessions' earlier turns and shared prompts are not prefilled again
+    (least recently used entries go first); 0 turns it off."""
+    attn_implementation: str | None = None
+    """Attention kernel: `eager`, `sdpa`, or `grouped` (eager without copying the KV cache for each query head,
+    models/attention.py); null keeps transformers' default (sdpa). bfloat16 on a CPU decodes faster with eager,
+    and faster still with grouped."""
+
+    def __post_init__(self) -> None:
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"engine.threads={self.threads} must be >= 1 (or null: torch's default)")
+        if self.kv_cache_mb < 0:
+            raise ValueError(f"engine.kv_cache_mb={self.kv_cache_mb} must be >= 0 (0 turns the prefix cache off)")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"engine.dtype={self.dtype!r} is not supported; use one of {sorted(DTYPES)}")
+        if self.max_batch_size < 1:
+            raise ValueError(f"engine.max_batch_size={self.max_batch_size} must be >= 1")
+
+
+@dataclass
+class ScriptEngineSettings:
+    """`engine=scripted`: a fake engine replaying a JSONL script of assistant turns (testing/script_engine.py)."""
+
+    script: str
+    """JSONL, one assistant turn a line: {"content", "reasoning", "tool_calls": [{"name", "arguments"}],
+    "finish": "stop"|"length"}, all optional; every session replays it from line 1, then answers "done."."""
+    _target_: str = "relax_pipeline.testing.script_engine.ScriptEngine"
+    """The engine class this node builds."""
+    max_batch_size: int = 32
+    """Sessions job=eval keeps in flight by default (as engine=hf's batch)."""
+
+
+@dataclass(frozen=True)
+class LaunchPart:
+    """engine.launch=true: the servers to start and how (engine/sglang_launch.py)."""
+
+    servers: int
+    gpus_per_server: int
+    command: str
+    server_args: dict[str, Any]
+    timeout: float
+    host: str
+
+
+@dataclass(frozen=True)
+class RouterPart:
+    """engine.router=sglang: the sglang-router in front of the servers."""
+
+    url: str | None
+    command: str
+    args: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class AdmissionPart:
+    """engine.admission=kv: room reserved against each worker's KV capacity (engine/sglang_routing.py)."""
+
+    headroom: float
+    max_wait_s: float
+
+
+@dataclass(frozen=True)
+class PlacementPart:
+    """engine.placement=ray: one placement-group bundle per launched server (engine/sglang_ray.py)."""
+
+    strategy: str
+    cpus_per_server: float
+
+
+@dataclass
+class SglangEngineSettings:
+    """`engine=sglang`: SGLang servers over their native HTTP API (engine/sglang.py); connect or launch."""
+
+    _target_: str = "relax_pipeline.engine.sglang.SglangEngine"
+    """The engine class this node builds."""
+    urls: list[str] = field(default_factory=list)
+    """Running SGLang servers to connect to (`[http://HOST:PORT, ...]`); empty with launch=true."""
+    launch: bool = False
+    """Start `servers` SGLang servers (launch_command + server_args), logs in <output>/sglang/, stopped at the end."""
+    servers: int = 1
+    """Servers to launch, one per GPU group."""
+    gpus_per_server: int = 1
+    """GPUs of each launched server (consecutive CUDA_VISIBLE_DEVICES); 0 leaves CUDA_VISIBLE_DEVICES alone."""
+    launch_command: str = "python -m sglang.launch_server"
+    """Command of one server; `--model-path --host --port` and server_args are appended."""
+    server_args: dict[str, Any] = field(default_factory=dict)
+    """Extra server flags: {mem_fraction_static: 0.8, tp_size: 2} → --mem-fraction-static 0.8 --tp-size 2."""
+    launch_timeout: float = 900.0
+    """Seconds a launched server (or the router) may take to answer /health."""
+    host: str = "127.0.0.1"
+    """Host launched servers and the router bind to."""
+    router: str = "none"
+    """none (the client routes by cache affinity itself) or sglang (the real sglang-router in front)."""
+    router_url: str | None = None
+    """A running sglang-router (started with --policy manual); None starts one with router_command."""
+    router_command: str = "python -m sglang_router.launch_router"
+    """Command of the router; host, port, --worker-urls, --policy manual and router_args are appended."""
+    router_args: dict[str, Any] = field(default_factory=dict)
+    """Extra router flags, as server_args."""
+    admission: str = "none"
+    """none, or kv: reserve prompt + max_new_tokens against the worker's KV capacity before generating."""
+    kv_headroom: float = 0.9
+    """admission=kv: fraction of the reported KV capacity (max_total_num_tokens) that may be reserved."""
+    admission_max_wait_s: float = 300.0
+    """admission=kv: longest wait for room; then the request starts anyway (counted in engine/admission_timeouts)."""
+    weights_dir: str | None = None
+    """Where weights are written for /update_weights_from_disk (must be readable by the servers); None:
+    <output>/sglang/weights."""
+    log_dir: str | None = None
+    """Logs of launched servers and router; None: <output>/sglang."""
+    max_batch_size: int = 32
+    """Sessions job=eval keeps in flight by default (as engine=hf's batch)."""
+    affinity_block: int = 16
+    """Tokens per block of the prefix hashes that keep a session and a prompt's siblings on one worker."""
+    placement: str | None = None
+    """launch=true: local (servers are subprocesses of this machine) or ray (one placement-group bundle per server
+    on the Ray cluster at ray.address, engine/sglang_ray.py); null: ray when ray.address is set, else local."""
+    placement_strategy: str = "PACK"
+    """placement=ray: how bundles spread over nodes (PACK, SPREAD, STRICT_PACK, STRICT_SPREAD)."""
+    cpus_per_server: float = 1.0
+    """placement=ray: CPUs each server's bundle holds (besides gpus_per_server GPUs)."""
+
+    def __post_init__(self) -> None:
+        check_choice("engine.router", self.router, ROUTERS)
+        check_choice("engine.admission", self.admission, ADMISSIONS)
+        if bool(self.urls) == bool(self.launch):
+            raise ValueError("engine=sglang needs exactly one of engine.urls=[http://HOST:PORT,...] (running SGLang "
+                             "servers) and engine.launch=true (start engine.servers of them)")
+        if self.launch and self.servers < 1:
+            raise ValueError(f"engine.servers={self.servers} must be >= 1 with engine.launch=true")
+        if self.router_url and self.router != "sglang":
+            raise ValueError("engine.router_url is set but engine.router=none; set engine.router=sglang")
+        if self.placement is not None:
+            check_choice("engine.placement", self.placement, PLACEMENTS)
+        if self.placement == "ray" and not self.launch:
+            raise ValueError("engine.placement=ray places launched servers: set engine.launch=true (or "
+                             "engine.placement=null to connect to engine.urls)")
+
+    @property
+    def launch_part(self) -> LaunchPart:
+        return LaunchPart(self.servers, self.gpus_per_server, self.launch_command, dict(self.server_args),
+                          self.launch_timeout, self.host)
+
+    @property
+    def router_part(self) -> RouterPart | None:
+        """None with engine.router=none."""
+        if self.router != "sglang":
+            return None
+        url = self.router_url.rstrip("/") if self.router_url else None
+        return RouterPart(url, self.router_command, dict(self.router_args))
+
+    @property
+    def admission_part(self) -> AdmissionPart | None:
+        """None with engine.admission=none."""
+        return AdmissionPart(self.kv_headroom, self.admission_max_wait_s) if self.admission == "kv" else None
+
+    def placement_part(self, ray: dict[str, Any] | None) -> PlacementPart | None:
+        """engine.placement resolved against the run's `ray.*` keys (null: ray when launching with a
+        `ray.address`); None for servers that are not placed on Ray."""
+        placement = self.placement
+        if placement is None:
+            placement = "ray" if self.launch and (ray or {}).get("address") else "local"
+        return PlacementPart(self.placement_strategy, self.cpus_per_server) if placement == "ray" else None
+
+
+def check_choice(key: str, value: str, allowed: tuple[str, ...]) -> None:
+    """`value` is one of `allowed`, else an error naming `key` and the choices."""
+    if value not in allowed:
+        raise ValueError(f"{key}={value!r}; choose one of {list(allowed)}")

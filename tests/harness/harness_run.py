@@ -39,7 +39,8 @@ def installed(module: str) -> bool:
 
 
 def skip_unless(*modules: str) -> None:
-    """Skip the calling test when a harness package is not installed (they come with the `harness` extra)."""
+    """Skip the calling test when a harness package is not installed (they come with the `harness` extra); where
+    `RELAX_REQUIRE_EXTRAS` names `harness` (CI), tests/conftest.py turns that skip into a failure."""
     missing = [m for m in modules if not installed(m)]
     if missing:
         pytest.skip(f"{', '.join(missing)} not installed: pip install -e '.[harness]'")

@@ -18,9 +18,10 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from relax_pipeline.credit.advantage import ESTIMATORS, base_advantages
+from relax_pipeline.credit.advantage import base_advantages
 from relax_pipeline.credit.base import RewardError, call_user, load_function
 from relax_pipeline.credit.records import CreditContext, CreditGroup
+from relax_pipeline.credit.settings import CreditSettings
 
 __all__ = ["RewardCredit", "RewardError"]
 
@@ -37,27 +38,20 @@ class RewardCredit:
     several_contexts: bool = False
     """Whether this option gives credit to sessions that export several contexts (only custom_advantage)."""
 
-    def __init__(self, reward_key: str | None = None, rm_path: str | None = None, advantage_path: str | None = None,
-                 estimator: str = "grpo", normalize_std: bool = True, kl_coef: float = 0.0,
-                 normalize_advantages: bool = False, log_passrate: bool = False, filter_path: str | None = None,
-                 truncated_reward: float = 0.0) -> None:
-        self._check_paths({"rm_path": rm_path, "advantage_path": advantage_path})
-        if estimator not in ESTIMATORS:
-            raise ValueError(f"credit.estimator={estimator!r}; choose one of {list(ESTIMATORS)}")
-        self.reward_key = reward_key
-        self.rm_path = rm_path
-        self.advantage_path = advantage_path
-        self.estimator = estimator
-        self.normalize_std = normalize_std
-        self.kl_coef = kl_coef
-        self.normalize_advantages = normalize_advantages
-        self.log_passrate = log_passrate
-        self.truncated_reward = truncated_reward
+    def __init__(self, settings: CreditSettings) -> None:
+        self._check_paths({"rm_path": settings.rm_path, "advantage_path": settings.advantage_path})
+        self.reward_key = settings.reward_key
+        self.rm_path = settings.rm_path
+        self.advantage_path = settings.advantage_path
+        self.estimator = settings.estimator
+        self.normalize_std = settings.normalize_std
+        self.log_passrate = settings.log_passrate
+        self.truncated_reward = settings.truncated_reward
         """Reward of a context whose agent failed after our length limit cut its last turn (none exported)."""
         self.user_function = self._load_user_function()
         self.advantage_hook = self._load_optional("advantage_path")
         """The optional advantage function (`optional`), None when the option has none or it is unset."""
-        self.group_filter = load_function(filter_path, "credit.filter_path") if filter_path else None
+        self.group_filter = load_function(settings.filter_path, "credit.filter_path") if settings.filter_path else None
 
     def _load_user_function(self) -> Callable[..., Any] | None:
         """The function named by the one path key this option uses, None for `credit=reward`."""

@@ -14,7 +14,7 @@ from typing import Any
 import credit_hooks
 import pytest
 
-from relax_pipeline.agent.session_io import AgentOutput, ExportRecord
+from relax_pipeline.agent.session_io import AgentOutput
 from relax_pipeline.canonical.form import Context as CanonicalContext
 from relax_pipeline.canonical.form import Message
 from relax_pipeline.credit.base import RewardError
@@ -22,8 +22,9 @@ from relax_pipeline.credit.custom_advantage import AdvantageError, CustomAdvanta
 from relax_pipeline.credit.records import CreditContext, CreditGroup
 from relax_pipeline.credit.reward import RewardCredit
 from relax_pipeline.credit.reward_model import CustomRMCredit, GroupRMCredit
+from relax_pipeline.credit.settings import CreditSettings
 from relax_pipeline.data.dataset import Prompt
-from relax_pipeline.forest.export import Exported
+from relax_pipeline.forest.export import Exported, ExportRecord
 from relax_pipeline.forest.sample import Sample
 from relax_pipeline.forest.store import Node
 from relax_pipeline.stages import reward as reward_stage
@@ -101,30 +102,31 @@ def _raw(group: Group, session_id: str, exported: Exported) -> Any:
 
 def test_reward_credit_reads_exports_and_centres_by_group() -> None:
     made = Made([[(None, 1.0, {})], [(None, 0.0, {})]])
-    scored = made.score(RewardCredit(normalize_std=False))
+    scored = made.score(RewardCredit(CreditSettings(normalize_std=False)))
     assert scored == [(1.0, 0.5), (0.0, -0.5)]
 
 
 def test_a_train_context_without_a_reward_fails_its_session_naming_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
-    rows = Made([[(None, 1.0, {})], [(None, None, {})]]).stage(RewardCredit(), monkeypatch)
+    rows = Made([[(None, 1.0, {})], [(None, None, {})]]).stage(RewardCredit(CreditSettings()), monkeypatch)
     assert [r["status"] for r in rows] == ["dropped", "failed"]
     assert "the implicit context has no reward" in rows[1]["error"] and "credit.rm_path" in rows[1]["error"]
 
 
 def test_a_reward_model_returning_null_fails_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    rows = Made([[("main", None, {})]]).stage(CustomRMCredit(rm_path="credit_hooks.rm_none"), monkeypatch)
+    credit = CustomRMCredit(CreditSettings(rm_path="credit_hooks.rm_none"))
+    rows = Made([[("main", None, {})]]).stage(credit, monkeypatch)
     assert rows[0]["status"] == "failed"
     assert "context 'main' has no reward: credit.rm_path='credit_hooks.rm_none' returned null" in rows[0]["error"]
 
 
 def test_eval_contexts_without_a_reward_stay_unscored() -> None:
-    assert Made([[(None, None, {})], [(None, 1.0, {})]], mode="eval").score(RewardCredit()) == [
+    assert Made([[(None, None, {})], [(None, 1.0, {})]], mode="eval").score(RewardCredit(CreditSettings())) == [
         (None, None), (1.0, None)]
 
 
 def test_reward_credit_refuses_paths_it_does_not_use() -> None:
     with pytest.raises(ValueError, match="credit.rm_path='credit_hooks.rm_sync' is not used by credit=reward"):
-        RewardCredit(rm_path="credit_hooks.rm_sync")
+        RewardCredit(CreditSettings(rm_path="credit_hooks.rm_sync"))
 
 
 # ---- custom and group reward models ----------------------------------------------------------------------
@@ -133,7 +135,7 @@ def test_reward_credit_refuses_paths_it_does_not_use() -> None:
 @pytest.mark.parametrize("path, value", [("credit_hooks.rm_sync", 0.5), ("credit_hooks.rm_async", 0.25)])
 def test_custom_rm_is_called_only_where_no_reward_was_exported(path: str, value: float) -> None:
     made = Made([[("main", 1.0, {"k": 1}), ("searcher", None, {"k": 2})], [(None, None, {"k": 3})]])
-    scored = made.score(CustomRMCredit(rm_path=path, estimator="reinforce_plus_plus"))
+    scored = made.score(CustomRMCredit(CreditSettings(rm_path=path, estimator="reinforce_plus_plus")))
     assert scored == [(1.0, 1.0), (value, value), (value, value)]
     assert sorted((c["name"] or "", c["metadata"]["k"]) for c in credit_hooks.CALLS) == [("", 3), ("searcher", 2)]
     sample = credit_hooks.CALLS[0]
@@ -148,17 +150,17 @@ def test_custom_rm_is_called_only_where_no_reward_was_exported(path: str, value:
 )
 def test_rm_path_errors_name_the_key(path: str, fragment: str) -> None:
     with pytest.raises(ValueError, match=f"credit.rm_path={path!r}.*{fragment}"):
-        CustomRMCredit(rm_path=path)
+        CustomRMCredit(CreditSettings(rm_path=path))
 
 
 def test_custom_rm_needs_rm_path() -> None:
     with pytest.raises(ValueError, match="credit=custom_rm needs credit.rm_path"):
-        CustomRMCredit()
+        CustomRMCredit(CreditSettings())
 
 
 def test_group_rm_sees_the_whole_group_in_order_and_exported_rewards_win() -> None:
     made = Made([[("main", None, {"i": 0}), ("searcher", 9.0, {"i": 1})], [("main", None, {"i": 2})]])
-    scored = made.score(GroupRMCredit(rm_path="credit_hooks.group_rm", estimator="reinforce_plus_plus"))
+    scored = made.score(GroupRMCredit(CreditSettings(rm_path="credit_hooks.group_rm", estimator="reinforce_plus_plus")))
     (samples,) = credit_hooks.CALLS
     assert [(s["name"], s["metadata"]["i"], s["reward"]) for s in samples] == [
         ("main", 0, None), ("searcher", 1, 9.0), ("main", 2, None)]
@@ -168,14 +170,15 @@ def test_group_rm_sees_the_whole_group_in_order_and_exported_rewards_win() -> No
 def test_group_rm_result_of_the_wrong_length_names_the_key() -> None:
     made = Made([[(None, None, {})], [(None, None, {})]])
     with pytest.raises(ValueError, match=r"credit.rm_path='credit_hooks.group_rm_short' returned 1 rewards for 2"):
-        made.score(GroupRMCredit(rm_path="credit_hooks.group_rm_short"))
+        made.score(GroupRMCredit(CreditSettings(rm_path="credit_hooks.group_rm_short")))
 
 
 def test_group_rm_then_the_advantage_hook() -> None:
     """The seed's group RM plus custom advantage: the RM fills the rewards, the hook gives the base credit."""
     made = Made([[("main", None, {"outcome": 1.0}), ("searcher_0", None, {"usefulness": 0.5})],
                  [("main", None, {"outcome": 0.0})]])
-    credit = GroupRMCredit(rm_path="credit_hooks.group_rm", advantage_path="credit_hooks.advantage_recording")
+    credit = GroupRMCredit(CreditSettings(rm_path="credit_hooks.group_rm",
+                                          advantage_path="credit_hooks.advantage_recording"))
     assert made.score(credit) == [(0.0, 1.0), (1.0, 0.5), (2.0, 0.0)]
     assert credit_hooks.CALLS[-1] == [{"main": {"outcome": 1.0}, "searcher_0": {"usefulness": 0.5}},
                                       {"main": {"outcome": 0.0}}]
@@ -184,13 +187,13 @@ def test_group_rm_then_the_advantage_hook() -> None:
 def test_custom_rm_still_refuses_an_advantage_path() -> None:
     with pytest.raises(ValueError, match="credit.advantage_path='credit_hooks.advantage_recording' is not used by "
                                          "credit=custom_rm"):
-        CustomRMCredit(rm_path="credit_hooks.rm_sync", advantage_path="credit_hooks.advantage_recording")
+        CustomRMCredit(CreditSettings(rm_path="credit_hooks.rm_sync", advantage_path="credit_hooks.advantage_recording"))
 
 
 def test_reward_objects_from_the_rm_give_the_primary_value_and_field_metrics(monkeypatch: pytest.MonkeyPatch
                                                                               ) -> None:
     made = Made([[("main", None, {})], [("searcher", None, {})]])
-    rows = made.stage(CustomRMCredit(rm_path="credit_hooks.rm_object", reward_key="score"), monkeypatch)
+    rows = made.stage(CustomRMCredit(CreditSettings(rm_path="credit_hooks.rm_object", reward_key="score")), monkeypatch)
     assert [r["reward"] for r in rows] == [1.0, 1.0]
     metrics = rollout_metrics(rows, [made.group])
     assert metrics["rollout/raw_reward"] == 1.0
@@ -201,7 +204,7 @@ def test_reward_objects_from_the_rm_give_the_primary_value_and_field_metrics(mon
 
 def test_a_bad_rm_value_fails_its_session_and_drops_the_group(monkeypatch: pytest.MonkeyPatch) -> None:
     made = Made([[(None, 1.0, {})], [(None, None, {})]])
-    rows = made.stage(CustomRMCredit(rm_path="credit_hooks.rm_bad_value"), monkeypatch)
+    rows = made.stage(CustomRMCredit(CreditSettings(rm_path="credit_hooks.rm_bad_value")), monkeypatch)
     assert [r["status"] for r in rows] == ["dropped", "failed"]
     assert "reward must be a number, an object or null, got str" in rows[1]["error"]
 
@@ -209,7 +212,7 @@ def test_a_bad_rm_value_fails_its_session_and_drops_the_group(monkeypatch: pytes
 def test_reward_error_carries_the_session() -> None:
     made = Made([[(None, "x", {})]])
     with pytest.raises(RewardError) as caught:
-        made.score(RewardCredit())
+        made.score(RewardCredit(CreditSettings()))
     assert caught.value.session_id == made.group.sessions[0].id
 
 
@@ -220,13 +223,13 @@ EXAMPLE = "relax_pipeline.credit.examples.outcome_times_usefulness"
 
 def test_custom_advantage_example_main_gets_outcome_searcher_outcome_times_usefulness() -> None:
     made = Made(TWO_AGENTS)
-    scored = made.score(CustomAdvantageCredit(advantage_path=EXAMPLE))
+    scored = made.score(CustomAdvantageCredit(CreditSettings(advantage_path=EXAMPLE)))
     assert scored == [(1.0, 1.0), (None, 0.5), (0.0, -1.0), (None, -0.25)]
 
 
 def test_custom_advantage_sees_one_mapping_per_session_name_to_final_metadata() -> None:
     made = Made(TWO_AGENTS)
-    made.score(CustomAdvantageCredit(advantage_path="credit_hooks.advantage_none"))
+    made.score(CustomAdvantageCredit(CreditSettings(advantage_path="credit_hooks.advantage_none")))
     assert credit_hooks.CALLS == [[{"main": {"outcome": 1.0}, "searcher": {"usefulness": 0.5}},
                                    {"main": {"outcome": -1.0}, "searcher": {"usefulness": 0.25}}]]
 
@@ -245,13 +248,14 @@ def test_custom_advantage_sees_one_mapping_per_session_name_to_final_metadata() 
 def test_custom_advantage_results_are_validated_naming_slot_and_name(hook: str, fragment: str) -> None:
     made = Made(TWO_AGENTS)
     with pytest.raises(AdvantageError, match=f"credit.advantage_path='credit_hooks.{hook}'.*{fragment}"):
-        made.score(CustomAdvantageCredit(advantage_path=f"credit_hooks.{hook}"))
+        made.score(CustomAdvantageCredit(CreditSettings(advantage_path=f"credit_hooks.{hook}")))
 
 
 def test_none_filters_the_group(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     made = Made(TWO_AGENTS)
     with caplog.at_level(logging.INFO):
-        rows = made.stage(CustomAdvantageCredit(advantage_path="credit_hooks.advantage_none"), monkeypatch)
+        credit = CustomAdvantageCredit(CreditSettings(advantage_path="credit_hooks.advantage_none"))
+        rows = made.stage(credit, monkeypatch)
     assert made.group.dropped is None and made.group.filtered is not None and made.group.excluded
     assert [(r["status"], r["index"], r["tokens"]) for r in rows] == [("filtered", 0, []), ("filtered", 1, [])]
     assert all(r["error"] is None for r in rows), "docs/design.md §3.4: error is for failed/dropped rows only"
@@ -263,13 +267,14 @@ def test_none_filters_the_group(monkeypatch: pytest.MonkeyPatch, caplog: pytest.
 
 def test_eval_groups_never_call_the_advantage_function() -> None:
     made = Made([[(None, 1.0, {})], [(None, 0.0, {})]], mode="eval")
-    scored = made.score(CustomAdvantageCredit(advantage_path="credit_hooks.advantage_raises", normalize_std=False))
+    credit = CustomAdvantageCredit(CreditSettings(advantage_path="credit_hooks.advantage_raises", normalize_std=False))
+    scored = made.score(credit)
     assert scored == [(1.0, 0.5), (0.0, -0.5)]
 
 
 def test_implicit_exports_are_keyed_none() -> None:
     made = Made([[(None, None, {"outcome": 0.5})]])
-    assert made.score(CustomAdvantageCredit(advantage_path=EXAMPLE)) == [(None, 0.5)]
+    assert made.score(CustomAdvantageCredit(CreditSettings(advantage_path=EXAMPLE))) == [(None, 0.5)]
 
 
 # ---- several contexts per session at run time ------------------------------------------------------------
@@ -278,8 +283,8 @@ def test_implicit_exports_are_keyed_none() -> None:
 @pytest.mark.parametrize(
     "credit, missing, keys",
     [
-        (RewardCredit(), None, "need credit=custom_advantage (declare"),
-        (CustomAdvantageCredit(advantage_path=EXAMPLE), ["trainer.use_dynamic_batch_size=true"],
+        (RewardCredit(CreditSettings()), None, "need credit=custom_advantage (declare"),
+        (CustomAdvantageCredit(CreditSettings(advantage_path=EXAMPLE)), ["trainer.use_dynamic_batch_size=true"],
          "need trainer.use_dynamic_batch_size=true (declare"),
     ],
 )
@@ -293,9 +298,9 @@ def test_several_contexts_without_what_they_need_fail_the_session_naming_the_key
 
 
 def test_several_contexts_are_fine_in_eval_and_under_custom_advantage(monkeypatch: pytest.MonkeyPatch) -> None:
-    rows = Made(TWO_AGENTS, mode="eval").stage(RewardCredit(), monkeypatch)
+    rows = Made(TWO_AGENTS, mode="eval").stage(RewardCredit(CreditSettings()), monkeypatch)
     assert [r["status"] for r in rows] == ["completed"] * 4
-    rows = Made(TWO_AGENTS).stage(CustomAdvantageCredit(advantage_path=EXAMPLE), monkeypatch, [])
+    rows = Made(TWO_AGENTS).stage(CustomAdvantageCredit(CreditSettings(advantage_path=EXAMPLE)), monkeypatch, [])
     assert [r["advantage"] for r in rows] == [1.0, 0.5, -1.0, -0.25]
 
 
@@ -304,7 +309,7 @@ def test_several_contexts_are_fine_in_eval_and_under_custom_advantage(monkeypatc
 
 def test_passrate_counts_sessions_not_contexts(monkeypatch: pytest.MonkeyPatch) -> None:
     made = Made(TWO_AGENTS + [[("main", 1, {"outcome": 0.0}), ("searcher", None, {})]])
-    rows = made.stage(CustomAdvantageCredit(advantage_path=EXAMPLE, log_passrate=True), monkeypatch)
+    rows = made.stage(CustomAdvantageCredit(CreditSettings(advantage_path=EXAMPLE, log_passrate=True)), monkeypatch)
     metrics = rollout_metrics(rows, [made.group], log_passrate=True)
     assert math.isclose(metrics["passrate"], 2 / 3)
     assert metrics["rollout/raw_reward"] == pytest.approx(2 / 3)

@@ -17,6 +17,7 @@ import pytest
 
 from relax_pipeline.agent.session_io import AgentOutput
 from relax_pipeline.credit.reward import RewardCredit
+from relax_pipeline.credit.settings import CreditSettings
 from relax_pipeline.data.dataset import Prompt
 from relax_pipeline.engine.parsers import OutputParser
 from relax_pipeline.engine.template import ChatTemplate
@@ -122,7 +123,7 @@ async def test_chains_of_a_forked_session_share_its_credit_and_carry_their_branc
             await dropping_reasoning(service(template, "tokens"), session.forest, turns=2)
         group.outputs[session.id] = AgentOutput(True, (), reward, {})
     exports = {s.id: implicit_exports(s.forest, "leaves") for s in group.sessions}
-    await Reward(store, RewardCredit()).run(group, exports)
+    await Reward(store, RewardCredit(CreditSettings())).run(group, exports)
     rows = Transfer(store).run(group)
     assert [(r["index"], r["branch"]) for r in rows] == [(0, 0), (0, 1), (1, None)]
     forked, linear = [r for r in rows if r["index"] == 0], rows[2]

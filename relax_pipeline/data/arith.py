@@ -20,9 +20,10 @@ from __future__ import annotations
 import bisect
 import operator
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from relax_pipeline.data.dataset import JsonlDataset, Prompt
+from relax_pipeline.data.settings import ArithSettings
 
 OPERATIONS: dict[str, Callable[[int, int], int]] = {"+": operator.add, "-": operator.sub, "*": operator.mul}
 SPLITS = ("train", "heldout")
@@ -30,24 +31,21 @@ SPLIT_PREFIX = "arith:"
 """An eval entry's `path` of the form `arith:<split>` selects a generated split."""
 MAX_ENUMERATED = 1_000_000
 """Largest train split generated whole (`train_size: null`); larger problem spaces need a `train_size`."""
-DEFAULT_PROMPT = "What is {a} {op} {b}? Answer with just the number."
 
 
 class ArithDataset:
     """Generated arithmetic prompts: one split of a seeded problem set, or a JSONL file given as `path`."""
 
-    def __init__(self, split: str = "train", operations: Sequence[str] = ("+",), low: int = 0, high: int = 99,
-                 heldout_size: int = 200, train_size: int | None = None, seed: int = 0,
-                 prompt: str = DEFAULT_PROMPT, path: str | None = None, input_key: str = "input",
-                 metadata_key: str | None = "metadata", multimodal_keys: dict[str, str] | None = None,
-                 shuffle: bool = True) -> None:
-        self.shuffle = shuffle
+    def __init__(self, settings: ArithSettings) -> None:
+        self.shuffle = settings.shuffle
+        path = settings.path
         if path is not None and not path.startswith(SPLIT_PREFIX):
-            self.prompts = JsonlDataset(path, input_key, metadata_key, multimodal_keys, shuffle).prompts
+            self.prompts = JsonlDataset(settings.jsonl()).prompts
             return
-        split = path[len(SPLIT_PREFIX):] if path is not None else split
-        self.problems = ProblemSet(tuple(operations), low, high, heldout_size, train_size, seed)
-        self.prompts = [self._prompt(i, problem, split, prompt) for i, problem in
+        split = path[len(SPLIT_PREFIX):] if path is not None else settings.split
+        self.problems = ProblemSet(tuple(settings.operations), settings.low, settings.high, settings.heldout_size,
+                                   settings.train_size, settings.seed)
+        self.prompts = [self._prompt(i, problem, split, settings.prompt) for i, problem in
                         enumerate(self.problems.split(split))]
 
     @staticmethod

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from relax_pipeline.data.media import URL_PREFIXES, MediaError, count_placeholders, open_source, resolve_path
+from relax_pipeline.data.settings import JsonlSettings
 
 MEDIA_KINDS: tuple[str, ...] = ("image",)
 
@@ -45,13 +46,12 @@ class Prompt:
 class JsonlDataset:
     """Prompts from a JSONL file."""
 
-    def __init__(self, path: str, input_key: str = "input", metadata_key: str | None = "metadata",
-                 multimodal_keys: dict[str, str] | None = None, shuffle: bool = True) -> None:
-        self.path = Path(path).expanduser()
-        self.input_key = input_key
-        self.metadata_key = metadata_key
-        self.image_key = _image_key(dict(multimodal_keys or {}))
-        self.shuffle = shuffle
+    def __init__(self, settings: JsonlSettings) -> None:
+        self.path = Path(settings.path).expanduser()
+        self.input_key = settings.input_key
+        self.metadata_key = settings.metadata_key
+        self.image_key = _image_key(dict(settings.multimodal_keys))
+        self.shuffle = settings.shuffle
         self.prompts = self._load()
 
     def _load(self) -> list[Prompt]:

@@ -27,6 +27,7 @@ from relax_pipeline.canonical.chat import parse_messages
 from relax_pipeline.canonical.form import Context, chain_all
 from relax_pipeline.data.dataset import JsonlDataset
 from relax_pipeline.data.media import MediaError, image_url, load_image, png_data_uri
+from relax_pipeline.data.settings import JsonlSettings
 from relax_pipeline.engine.base import SamplingParams, expand_placeholders
 from relax_pipeline.engine.hf import HFEngine
 from relax_pipeline.engine.settings import EngineRun, HFEngineSettings
@@ -97,14 +98,14 @@ def test_dataset_placeholder_mismatch_names_the_row(tmp_path: Path) -> None:
     path = tmp_path / "data.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in rows))
     with pytest.raises(ValueError, match=r"data.jsonl:2: the prompt has 2 <image> placeholder\(s\) but 'images'"):
-        JsonlDataset(str(path), multimodal_keys={"image": "images"})
+        JsonlDataset(JsonlSettings(str(path), multimodal_keys={"image": "images"}))
     path.write_text(json.dumps({"input": "<image>", "images": ["gone.png"]}))
     with pytest.raises(ValueError, match=r"data.jsonl:1: images\[0\]: image file .* does not exist"):
-        JsonlDataset(str(path), multimodal_keys={"image": "images"})
+        JsonlDataset(JsonlSettings(str(path), multimodal_keys={"image": "images"}))
     with pytest.raises(ValueError, match="unsupported media kind.*'video'"):
-        JsonlDataset(str(path), multimodal_keys={"video": "clips"})
+        JsonlDataset(JsonlSettings(str(path), multimodal_keys={"video": "clips"}))
     path.write_text(json.dumps(rows[0]))
-    prompt = JsonlDataset(str(path), multimodal_keys={"image": "images"}).prompts[0]
+    prompt = JsonlDataset(JsonlSettings(str(path), multimodal_keys={"image": "images"})).prompts[0]
     assert prompt.images == (str(tmp_path / "a.png"),)
 
 

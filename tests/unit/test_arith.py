@@ -15,6 +15,7 @@ import pytest
 from relax_pipeline.credit.examples import answer_reward, exact_answer, last_integer
 from relax_pipeline.data.arith import ArithDataset, ProblemSet, _nth_outside
 from relax_pipeline.data.dataset import DataSource
+from relax_pipeline.data.settings import ArithSettings
 
 QUESTION = re.compile(r"What is (-?\d+) ([+\-*]) (-?\d+)\? Answer with just the number\.")
 
@@ -23,30 +24,35 @@ def problems(dataset: ArithDataset) -> list[tuple[int, str, int]]:
     return [(p.metadata["a"], p.metadata["op"], p.metadata["b"]) for p in dataset.prompts]
 
 
+def arith(**keys: object) -> ArithDataset:
+    """The arith dataset of these `dataset.*` keys."""
+    return ArithDataset(ArithSettings(**keys))  # type: ignore[arg-type]
+
+
 def test_generation_is_seeded() -> None:
-    assert problems(ArithDataset(train_size=50)) == problems(ArithDataset(train_size=50))
-    assert problems(ArithDataset(train_size=50)) != problems(ArithDataset(train_size=50, seed=1))
-    assert problems(ArithDataset(split="heldout")) != problems(ArithDataset(split="heldout", seed=1))
+    assert problems(arith(train_size=50)) == problems(arith(train_size=50))
+    assert problems(arith(train_size=50)) != problems(arith(train_size=50, seed=1))
+    assert problems(arith(split="heldout")) != problems(arith(split="heldout", seed=1))
 
 
 def test_splits_are_disjoint_and_cover_the_space() -> None:
-    train, heldout = ArithDataset(), ArithDataset(split="heldout")
+    train, heldout = arith(), arith(split="heldout")
     assert len(heldout) == 200 and len(train) == 100 * 100 - 200
     assert not set(problems(train)) & set(problems(heldout))
     assert len(set(problems(train))) == len(train) and len(set(problems(heldout))) == 200
 
 
 def test_heldout_split_does_not_move_with_the_train_size() -> None:
-    heldout = set(problems(ArithDataset(split="heldout", operations=["+", "-", "*"])))
+    heldout = set(problems(arith(split="heldout", operations=["+", "-", "*"])))
     for size in (10, 500):
-        train = ArithDataset(train_size=size, operations=["+", "-", "*"])
+        train = arith(train_size=size, operations=["+", "-", "*"])
         assert len(train) == size and not set(problems(train)) & heldout
-    assert problems(ArithDataset(split="heldout", train_size=10)) == problems(ArithDataset(split="heldout"))
+    assert problems(arith(split="heldout", train_size=10)) == problems(arith(split="heldout"))
 
 
 @pytest.mark.parametrize("ops, low, high", [(["+"], 0, 99), (["-", "*"], -5, 5), (["+", "-", "*"], 100, 999)])
 def test_prompts_and_answers_are_right(ops: list[str], low: int, high: int) -> None:
-    rows = ArithDataset(operations=ops, low=low, high=high, heldout_size=20, train_size=100).prompts
+    rows = arith(operations=ops, low=low, high=high, heldout_size=20, train_size=100).prompts
     for row in rows:
         a, op, b = QUESTION.fullmatch(row.input).groups()
         assert (int(a), op, int(b)) == (row.metadata["a"], row.metadata["op"], row.metadata["b"])
@@ -56,16 +62,15 @@ def test_prompts_and_answers_are_right(ops: list[str], low: int, high: int) -> N
 
 
 def test_an_eval_entry_selects_a_split_or_reads_jsonl(tmp_path: Path) -> None:
-    as_eval = ArithDataset(path="arith:heldout", input_key="input", metadata_key="metadata", multimodal_keys={},
-                           shuffle=False)
-    assert as_eval.prompts == ArithDataset(split="heldout").prompts and not as_eval.shuffle
+    as_eval = arith(path="arith:heldout", input_key="input", metadata_key="metadata", multimodal_keys={}, shuffle=False)
+    assert as_eval.prompts == arith(split="heldout").prompts and not as_eval.shuffle
     (tmp_path / "d.jsonl").write_text(json.dumps({"q": "What is 1 + 1?", "m": {"answer": 2}}) + "\n")
-    rows = ArithDataset(path=str(tmp_path / "d.jsonl"), input_key="q", metadata_key="m").prompts
+    rows = arith(path=str(tmp_path / "d.jsonl"), input_key="q", metadata_key="m").prompts
     assert [(r.input, r.metadata) for r in rows] == [("What is 1 + 1?", {"answer": 2})]
 
 
 def test_the_train_split_feeds_the_data_source() -> None:
-    source = DataSource(ArithDataset(train_size=20), seed=3)
+    source = DataSource(arith(train_size=20), seed=3)
     served = {source.next().index for _ in range(20)}
     assert served == set(range(20))
 
@@ -80,7 +85,7 @@ def test_the_train_split_feeds_the_data_source() -> None:
 ])
 def test_bad_settings_name_the_key(kwargs: dict, fragment: str) -> None:
     with pytest.raises(ValueError, match=re.escape(fragment)):
-        ArithDataset(**kwargs)
+        arith(**kwargs)
 
 
 def test_nth_outside_matches_brute_force() -> None:

@@ -10,12 +10,13 @@ import pytest
 
 from relax_pipeline.agent.session_io import build_input
 from relax_pipeline.data.dataset import JsonlDataset
+from relax_pipeline.data.settings import JsonlSettings
 
 
 def dataset(tmp_path: Path, *rows: object) -> JsonlDataset:
     path = tmp_path / "rows.jsonl"
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    return JsonlDataset(str(path))
+    return JsonlDataset(JsonlSettings(str(path)))
 
 
 def test_a_metadata_only_row_is_a_prompt_whose_input_file_has_only_metadata(tmp_path: Path) -> None:

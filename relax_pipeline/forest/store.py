@@ -29,8 +29,11 @@ Two token views: `token_ids` are the inference ids (one unexpanded placeholder p
 engine is given with the images); an observation that brought images also keeps them (`media`, the
 processed features) and its processor-expanded `train_ids`, from which samples are built.
 
-The tree only grows: `commit` adds nodes and never changes one. This module does not tokenize, render
-or generate; the gateway's turn service does that and then commits.
+A turn touches the forest twice: `attach` (the match, moved to its attach point, with the lineage's ids,
+its images when asked, and an identical observation already committed) before generating, and `commit`
+(the observation, unless the request added nothing, and the response) after. The tree only grows: `commit`
+adds nodes and never changes one. This module does not tokenize, render or generate; the turn service does
+that between the two calls.
 """
 
 from __future__ import annotations
@@ -163,6 +166,31 @@ class Match:
         return not self.delta
 
 
+@dataclass(frozen=True)
+class Attachment:
+    """Where a turn attaches and what its prompt is built from; connects `attach` (before generating) to
+    `commit` (after). Its parent is a root, a response, or an observation the request adds nothing to."""
+
+    match: Match
+    prompt_ids: list[int]
+    """Ids from the root to the end of the parent (empty below a root): a fresh list the caller may extend."""
+    media: tuple[ImageFeatures, ...] = ()
+    """Images from the root to the end of the parent, in order (when `attach` was asked for them)."""
+    existing: Node | None = None
+    """An observation already committed below the parent with the request's delta (its tokens are reused)."""
+
+
+@dataclass(frozen=True)
+class Observation:
+    """The request's new messages as the model reads them; connects the turn service to `commit`."""
+
+    token_ids: Sequence[int]
+    """Inference ids (one placeholder per image)."""
+    media: tuple[ImageFeatures, ...] = ()
+    train_ids: Sequence[int] = ()
+    """Processor-expanded ids when the observation has images; empty means the same as `token_ids`."""
+
+
 class SessionForest:
     """All conversation trees of one session, with state-hash indexes for linear-time matching."""
 
@@ -194,6 +222,40 @@ class SessionForest:
         parent = self.nodes[self._by_state[hashes[k]]]
         fork = self._divergence(hashes, messages, k, parent.id)
         return Match(context, parent, tuple(messages[k:]), tuple(hashes), fork)
+
+    def attach(self, context: Context, messages: Sequence[Message], hashes: Sequence[bytes] = (),
+               reuse_visible: bool = False, media: bool = False) -> Attachment:
+        """Match a request (`match`) and gather what its prompt is built from, committing nothing.
+
+        A request that extends an observation without its reply attaches above that observation (the
+        observation is rendered again with the new messages). `media`: also collect the lineage's images.
+        """
+        match = self._attach_point(self.match(context, messages, hashes, reuse_visible))
+        parent = match.parent
+        before = self._lineage_media(parent) if media and parent is not None else ()
+        if parent is None or parent.kind == "root":
+            return Attachment(match, [], before)
+        existing = None if match.full else self._find_child(parent, match.hashes[-1])
+        return Attachment(match, self.prompt_ids(parent), before, existing)
+
+    def _attach_point(self, match: Match) -> Match:
+        """Attach below a response or root: an observation extended without a reply is re-rendered."""
+        parent = match.parent
+        if parent is None or parent.kind != "observation" or match.full:
+            return match
+        anchor = self.nodes[parent.parent] if parent.parent is not None else None
+        return Match(match.context, anchor, parent.messages + match.delta, match.hashes, match.fork)
+
+    def commit(self, attachment: Attachment, observation: Observation, message: Message, result: GenerateResult,
+               sampling: SamplingParams, ends_turn: bool, timing: TurnTiming | None = None) -> Node:
+        """Commit one turn: its observation below the attach point (none when the request added nothing; an
+        identical one is reused) and the generated response below that. Returns the response node."""
+        match = attachment.match
+        if match.full and match.parent is not None:
+            parent = match.parent
+        else:
+            parent = self._add_observation(match, observation)
+        return self._add_response(parent, message, result, sampling, ends_turn, timing)
 
     def _root_fork(self, context: Context) -> ForkEvent | None:
         roots = self.children.get(-1, [])
@@ -271,7 +333,7 @@ class SessionForest:
                 return self.nodes[child].messages[0]
         return None
 
-    def find_child(self, parent: Node | None, state_hash: bytes) -> Node | None:
+    def _find_child(self, parent: Node | None, state_hash: bytes) -> Node | None:
         """An existing observation child with this end state (identical delta), to reuse its tokens."""
         node_id = self._by_state.get(state_hash)
         if node_id is None:
@@ -288,21 +350,21 @@ class SessionForest:
             return self.nodes[self._by_state[state]]
         return self._add(Node(len(self.nodes), None, "root", (), NO_IDS, state, 0, context=context))
 
-    def add_observation(self, match: Match, token_ids: Sequence[int], media: tuple[ImageFeatures, ...] = (),
-                        train_ids: Sequence[int] = ()) -> Node:
+    def _add_observation(self, match: Match, observation: Observation) -> Node:
         """Commit the request's delta messages below its parent (reusing an identical one)."""
         parent = match.parent or self.add_root(match.context)
         if match.fork is not None:
             self.forks.append(match.fork)
         state = match.hashes[-1]
-        existing = self.find_child(parent, state)
+        existing = self._find_child(parent, state)
         if existing is not None:
             return existing
-        node = Node(len(self.nodes), parent.id, "observation", match.delta, token_array(token_ids), state,
-                    parent.depth + len(match.delta), media=media, train_ids=stored_ids(train_ids))
+        node = Node(len(self.nodes), parent.id, "observation", match.delta, token_array(observation.token_ids),
+                    state, parent.depth + len(match.delta), media=observation.media,
+                    train_ids=stored_ids(observation.train_ids))
         return self._add(node)
 
-    def add_response(
+    def _add_response(
         self, parent: Node, message: Message, result: GenerateResult, sampling: SamplingParams, ends_turn: bool,
         timing: TurnTiming | None = None,
     ) -> Node:
@@ -374,9 +436,13 @@ class SessionForest:
         if len(self._ids_cache) > IDS_CACHE_NODES:
             del self._ids_cache[next(iter(self._ids_cache))]
 
-    def lineage_media(self, node: Node) -> tuple[ImageFeatures, ...]:
+    def _lineage_media(self, node: Node) -> tuple[ImageFeatures, ...]:
         """Every image from the root to the end of `node`, in order."""
         return tuple(image for step in self.lineage(node) for image in step.media)
+
+    def history(self, node_id: int) -> tuple[Message, ...]:
+        """The conversation from the root to the end of node `node_id`, inclusive."""
+        return tuple(message for node in self.lineage(self.nodes[node_id]) for message in node.messages)
 
     def leaves(self) -> list[Node]:
         """Response nodes without children: the exportable ends of the conversation trees."""

@@ -39,7 +39,7 @@ from relax_pipeline.engine.base import (
 from relax_pipeline.engine.parsers import OutputParser
 from relax_pipeline.engine.sampling import derive_seed
 from relax_pipeline.engine.template import ChatTemplate
-from relax_pipeline.forest.store import Match, Node, SessionForest, TurnTiming
+from relax_pipeline.forest.store import Attachment, ForkEvent, Observation, SessionForest, TurnTiming
 from relax_pipeline.turn.errors import ProtocolError
 from relax_pipeline.turn.leases import LeaseClosed
 from relax_pipeline.turn.records import SamplingDefaults, TurnRequest, TurnResult
@@ -53,16 +53,19 @@ HISTORY_POLICIES = ("tokens", "render")
 
 @dataclass(frozen=True)
 class PreparedTurn:
-    """A matched request with its prompt ids, ready to generate."""
+    """A request attached to its session's forest with its prompt ids, ready to generate."""
 
-    match: Match
-    observation_ids: tuple[int, ...]
+    attachment: Attachment
+    observation: Observation
+    """The new messages' ids (and images) that `commit` adds below the attach point."""
     prompt_ids: list[int]
     sampling: SamplingParams
     media: tuple[ImageFeatures, ...] = ()
     """Every image of the prompt, in order (for the engine)."""
-    new_media: tuple[ImageFeatures, ...] = ()
-    """The images of the observation this turn commits."""
+
+    @property
+    def fork(self) -> ForkEvent | None:
+        return self.attachment.match.fork
 
 
 @dataclass(frozen=True)
@@ -109,47 +112,51 @@ class TurnService:
         """
         d = self.eval_defaults if mode == "eval" else self.defaults
         _check_last_message(request.messages)
-        match = forest.match(request.context, request.messages, request.hashes, self.reuse_visible)
-        match = _attach_point(forest, match)
+        at = forest.attach(request.context, request.messages, request.hashes, self.reuse_visible,
+                           media=self.template.vision is not None)
         # committed messages hold no image (a text-only model refused them), so only the new ones are checked
-        self.template.check_media(match.delta, len(request.messages) - len(match.delta))
-        seed = request.seed if request.seed is not None else seed
-        parent = match.parent
-        if parent is None or parent.kind == "root":
+        self.template.check_media(at.match.delta, len(request.messages) - len(at.match.delta))
+        obs, prompt = self._prompt(at)
+        return self._prepared(d, at, obs, prompt, request, request.seed if request.seed is not None else seed)
+
+    def _prompt(self, at: Attachment) -> tuple[Sequence[int], list[int]]:
+        """The observation's ids and the whole prompt: a full render below a root; nothing new on a full match;
+        else the delta (or the tokens of an identical committed observation) after the lineage's ids."""
+        match = at.match
+        if match.parent is None or match.parent.kind == "root":
             obs = self.template.prompt_ids(match.delta, match.context)
-            return self._prepared(d, match, obs, obs, request, seed, self._media(forest, match, obs))
+            return obs, obs
         if match.full:
-            media = self._media(forest, match, ())
-            return self._prepared(d, match, (), forest.prompt_ids(parent), request, seed, media)
-        existing = forest.find_child(parent, match.hashes[-1])
-        obs = existing.token_ids if existing else self.template.delta_ids(match.delta, match.context, parent.ends_turn)
-        media = self._media(forest, match, obs, existing)
-        prompt = forest.prompt_ids(parent)  # a fresh list: extended in place, not copied again
-        prompt += obs
-        return self._prepared(d, match, obs, prompt, request, seed, media)
+            return (), at.prompt_ids
+        if at.existing is not None:
+            obs: Sequence[int] = at.existing.token_ids
+        else:
+            obs = self.template.delta_ids(match.delta, match.context, match.parent.ends_turn)
+        at.prompt_ids.extend(obs)  # the attachment's fresh list: extended in place, not copied again
+        return obs, at.prompt_ids
 
     def check_media(self, request: TurnRequest) -> None:
         """Refuse images when the model is text-only (400 naming the first image's field)."""
         self.template.check_media(request.messages)
 
-    def _media(self, forest: SessionForest, match: Match, obs: Sequence[int], existing: Node | None = None
-               ) -> _TurnMedia:
+    def _media(self, at: Attachment, obs: Sequence[int]) -> _TurnMedia:
         """The images of the new observation and of the whole prompt (nothing for text-only models)."""
         vision = self.template.vision
         if vision is None:
             return _NO_MEDIA
-        before = forest.lineage_media(match.parent) if match.parent is not None else ()
         if not obs:
-            return _TurnMedia((), before)
-        new = existing.media if existing else tuple(vision.features(i) for m in match.delta for i in m.images)
+            return _TurnMedia((), at.media)
+        existing = at.existing
+        new = existing.media if existing else tuple(vision.features(i) for m in at.match.delta for i in m.images)
         placeholders = sum(1 for t in obs if t == vision.image_token_id)
         if placeholders != len(new):
             raise CanonicalError(f"the new messages render {placeholders} image placeholder tokens for {len(new)} "
                                  "images; image placeholder tokens may not appear in text", "messages")
-        return _TurnMedia(new, before + new)
+        return _TurnMedia(new, at.media + new)
 
-    def _prepared(self, d: SamplingDefaults, match: Match, obs: Sequence[int], prompt: list[int],
-                  request: TurnRequest, seed: int | None, media: _TurnMedia = _NO_MEDIA) -> PreparedTurn:
+    def _prepared(self, d: SamplingDefaults, at: Attachment, obs: Sequence[int], prompt: list[int],
+                  request: TurnRequest, seed: int | None) -> PreparedTurn:
+        media = self._media(at, obs)
         length = len(prompt) + media.extra_tokens
         room = d.max_context_len - length
         if room <= 0:
@@ -162,7 +169,8 @@ class TurnService:
             )
         limit = min(request.max_tokens or d.max_response_len, d.max_response_len, room)
         sampling = SamplingParams(limit, d.temperature, d.top_p, d.top_k, request.stop, self.stop_token_ids, seed)
-        return PreparedTurn(match, tuple(obs), prompt, sampling, media.lineage, media.new)
+        observation = Observation(tuple(obs), media.new, self._train_ids(obs, media.new))
+        return PreparedTurn(at, observation, prompt, sampling, media.lineage)
 
     async def run(self, forest: SessionForest, request: TurnRequest, rid: str | None = None,
                   seed: int | None = None, session: Session | None = None) -> TurnResult:
@@ -188,9 +196,9 @@ class TurnService:
         if result.finish_reason == "abort":
             raise ProtocolError(499, "generation was aborted before it finished; nothing was committed")
         turn = self.commit(forest, prepared, result, clock.timing())
-        if prepared.match.fork is not None:
+        if prepared.fork is not None:
             log.info("session %s turn %d forked: %s", session.id if session else "-", forest.turn_count,
-                     prepared.match.fork.describe())
+                     prepared.fork.describe())
         return turn
 
     async def _leased(self, prepared: PreparedTurn, rid: str, session: Session, lease: Lease,
@@ -213,23 +221,17 @@ class TurnService:
 
     def commit(self, forest: SessionForest, prepared: PreparedTurn, result: GenerateResult,
                timing: TurnTiming | None = None) -> TurnResult:
-        message, ends_turn = self._parse(result, prepared.match.context.tools)
-        parent = prepared.match.parent
-        if prepared.match.full and parent is not None:
-            observation: Node = parent
-        else:
-            observation = forest.add_observation(prepared.match, prepared.observation_ids, prepared.new_media,
-                                                 self._train_ids(prepared))
-        node = forest.add_response(observation, message, result, prepared.sampling, ends_turn, timing)
+        message, ends_turn = self._parse(result, prepared.attachment.match.context.tools)
+        node = forest.commit(prepared.attachment, prepared.observation, message, result, prepared.sampling,
+                             ends_turn, timing)
         finish = "length" if result.finish_reason == "length" else "tool_calls" if message.tool_calls else "stop"
         return TurnResult(message, finish, len(prepared.prompt_ids), result, node.id)
 
-    def _train_ids(self, prepared: PreparedTurn) -> tuple[int, ...]:
+    def _train_ids(self, obs: Sequence[int], new_media: tuple[ImageFeatures, ...]) -> tuple[int, ...]:
         """The observation's processor-expanded ids; empty when it has no images (same as inference ids)."""
-        if not prepared.new_media or self.template.vision is None:
+        if not new_media or self.template.vision is None:
             return ()
-        return tuple(expand_placeholders(prepared.observation_ids, self.template.vision.image_token_id,
-                                         prepared.new_media))
+        return tuple(expand_placeholders(obs, self.template.vision.image_token_id, new_media))
 
     def _parse(self, result: GenerateResult, tools: Sequence[Mapping[str, Any]] = ()) -> tuple[Message, bool]:
         ids = list(result.output_ids)
@@ -292,15 +294,6 @@ def _check_last_message(messages: tuple[Message, ...]) -> None:
             "the last message must come from user, tool or system; assistant prefill is not supported",
             f"messages[{len(messages) - 1}].role",
         )
-
-
-def _attach_point(forest: SessionForest, match: Match) -> Match:
-    """Attach below a response or root: an observation extended without a reply is re-rendered."""
-    parent = match.parent
-    if parent is None or parent.kind != "observation" or match.full:
-        return match
-    anchor = forest.nodes[parent.parent] if parent.parent is not None else None
-    return Match(match.context, anchor, parent.messages + match.delta, match.hashes, match.fork)
 
 
 def _rid() -> str:

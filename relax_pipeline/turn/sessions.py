@@ -189,8 +189,7 @@ class ForestStore:
         node_id = session.responses.get(response_id)
         if node_id is None:
             return None
-        lineage = session.forest.lineage(session.forest.nodes[node_id])
-        return tuple(message for node in lineage for message in node.messages)
+        return session.forest.history(node_id)
 
     @contextmanager
     def serving(self, session: Session) -> Iterator[None]:

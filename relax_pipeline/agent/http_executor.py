@@ -16,7 +16,7 @@ The wire contract (docs/agentic-rollout.md copies it):
   and sandbox. Sent when the active-time budget runs out and when the session is dropped or cancelled.
 - `GET {server_url}/health` answers 2xx when the server takes sessions (`agent.services` polls it).
 
-`HttpAgent` keeps the local agent's contract (`agent.executors.AgentRun`): the returned `output` is written
+`HttpAgent` keeps the local agent's contract (`turn.leases.AgentRun`): the returned `output` is written
 to the session's local `RELAX_OUTPUT_JSON` and `log` to `<io_dir>/agent.log`, so output parsing, reward and
 dump are unchanged. The budget counts active time with the same wait as `AgentProcess` (`wait_active`:
 paused while the group lease is not held). A connection error, a non-200 answer, a malformed body, an

@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from relax_pipeline.infra.processes import ChildProcess
+
 RESERVED_PREFIX = "RELAX_"
 """Environment prefix owned by the pipeline; user env may not set it."""
 LOG_NAME = "agent.log"
@@ -181,56 +183,6 @@ class AgentFailure(Exception):
         return f"agent {self.reason}{where}; last output:\n{self.log_tail}"
 
 
-class ChildProcess:
-    """A `subprocess.Popen` seen as `AgentProcess` sees an asyncio process (`pid`, `returncode`, `await wait()`):
-    its exit is watched with a pidfd on the running loop, no thread; any number of waiters, each cancellable."""
-
-    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
-        self.popen = popen
-        self._exited: asyncio.Future[int] | None = None
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    @property
-    def returncode(self) -> int | None:
-        return self.popen.returncode
-
-    async def wait(self) -> int:
-        """The exit code (negative: the signal), once the process exited; reaps it."""
-        if self.popen.returncode is not None:
-            return self.popen.returncode
-        if self._exited is None:
-            self._exited = self._watch()
-        return await asyncio.shield(self._exited)
-
-    def _watch(self) -> asyncio.Future[int]:
-        loop = asyncio.get_running_loop()
-        try:
-            fd = os.pidfd_open(self.popen.pid)
-        except (AttributeError, OSError):  # not Linux >= 5.3: poll
-            return asyncio.ensure_future(self._poll())
-        exited: asyncio.Future[int] = loop.create_future()
-        loop.add_reader(fd, self._on_exit, loop, fd, exited)
-        return exited
-
-    def _on_exit(self, loop: asyncio.AbstractEventLoop, fd: int, exited: asyncio.Future[int]) -> None:
-        """The pidfd became readable: the process exited; reap it and stop watching."""
-        code = self.popen.poll()
-        if code is None:
-            return
-        loop.remove_reader(fd)
-        os.close(fd)
-        if not exited.done():
-            exited.set_result(code)
-
-    async def _poll(self) -> int:
-        while (code := self.popen.poll()) is None:
-            await asyncio.sleep(_POLL_S)
-        return code
-
-
 class AgentProcess:
     """One agent process group: start it, wait on it under the active timer, terminate it."""
 
@@ -279,9 +231,9 @@ class AgentProcess:
 
     async def _spawn(self, env: dict[str, str], log_path: Path) -> asyncio.subprocess.Process:
         """Create the subprocess, its output appended to `log_path`; a missing cwd or bash is an `AgentFailure`.
-        A plain `Popen` (vfork + exec) watched through a pidfd (`ChildProcess`), not `create_subprocess_exec`,
-        whose watcher starts a thread per child (Python 3.11): at a step's start, while the trainer's thread
-        computes, a hundred such threads each took the GIL."""
+        A plain `Popen` (vfork + exec) watched through a pidfd (`infra.processes.ChildProcess`), not
+        `create_subprocess_exec`, whose watcher starts a thread per child (Python 3.11): at a step's start, while
+        the trainer's thread computes, a hundred such threads each took the GIL."""
         try:
             with open(log_path, "ab") as log:
                 popen = subprocess.Popen(

@@ -17,7 +17,7 @@ stopped runner does not leave it behind; processes it started in turn are not fo
 
 Spawning is cheap and never blocks the actor for long (many sessions arrive at once): as for local agents, the
 process is started with a plain `subprocess.Popen` on the actor's loop (vfork + exec, about 1 ms) and its exit is
-awaited through a pidfd watched by that loop (`launcher.ChildProcess`). The death signal is set by exec'ing
+awaited through a pidfd watched by that loop (`infra.processes.ChildProcess`). The death signal is set by exec'ing
 through `setpriv --pdeathsig KILL` (util-linux), which keeps that fast path; only on a node without it does the
 child run `prctl` itself in a `preexec_fn`, which forces a full fork of the large worker process (~15 ms each).
 
@@ -28,11 +28,8 @@ process (~100 MB, ~1 s to start) for every agent. Ray is not imported here: `ray
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import functools
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -41,12 +38,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from relax_pipeline.agent.launcher import LOG_NAME, AgentFailure, AgentProcess, AgentSpec, ChildProcess
-
-_PR_SET_PDEATHSIG = 1
-"""prctl option: the signal a child gets when the thread that started it exits."""
-DEATH_WRAPPER = ("setpriv", "--pdeathsig", "KILL", "--")
-"""The command prefix that sets the agent's death signal before it execs bash (util-linux >= 2.33)."""
+from relax_pipeline.agent.launcher import LOG_NAME, AgentFailure, AgentProcess, AgentSpec
+from relax_pipeline.infra.processes import ChildProcess, death_wrapper, die_with_parent
 
 
 @dataclass(frozen=True)
@@ -106,23 +99,11 @@ class NodeProcess(AgentProcess):
                 popen = subprocess.Popen(
                     [*wrapper, "bash", "-c", self.spec.command], cwd=self.spec.cwd, env=env, start_new_session=True,
                     stdin=subprocess.DEVNULL, stdout=log.fileno(), stderr=subprocess.STDOUT,
-                    preexec_fn=None if wrapper else _die_with_parent)
+                    preexec_fn=None if wrapper else die_with_parent)
         except OSError as error:
             raise AgentFailure(f"could not start on {socket.gethostname()} ({error}); check agent.cwd (a path on "
                                "the node) and agent.command", None, "") from error
         return ChildProcess(popen)  # type: ignore[return-value]  # the part of Process that AgentProcess uses
-
-
-@functools.cache
-def death_wrapper() -> tuple[str, ...]:
-    """`DEATH_WRAPPER` when it works on this node (checked once per process), else () (then `preexec_fn`)."""
-    if shutil.which(DEATH_WRAPPER[0]) is None:
-        return ()
-    try:
-        probe = subprocess.run([*DEATH_WRAPPER, "true"], stdin=subprocess.DEVNULL, capture_output=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return ()
-    return DEATH_WRAPPER if probe.returncode == 0 else ()
 
 
 class NodeRunner:
@@ -237,11 +218,3 @@ class NodeRunner:
     def running(self) -> int:
         """Sessions running on this node now."""
         return len(self._agents)
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: SIGKILL when the runner's thread exits (Linux; elsewhere nothing)."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass

@@ -2,7 +2,7 @@
 
 A remote session is one asyncio task (a POST to an agent server, a call to a Ray node) that ends with the agent's
 exit code, the text of its output file and the tail of its log. This base keeps the local agent's contract
-(`agent.executors.AgentRun`): `start` notes the session's local paths and starts the task under an `ActiveTimer`;
+(`turn.leases.AgentRun`): `start` notes the session's local paths and starts the task under an `ActiveTimer`;
 `wait` waits with `wait_active` (paused while the group lease is not held), ends the session on timeout or
 cancellation (`terminate`, the subclass's), and writes the answer locally: the output text to the session's
 `RELAX_OUTPUT_JSON`, the log to `<io_dir>/agent.log`, so output parsing, reward and dump are the same as for a

@@ -23,7 +23,6 @@ import logging
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
@@ -32,6 +31,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from relax_pipeline.infra.processes import signal_group
 
 log = logging.getLogger(__name__)
 GRACE_S = 10.0
@@ -65,13 +66,6 @@ def router_command(command: str, host: str, port: int, workers: Sequence[str], a
     merged = {"policy": "manual", "assignment_mode": "min_load", **args}
     tail = ["--host", host, "--port", str(port), "--worker-urls", *workers, *flags(merged)]
     return f"{command} {shlex.join(tail)}"
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nothing listens on right now."""
-    with socket.socket() as probe:
-        probe.bind((host, 0))
-        return int(probe.getsockname()[1])
 
 
 def gpu_env(index: int, gpus_per_server: int) -> dict[str, str]:
@@ -137,13 +131,13 @@ class Processes:
     async def stop(self) -> None:
         """SIGTERM every process group, wait up to `GRACE_S`, then SIGKILL what is left."""
         for launched in reversed(self.launched):
-            _signal(launched.process, signal.SIGTERM)
+            signal_group(launched.process.pid, signal.SIGTERM)
         deadline = time.monotonic() + GRACE_S
         for launched in reversed(self.launched):
             while launched.process.poll() is None and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
             if launched.process.poll() is None:
-                _signal(launched.process, signal.SIGKILL)
+                signal_group(launched.process.pid, signal.SIGKILL)
                 await asyncio.to_thread(launched.process.wait)
         self.launched.clear()
 
@@ -153,10 +147,3 @@ async def _answers(client: httpx.AsyncClient, url: str) -> bool:
         return (await client.get(url)).is_success
     except httpx.HTTPError:
         return False
-
-
-def _signal(process: subprocess.Popen[bytes], signum: int) -> None:
-    try:
-        os.killpg(process.pid, signum)
-    except ProcessLookupError:
-        pass

@@ -21,7 +21,6 @@ Not done here: one server spanning several nodes (multi-node tensor parallelism)
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import os
 import signal
 import subprocess
@@ -33,8 +32,10 @@ from typing import Any
 
 import httpx
 
-from relax_pipeline.engine.sglang_launch import GRACE_S, free_port, server_command
+from relax_pipeline.engine.sglang_launch import GRACE_S, server_command
 from relax_pipeline.infra import ray_runtime
+from relax_pipeline.infra.ports import free_port
+from relax_pipeline.infra.processes import die_with_parent, signal_group
 
 STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 """Placement group strategies Ray offers (`engine.placement_strategy`)."""
@@ -58,7 +59,7 @@ class ServerHost:
         self.command = server_command(launch_command, model_path, host, port, server_args)
         with self.log_path.open("ab") as out:
             self.process = subprocess.Popen(["bash", "-c", self.command], stdout=out, stderr=subprocess.STDOUT,
-                                            start_new_session=True, preexec_fn=_die_with_parent)
+                                            start_new_session=True, preexec_fn=die_with_parent)
         return f"http://{host}:{port}"
 
     def poll(self) -> int | None:
@@ -72,11 +73,11 @@ class ServerHost:
     def stop(self, grace_s: float = GRACE_S) -> str:
         """End the server's process group (SIGTERM, grace, SIGKILL); its log (the last `LOG_LIMIT` bytes)."""
         if self.process is not None and self.process.poll() is None:
-            _signal(self.process.pid, signal.SIGTERM)
+            signal_group(self.process.pid, signal.SIGTERM)
             try:
                 self.process.wait(timeout=grace_s)
             except subprocess.TimeoutExpired:
-                _signal(self.process.pid, signal.SIGKILL)
+                signal_group(self.process.pid, signal.SIGKILL)
                 self.process.wait()
         return self._log()
 
@@ -173,18 +174,3 @@ class RayServers:
         if self.group is not None:
             ray.util.remove_placement_group(self.group)
             self.group = None
-
-
-def _signal(pid: int, signum: int) -> None:
-    try:
-        os.killpg(pid, signum)
-    except ProcessLookupError:
-        pass
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: SIGKILL when the host actor's thread exits (Linux; elsewhere nothing)."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass

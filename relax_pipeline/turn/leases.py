@@ -23,16 +23,70 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
-from relax_pipeline.agent.executors import AgentRun
 from relax_pipeline.engine.base import Engine
 from relax_pipeline.turn.sessions import ForestStore, Session, Status
 
 log = logging.getLogger(__name__)
+
+
+class ActiveClock(Protocol):
+    """An agent's active-time budget as the lease drives it (`agent.launcher.ActiveTimer` is one)."""
+
+    @property
+    def started(self) -> bool:
+        """True once the agent's clock was started (by the stage that started the agent)."""
+        ...
+
+    def pause(self) -> None: ...
+
+    def resume(self) -> None: ...
+
+
+class AgentRun(Protocol):
+    """One session's agent, wherever it runs; connects the stages (start, wait, terminate) and the group lease
+    (`timer`) to an executor. Declared here, by its lowest consumer: `agent/executors.py`'s `AgentProcess`,
+    `HttpAgent` and `RayAgent` satisfy it without importing it."""
+
+    @property
+    def timer(self) -> ActiveClock:
+        """The active-time budget (`agent.timeout`); paused while the group lease is not held."""
+        ...
+
+    @property
+    def pid(self) -> int | None:
+        """The local process (group) id; None before start and for agents that run elsewhere."""
+        ...
+
+    @property
+    def returncode(self) -> int | None:
+        """The agent's exit code once known, None while it runs."""
+        ...
+
+    async def start(self, session_env: Mapping[str, str], io_dir: Path) -> None:
+        """Launch the agent with the session's RELAX_* variables; its log goes to `io_dir/agent.log`."""
+        ...
+
+    async def wait(self) -> object:
+        """Wait under the active timer; `AgentFailure` unless the agent exits 0 (the result is the executor's)."""
+        ...
+
+    async def terminate(self) -> None:
+        """End the agent and everything it started; idempotent."""
+        ...
+
+    def kill(self) -> None:
+        """End it at once without waiting (the run's last resort before exiting)."""
+        ...
+
+    def tail(self) -> str:
+        """The end of the agent's log."""
+        ...
 
 
 class Members(Protocol):

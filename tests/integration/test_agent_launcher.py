@@ -18,11 +18,11 @@ from relax_pipeline.agent.launcher import ActiveTimer, AgentExit, AgentFailure, 
 from relax_pipeline.agent.session_io import (
     AgentOutput,
     AgentOutputError,
-    ExportRecord,
     build_input,
     parse_output,
     write_input,
 )
+from relax_pipeline.forest.export import ExportRecord
 
 SESSION_ENV_KEYS = ("RELAX_INPUT_JSON", "RELAX_OUTPUT_JSON", "RELAX_SESSION_IO_DIR", "RELAX_BASE_URL",
                     "RELAX_SESSION_ID", "RELAX_ROLLOUT_MODE", "RELAX_GROUP_ID")

@@ -150,7 +150,8 @@ async def test_a_session_answers_with_the_node_timing(tmp_path: Path, ray_pool: 
 
 async def test_the_main_process_dies_with_the_thread_that_started_it(tmp_path: Path) -> None:
     """The death signal itself, without Ray (whose raylet also ends a dead worker's direct children)."""
-    from relax_pipeline.agent.ray_node import DEATH_WRAPPER, NodeProcess, death_wrapper
+    from relax_pipeline.agent.ray_node import NodeProcess
+    from relax_pipeline.infra.processes import DEATH_WRAPPER, death_wrapper
 
     if Path("/usr/bin/setpriv").exists():
         assert death_wrapper() == DEATH_WRAPPER, "util-linux's setpriv is here: the fast path is taken"

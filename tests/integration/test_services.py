@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-import socket
 import sys
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from test_agent_launcher import process_gone
 
 from relax_pipeline.agent.launcher import _group_alive
 from relax_pipeline.agent.services import ServiceFailure, Services, ServiceSpec, service_problems
+from relax_pipeline.infra.ports import free_port
 
 SERVER = '''
 import http.server, sys
@@ -34,12 +34,6 @@ class Health(http.server.BaseHTTPRequestHandler):
 print("service ready on", sys.argv[1], flush=True)
 http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Health).serve_forever()
 '''
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def health_service(tmp_path: Path, **extra: object) -> dict:

@@ -12,12 +12,11 @@ from array import array
 import pytest
 import torch
 
-from relax_pipeline.agent.session_io import ExportRecord
 from relax_pipeline.canonical.chat import parse_messages
 from relax_pipeline.canonical.form import Context, canonical_arguments, chain_all
 from relax_pipeline.engine.parsers import OutputParser
 from relax_pipeline.engine.template import ChatTemplate
-from relax_pipeline.forest.export import ExportError, explicit_exports, implicit_export
+from relax_pipeline.forest.export import ExportError, ExportRecord, explicit_exports, implicit_export
 from relax_pipeline.forest.sample import build_sample, token_table
 from relax_pipeline.forest.store import SessionForest, logprob_array
 from relax_pipeline.models.tiny import QWEN3_DROP_REASONING_TEMPLATE

@@ -18,10 +18,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from relax_pipeline.agent.session_io import ExportRecord
 from relax_pipeline.engine.parsers import OutputParser
 from relax_pipeline.engine.template import ChatTemplate
-from relax_pipeline.forest.export import explicit_exports
+from relax_pipeline.forest.export import ExportRecord, explicit_exports
 from relax_pipeline.forest.sample import build_sample, token_table
 from relax_pipeline.forest.store import SessionForest
 from relax_pipeline.protocol.chat import parse_request

@@ -17,6 +17,7 @@ import logging
 import time
 
 from relax_pipeline.scheduling.base import Binding
+from relax_pipeline.scheduling.settings import RuntimeSettings
 from relax_pipeline.scheduling.sync import SyncRuntime
 from relax_pipeline.stages.group import Group
 from relax_pipeline.stages.pipeline import Pipeline, StepResult
@@ -31,10 +32,11 @@ class FullyAsyncRuntime(SyncRuntime):
     retains_train_sessions = True
     """Train sessions stay alive while eval runs (the capacity check adds their slots)."""
 
-    def __init__(self, max_aborted_count: int = 2, barrier_warn_s: float = 60.0, max_staleness: int | None = 2
-                 ) -> None:
-        super().__init__(max_aborted_count, barrier_warn_s)
-        self.max_staleness = max_staleness
+    reads_staleness = True
+
+    def __init__(self, settings: RuntimeSettings) -> None:
+        super().__init__(settings)
+        self.max_staleness = settings.max_staleness
         """Drop groups whose first token is more than this many weight versions old; None: no bound."""
 
     def bind(self, binding: Binding) -> None:

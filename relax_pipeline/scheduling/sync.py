@@ -23,6 +23,7 @@ import time
 
 from relax_pipeline.scheduling.base import Binding
 from relax_pipeline.scheduling.pool import GroupPool, Outcome
+from relax_pipeline.scheduling.settings import RuntimeSettings
 from relax_pipeline.stages.pipeline import SURPLUS, Pipeline, StepResult
 
 log = logging.getLogger(__name__)
@@ -30,15 +31,21 @@ MAX_STARTS_PER_NEED = 4
 
 
 class SyncRuntime:
-    """The baseline strategy. It takes the `runtime.*` keys it uses; the capacity keys (`concurrency`,
+    """The baseline strategy. It takes the `runtime` node (`RuntimeSettings`); the capacity keys (`concurrency`,
     `eval_concurrency`, `external_slots`) reach it once resolved, through `bind`."""
 
     retains_train_sessions = False
     """Train sessions end with their step, so eval never runs beside them (see `runtime.capacity`)."""
 
-    def __init__(self, max_aborted_count: int = 2, barrier_warn_s: float = 60.0) -> None:
-        self.max_aborted_count = max_aborted_count
-        self.barrier_warn_s = barrier_warn_s
+    reads_staleness = False
+    """Whether this mode reads `runtime.max_staleness` (fully_async); the others refuse it set."""
+
+    def __init__(self, settings: RuntimeSettings) -> None:
+        if settings.max_staleness is not None and not self.reads_staleness:
+            raise ValueError(f"runtime.max_staleness={settings.max_staleness!r} is not used by {type(self).__name__}; "
+                             "unset it or choose the runtime mode that uses it (runtime=fully_async)")
+        self.max_aborted_count = settings.max_aborted_count
+        self.barrier_warn_s = settings.barrier_warn_s
         self.binding: Binding | None = None
         self.pool: GroupPool | None = None
 

@@ -1,13 +1,30 @@
 """Trackers: where per-step metrics go besides run.log.
 
-`NullTracker` is `tracking=none`: the same interface, doing nothing, so the pipeline never branches on
-whether tracking is on. The W&B tracker is `tracking/wandb.py`.
+`TrackingSettings` is the `tracking` node. `NullTracker` is `tracking=none`: the same interface, doing
+nothing, so the pipeline never branches on whether tracking is on. The W&B tracker is `tracking/wandb.py`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol
+
+
+@dataclass
+class TrackingSettings:
+    """The `tracking` group's node; connects the config to the tracker its `_target_` names."""
+
+    _target_: str = "relax_pipeline.tracking.tracker.NullTracker"
+    """The tracker class (`tracking=none`: this module's NullTracker; `tracking=wandb`: tracking/wandb.py)."""
+    project: str = "relax_pipeline"
+    """W&B project."""
+    entity: str | None = None
+    """W&B entity (team or user); None uses the account default."""
+    name: str | None = None
+    """Run name; None lets W&B choose."""
+    mode: str | None = None
+    """online, offline or disabled; None means offline unless WANDB_API_KEY is set."""
 
 
 class Tracker(Protocol):
@@ -19,9 +36,8 @@ class Tracker(Protocol):
 class NullTracker:
     """A tracker that records nothing; takes the same settings as the W&B tracker."""
 
-    def __init__(self, project: str = "relax_pipeline", entity: str | None = None, name: str | None = None,
-                 mode: str | None = None, output_dir: str | None = None) -> None:
-        self.project = project
+    def __init__(self, settings: TrackingSettings, output_dir: str | None = None) -> None:
+        self.project = settings.project
 
     def start(self, config: Mapping[str, Any]) -> None:
         return None

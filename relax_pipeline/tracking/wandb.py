@@ -12,14 +12,16 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from relax_pipeline.tracking.tracker import TrackingSettings
+
 MODES = ("online", "offline", "disabled")
 
 
 class WandbTracker:
     """Logs to W&B with the same interface as `NullTracker`."""
 
-    def __init__(self, project: str = "relax_pipeline", entity: str | None = None, name: str | None = None,
-                 mode: str | None = None, output_dir: str | None = None) -> None:
+    def __init__(self, settings: TrackingSettings, output_dir: str | None = None) -> None:
+        mode = settings.mode
         try:
             import wandb
         except ImportError as error:
@@ -27,7 +29,7 @@ class WandbTracker:
         if mode is not None and mode not in MODES:
             raise ValueError(f"tracking.mode={mode!r}; choose one of {list(MODES)}")
         self._wandb = wandb
-        self.project, self.entity, self.name = project, entity, name
+        self.project, self.entity, self.name = settings.project, settings.entity, settings.name
         self.mode = mode or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
         self.output_dir = output_dir
         self._run: Any = None

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from relax_pipeline.scheduling.settings import RuntimeSettings
 from relax_pipeline.scheduling.sync import SyncRuntime
 
 
 def in_flight(need: int, over_sampling: int | None, accepted: int) -> int:
-    runtime = SyncRuntime()
+    runtime = SyncRuntime(RuntimeSettings())
     runtime.binding = SimpleNamespace(over_sampling=over_sampling)  # type: ignore[assignment]
     return runtime._in_flight(need, accepted)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from relax_pipeline.testing.run_folders import dump_row, write_run_folder
 from relax_pipeline.tracking.metrics_file import METRICS_FILE, MetricsFile, read_metrics_file
-from relax_pipeline.tracking.tracker import NullTracker
+from relax_pipeline.tracking.tracker import NullTracker, TrackingSettings
 from relax_pipeline.view.dump_index import DumpIndex, IndexCache
 from relax_pipeline.view.folder import ForkRecord, RunFolder
 from relax_pipeline.view.session import build_tree, session_view
@@ -101,7 +101,7 @@ def test_metrics_come_from_metrics_jsonl_else_from_run_log_lines(tmp_path: Path)
 
 
 def test_metrics_file_appends_a_line_per_log_call_and_passes_it_on(tmp_path: Path) -> None:
-    tracker = MetricsFile(NullTracker(), tmp_path)
+    tracker = MetricsFile(NullTracker(TrackingSettings()), tmp_path)
     tracker.start({})
     tracker.log({"rollout/raw_reward": 0.5, "train/loss": float("nan")}, 0)
     tracker.log({"eval/arith/raw_reward": 0.25}, 1)

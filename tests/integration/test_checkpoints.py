@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from relax_pipeline.loop import Checkpoints
-from relax_pipeline.models.spec import ModelSpec
+from relax_pipeline.models.spec import ModelSettings, ModelSpec
 from relax_pipeline.train.batching import BatchSettings, TrainSample
 from relax_pipeline.train.optim import OptimSettings
 from relax_pipeline.train.settings import DeepSpeedSettings, TrainerRun, TrainerSettings
@@ -47,7 +47,7 @@ def assert_loadable(folder: Path, expected: dict[str, torch.Tensor]) -> None:
     rendered = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
     assert "hi" in rendered
     GenerationConfig.from_pretrained(folder)
-    assert ModelSpec(path=str(folder)).resolve() == folder
+    assert ModelSpec(ModelSettings(path=str(folder))).resolve() == folder
 
 
 def test_a_checkpoint_is_a_model_folder_and_weights_only_resumes_with_a_fresh_optimizer(

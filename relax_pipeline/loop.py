@@ -223,8 +223,7 @@ class StepLoop:
     def _engine_metrics(self) -> dict[str, float]:
         """The engine's `engine/...` metrics since the last call (prefill/decode time of the embedded engine,
         admission of engine=sglang); {} for an engine that reports none."""
-        report = getattr(self.engine, "step_metrics", None)
-        return report() if report is not None else {}
+        return self.engine.step_metrics()
 
     def _save(self, step: int) -> None:
         if self.trainer is None or self.checkpoints is None or not self.checkpoints.due(step, self.num_steps - 1):

@@ -11,8 +11,10 @@ placeholder token in `input_ids` (placeholders unexpanded). The engine expands e
 image's `tokens` copies (`expand_placeholders`) and feeds the pixels; context limits count the expanded
 length. Text-only engines accept `media=None` only.
 
-This module holds only records and the `Engine` protocol; `hf.py` (embedded transformers) implements
-it, and `relax_pipeline.testing.engines` holds the scripted engine used by protocol tests.
+This module holds only records and the `Engine` protocol, which lists every member its callers use (the
+turn service, the step loop, the run's builder), so none of them probes an engine with `getattr`; an
+engine without a part answers None (`vision`) or nothing (`step_metrics`). `hf.py` (embedded transformers)
+and `sglang.py` implement it; `relax_pipeline.testing` holds the scripted engines used by protocol tests.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
+
+from relax_pipeline.canonical.form import Image
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -112,12 +116,37 @@ def expand_placeholders(ids: Sequence[int], token_id: int, media: Sequence[Image
     return out
 
 
+class ImageProcessor(Protocol):
+    """A vision-language model's image processing (`engine/vision.py`'s `Vision`), as the turn service uses it."""
+
+    image_token_id: int
+    """The placeholder token one image takes in inference ids (before expansion)."""
+
+    def features(self, image: Image) -> ImageFeatures:
+        """The processed image (cached by its digest)."""
+
+
 @runtime_checkable
 class Engine(Protocol):
     """Async token-in/token-out generation with abort and weight updates."""
 
     weight_version: int
+    """Version of the weights being served (the trainer's step that produced them)."""
     max_context_len: int
+    """Longest prompt plus generation the engine accepts, in (expanded) tokens."""
+    max_batch_size: int
+    """Most generations the engine runs at once (`engine.max_batch_size`); more wait in its queue."""
+
+    @property
+    def tokenizer(self) -> Any:
+        """The model's Hugging Face tokenizer (the chat template renders and parses with it); set once started."""
+
+    @property
+    def vision(self) -> ImageProcessor | None:
+        """The model's image processing; None for a text-only model (images are then refused with a 400)."""
+
+    def step_metrics(self) -> dict[str, float]:
+        """`engine/<name>` metrics of the step that just ended (empty when the engine keeps none)."""
 
     async def start(self) -> None:
         """Load weights and start any worker; called once before the first generate."""

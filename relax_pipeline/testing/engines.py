@@ -33,10 +33,16 @@ Script = Callable[[Sequence[int]], str]
 
 
 class FakeLifecycle:
-    """The `Engine` methods a fake that holds no model needs: nothing to abort or close; weight updates
-    only advance the version its tokens carry."""
+    """The `Engine` members a fake that holds no model needs: nothing to abort or close, no metrics, no batch
+    limit of its own; weight updates only advance the version its tokens carry."""
 
     weight_version: int = 0
+    max_batch_size: int = 256
+    vision: Any = None
+    """Text-only unless the fake sets an image processor (`ScriptedEngine(vision=...)`)."""
+
+    def step_metrics(self) -> dict[str, float]:
+        return {}
 
     async def start(self) -> None:
         return None
@@ -179,6 +185,8 @@ class PacedEngine:
     """
 
     last: PacedEngine | None = None
+    vision: Any = None
+    """Text-only: the simulated engine takes no images."""
 
     def __init__(self, model_path: str, token_s: float = 0.002, mean_tokens: float = 24.0, sigma: float = 0.8,
                  max_batch_size: int = 256, max_context_len: int = 4096, seed: int = 0,
@@ -265,6 +273,9 @@ class PacedEngine:
 
     async def update_weights(self, state_dict: dict[str, Any], version: int) -> None:
         self.weight_version = version
+
+    def step_metrics(self) -> dict[str, float]:
+        return {}
 
     async def close(self) -> None:
         for request in list(self._active.values()):

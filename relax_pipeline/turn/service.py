@@ -98,8 +98,8 @@ class TurnService:
         self.reuse_visible = history == "tokens"
         """`rollout.history=tokens`: a re-sent assistant turn equal in what is visible reuses its tokens."""
         if template.vision is None:
-            template.vision = getattr(engine, "vision", None)
-        eos = getattr(template.tokenizer, "eos_token_id", None)
+            template.vision = engine.vision
+        eos = template.tokenizer.eos_token_id
         ids = set(template.end_of_turn_ids) | ({eos} if isinstance(eos, int) else set())
         self.stop_token_ids = tuple(sorted(ids))
 

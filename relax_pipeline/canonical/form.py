@@ -17,9 +17,21 @@ chained hashes:
 - unknown and null fields are dropped. Tool-call ids and `tool_call_id` are kept for rendering responses
   but are not part of the hash: they are labels chosen by the gateway, not model input.
 
+OpenAI Chat message objects are the history form every API and every export shares: Chat Completions
+requests, Anthropic and Responses tool turns re-expressed as chat messages, and the explicit export records
+agents write (`{"messages": [...]}`); `parse_message` validates one and projects it onto a `Message`.
+
+`RequestMemo` reuses a session's replayed history: it keeps the session's few latest requests (decoded JSON
+items, canonical messages, chained hashes) and, for a new request, takes the messages and hashes of the
+longest run of equal leading items (plain `==` on decoded JSON, done in C) from them, so only the new items
+are canonicalized and hashed (the same result: canonicalization is a pure function of an item) and a
+turn's Python work does not grow with the turns before it. A context whose decoded JSON equals the previous
+request's is the previous `Context` object, so its tools are not hashed again. It keeps references to the
+items (no copies), forgets the oldest entry when full, and takes the parse function from its caller.
+
 Validation failures raise `CanonicalError` with `param`, the field path of the offending value
-(`messages[2].content`), for the protocol layer to turn into a 400. This module does not know any wire
-protocol and does not decode images (`data/media.py` does).
+(`messages[2].tool_calls[0].function.name`), for the protocol layer to turn into a 400. This module parses
+no request bodies (the protocol front-ends do) and does not decode images (`data/media.py` does).
 """
 
 from __future__ import annotations
@@ -27,7 +39,8 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -361,3 +374,119 @@ def canonical_template_kwargs(kwargs: Any, param: str = "chat_template_kwargs") 
             )
     clean = {k: v for k, v in kwargs.items() if v is not None}
     return json.loads(_compact(clean)) or None
+
+
+# --- OpenAI Chat message objects ----------------------------------------------------------------
+
+
+def parse_messages(raw: Any, param: str = "messages") -> tuple[Message, ...]:
+    if not isinstance(raw, list) or not raw:
+        raise CanonicalError("messages must be a non-empty list", param)
+    return tuple(parse_message(m, f"{param}[{i}]") for i, m in enumerate(raw))
+
+
+def parse_message(raw: Any, param: str) -> Message:
+    if not isinstance(raw, Mapping):
+        raise CanonicalError("a message must be an object with 'role' and 'content'", param)
+    role = raw.get("role")
+    if role == "developer":  # OpenAI's newer name for the system role (Codex, o-series clients)
+        role = "system"
+    content, images = content_of(raw.get("content"), f"{param}.content")
+    reasoning = raw.get("reasoning_content")
+    if reasoning is not None and not isinstance(reasoning, str):
+        raise CanonicalError("reasoning_content must be a string", f"{param}.reasoning_content")
+    calls = _tool_calls(raw.get("tool_calls"), f"{param}.tool_calls") if role == "assistant" else ()
+    call_id = raw.get("tool_call_id")
+    return make_message(role, content, param, reasoning, calls, call_id if isinstance(call_id, str) else None,
+                        images)
+
+
+def _tool_calls(raw: Any, param: str) -> tuple[ToolCall, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise CanonicalError("tool_calls must be a list", param)
+    return tuple(_tool_call(c, f"{param}[{i}]") for i, c in enumerate(raw))
+
+
+def _tool_call(raw: Any, param: str) -> ToolCall:
+    fn = raw.get("function") if isinstance(raw, Mapping) else None
+    if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str) or not fn["name"]:
+        raise CanonicalError("a tool call needs function.name", f"{param}.function.name")
+    args = canonical_arguments(fn.get("arguments", "{}"), f"{param}.function.arguments")
+    call_id = raw.get("id")
+    return ToolCall(fn["name"], args, call_id if isinstance(call_id, str) else None)
+
+
+# --- the session memo ---------------------------------------------------------------------------
+
+ParseItem = Callable[[Any, str], Message]
+BuildContext = Callable[[], Context]
+
+
+@dataclass(frozen=True)
+class _Entry:
+    items: list[Any]
+    messages: tuple[Message, ...]
+    hashes: tuple[bytes, ...]
+    """Chained hashes `[root, after m0, ...]` under the entry's context."""
+
+
+class RequestMemo:
+    """A session's recent requests, reused by common prefix."""
+
+    def __init__(self, size: int = 4) -> None:
+        self._entries: deque[_Entry] = deque(maxlen=max(size, 1))
+        self._enabled = size > 0
+        self._context: tuple[Any, Context] | None = None
+
+    def context(self, raw: Any, build: BuildContext) -> Context:
+        """`build()`, or the previous request's context when its `raw` equals this one's (the decoded JSON
+        of its tools and kwargs, tagged with the front-end, whose builder may read them its own way)."""
+        if self._context is not None and self._context[0] == raw:
+            return self._context[1]
+        context = build()
+        if self._enabled:
+            self._context = (raw, context)
+        return context
+
+    def canonical(self, items: list[Any], context: Context, parse: ParseItem, param: str = "messages"
+                  ) -> tuple[tuple[Message, ...], tuple[bytes, ...]]:
+        """Canonical messages and chained hashes of `items`, reusing the best cached prefix."""
+        entry, n = self._best(items)
+        messages = list(entry.messages[:n]) if entry else []
+        messages += [parse(items[i], f"{param}[{i}]") for i in range(n, len(items))]
+        same_root = entry is not None and entry.hashes[0] == context.root_hash
+        hashes = list(entry.hashes[: n + 1]) if same_root else [context.root_hash]
+        for message in messages[len(hashes) - 1 :]:
+            hashes.append(chain(hashes[-1], message))
+        result = _Entry(items, tuple(messages), tuple(hashes))
+        if self._enabled:
+            self._entries.append(result)
+        return result.messages, result.hashes
+
+    def _best(self, items: list[Any]) -> tuple[_Entry | None, int]:
+        """Newest entries first; stop once all but the last two items are covered."""
+        best, best_n = None, 0
+        for entry in reversed(self._entries):
+            n = _common_prefix(entry.items, items)
+            if n > best_n:
+                best, best_n = entry, n
+            if best_n >= len(items) - 2:
+                break
+        return best, best_n
+
+
+def _common_prefix(a: list[Any], b: list[Any]) -> int:
+    """Length of the longest common prefix, by slice comparisons (C loops; the full-prefix case is one)."""
+    lo, hi = 0, min(len(a), len(b))
+    if hi and a[: hi - 1] == b[: hi - 1]:  # the usual case: a replay that extends or retries a request
+        return hi if a[hi - 1] == b[hi - 1] else hi - 1
+    hi -= 2
+    while lo < hi:  # invariant: a[:lo] == b[:lo] and a[:hi+1] != b[:hi+1]
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo

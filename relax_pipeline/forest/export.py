@@ -19,13 +19,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from relax_pipeline.canonical.chat import parse_messages
 from relax_pipeline.canonical.form import (
     CanonicalError,
     Context,
     canonical_template_kwargs,
     canonical_tools,
     chain_all,
+    parse_messages,
 )
 from relax_pipeline.forest.store import Node, SessionForest
 

@@ -25,18 +25,25 @@ agent's next request replays its own history, which either continues that respon
 (a recorded fork, and the unseen response stays a leaf of its own chain). The turn is then in the forest
 like any other: we do not know whether the client read it, only that the engine produced it.
 
-Model turns are served as raw ASGI routes (`asgi.py`): no FastAPI dependency machinery, one task to
-watch for a disconnect instead of a polled turn task, responses rendered with orjson, and an access
-line formatted only by the handler that writes it. Everything else is a FastAPI route.
+Model turns are served as raw ASGI routes: a model turn is the gateway's only hot path, and FastAPI's
+routing, middleware and dependency machinery cost about as much CPU per request as a bare endpoint's whole
+work. `GatewayApp` sends a POST on one of the exact model paths straight to its `TurnRoute` and everything
+else (health, models, count_tokens, unknown routes, wrong methods, trailing slashes) to the FastAPI app,
+where the same routes are also registered, so every answer the FastAPI app gave is still given. Repeated
+slashes in a path (a base URL ending in `/` joined with `/chat/completions`) are read as one.
+`DisconnectWatch` cancels a turn when its client goes away, without a second task for the turn or a polling
+timer; `json_response` renders with orjson (compact UTF-8, as Starlette's JSONResponse writes it); an access
+line is formatted only by the handler that writes it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
@@ -45,14 +52,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Route
-from starlette.types import Receive, Scope
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from relax_pipeline.canonical.form import CanonicalError
-from relax_pipeline.gateway.asgi import DisconnectWatch, GatewayApp, TurnRoute, header, json_response, read_body
 from relax_pipeline.gateway.openapi import openapi_document
-from relax_pipeline.protocol.base import Frontend, TurnMeta, parse_turn
+from relax_pipeline.protocol.base import Frontend, ProtocolError, TurnMeta, anthropic_body, openai_body
 from relax_pipeline.protocol.chat import ChatFrontend
-from relax_pipeline.protocol.errors import ProtocolError, anthropic_body, openai_body
 from relax_pipeline.protocol.messages import MessagesFrontend, count_tokens
 from relax_pipeline.tracking.logs import ACCESS_LOGGER
 from relax_pipeline.turn.records import TurnRequest, TurnResult
@@ -151,8 +156,8 @@ class _Gateway:
         try:
             session = self._session(scope)
             body = _json(await read_body(receive))
-            turn = parse_turn(frontend, body, session.memo, partial(self.store.response_history, session))
-            stream = frontend.wants_stream(body)
+            turn = frontend.parse(body, session.memo, partial(self.store.response_history, session))
+            stream = _wants_stream(body)
             prepared = self._prepare(session, turn)
         except (CanonicalError, ProtocolError) as error:
             return self._refuse(frontend, _protocol_error(error), session, started, _asked_stream(body))
@@ -278,6 +283,14 @@ def _json(raw: bytes | None) -> Any:
         raise ProtocolError(400, f"the request body is not valid JSON: {error}") from None
 
 
+def _wants_stream(body: Any) -> bool:
+    """The `stream` field of a parsed body as a boolean; anything but true/false/absent is a 400 naming it."""
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise ProtocolError(400, f"stream must be a boolean, got {stream!r}", "stream")
+    return bool(stream)
+
+
 def _asked_stream(body: Any) -> bool:
     """Whether a body that was refused asked for SSE (for its access line)."""
     return isinstance(body, dict) and body.get("stream") is True
@@ -301,3 +314,100 @@ def _access(api: str, session_id: str | None, status: int, started: float, resul
     else:
         access_log.warning(ACCESS_LINE + " error=%s%s", *fields, f"{error.param}: " if error.param else "",
                            error.message)
+
+
+# --- raw ASGI pieces under the model routes ------------------------------------------------------
+
+TurnHandler = Callable[[Scope, Receive], Awaitable[Response]]
+
+
+class GatewayApp:
+    """The ASGI entry point: model turns by exact path, everything else through `fallback`."""
+
+    def __init__(self, fallback: ASGIApp, routes: Mapping[str, TurnRoute]) -> None:
+        self.fallback = fallback
+        self.routes = dict(routes)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if "//" in scope.get("path", ""):  # a base URL ending in "/" joined with "/chat/completions"
+            scope = {**scope, "path": _single_slashes(scope["path"])}
+        route = self.routes.get(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
+        await (route or self.fallback)(scope, receive, send)
+
+
+def _single_slashes(path: str) -> str:
+    while "//" in path:
+        path = path.replace("//", "/")
+    return path
+
+
+class TurnRoute:
+    """One model path as a plain ASGI app (Starlette mounts an object like this without wrapping it)."""
+
+    def __init__(self, handle: TurnHandler) -> None:
+        self.handle = handle
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        response = await self.handle(scope, receive)
+        await response(scope, receive, send)
+
+
+async def read_body(receive: Receive) -> bytes | None:
+    """The whole request body; None when the client disconnected first."""
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def header(scope: Scope, name: bytes) -> str | None:
+    """The first value of a (lower-case) request header, as Starlette's `Headers.get` reads it."""
+    for key, value in scope["headers"]:
+        if key == name:
+            return value.decode("latin-1")
+    return None
+
+
+class DisconnectWatch:
+    """Cancels `task` if the client disconnects before `stop()`; `fired` tells whether it did.
+
+    After the body, the next message `receive` gives is the disconnect, so one waiter task suffices. It is
+    started on the loop's next iteration, so a turn that finishes without waiting (an engine that answers
+    at once) costs one cancelled callback instead of a task.
+    """
+
+    def __init__(self, task: asyncio.Task[Any], receive: Receive) -> None:
+        self.task = task
+        self.fired = False
+        self._receive = receive
+        self._waiter: asyncio.Future[Any] | None = None
+        self._start = asyncio.get_running_loop().call_soon(self._wait)
+
+    def _wait(self) -> None:
+        self._waiter = asyncio.ensure_future(self._receive())
+        self._waiter.add_done_callback(self._done)
+
+    def _done(self, waiter: asyncio.Future[Any]) -> None:
+        if waiter.cancelled() or waiter.exception() is not None or self._start.cancelled():
+            return
+        if waiter.result()["type"] == "http.disconnect":
+            self.fired = True
+            self.task.cancel()
+
+    def stop(self) -> None:
+        self._start.cancel()
+        if self._waiter is not None:
+            self._waiter.cancel()
+
+
+def json_response(body: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> Response:
+    """`body` as compact UTF-8 JSON (orjson; the standard library for what orjson refuses)."""
+    try:
+        payload = orjson.dumps(body)
+    except TypeError:  # orjson.JSONEncodeError: big ints, non-string keys
+        payload = json.dumps(body, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
+    return Response(payload, status_code=status, media_type="application/json", headers=headers)

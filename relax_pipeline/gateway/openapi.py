@@ -1,6 +1,6 @@
 """The gateway's OpenAPI 3.0 document, written as data: request bodies typed per protocol, errors per provider.
 
-The model routes are raw ASGI (`asgi.py`), so FastAPI cannot derive their schemas; this module states them
+The model routes are raw ASGI (`app.py`'s `TurnRoute`), so FastAPI cannot derive their schemas; this module states them
 once, for the front-ends a gateway serves: OpenAI Chat Completions (`chat/completions`), OpenAI Responses
 (`responses`), Anthropic Messages (`messages`, `messages/count_tokens`) and `models`, each under
 `{prefix}/v1/`. `openapi_document` is served at `GET {prefix}/openapi.json` without a credential and is what

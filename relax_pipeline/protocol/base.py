@@ -7,18 +7,21 @@ SSE share one code path up to rendering. Buffered SSE means: `stream_open` frame
 sequence from `stream_result` (or `stream_error`). Nothing is streamed token by token.
 Every committed response's id names its response node in the session (the gateway records it), so a
 request may continue from an earlier response by id (`Lineage`) instead of replaying the history.
+
+Errors: handlers raise `ProtocolError` (or let a `CanonicalError` from canonicalization through); each
+front-end renders it in its provider's shape, the OpenAI `{"error": {"message", "type", "param", "code"}}`
+(`openai_body`) or the Anthropic `{"type": "error", "error": {"type", "message"}}` (`anthropic_body`).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from relax_pipeline.canonical.form import Message
-from relax_pipeline.canonical.memo import RequestMemo
-from relax_pipeline.protocol.errors import ProtocolError
+from relax_pipeline.canonical.form import Message, RequestMemo
+from relax_pipeline.turn.errors import ProtocolError
 from relax_pipeline.turn.records import TurnRequest, TurnResult
 
 TokenText = Callable[[int], str]
@@ -54,21 +57,17 @@ class SSEFrame:
 
 
 class Frontend(Protocol):
-    """One model API.
-
-    A front-end whose requests may continue a response stored in the session (Responses'
-    `previous_response_id`) also has `parse_continued(body, memo, lineage)`; `parse_turn` picks it.
-    """
+    """One model API. Whether a request asked for SSE is the gateway's to read (the `stream` field, the same
+    in every API)."""
 
     name: str
     paths: tuple[str, ...]
     """Resources it serves below `{prefix}/v1/` and `{prefix}/` (for example `chat/completions`)."""
 
-    def parse(self, body: Any, memo: RequestMemo) -> TurnRequest:
-        """Validate and canonicalize; raise CanonicalError/ProtocolError with the field path."""
-
-    def wants_stream(self, body: Mapping[str, Any]) -> bool:
-        """Whether the client asked for SSE (validates the `stream` field's type)."""
+    def parse(self, body: Any, memo: RequestMemo, lineage: Lineage | None = None) -> TurnRequest:
+        """Validate and canonicalize; raise CanonicalError/ProtocolError with the field path. `lineage` reads
+        the session's earlier responses by id (an API whose requests may continue a stored response, as
+        Responses' `previous_response_id` does; the others ignore it)."""
 
     def render(self, result: TurnResult, meta: TurnMeta) -> dict[str, Any]:
         """The JSON response body."""
@@ -89,16 +88,28 @@ class Frontend(Protocol):
         """The terminal sequence for a turn that failed after the stream opened."""
 
 
-def parse_turn(frontend: Frontend, body: Any, memo: RequestMemo, lineage: Lineage) -> TurnRequest:
-    """`frontend.parse`, or its `parse_continued(body, memo, lineage)` when it has one: an API whose requests
-    may continue a stored response (Responses' `previous_response_id`) reads the session's history there."""
-    continued = getattr(frontend, "parse_continued", None)
-    return frontend.parse(body, memo) if continued is None else continued(body, memo, lineage)
+_OPENAI_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    499: "client_closed_request",
+    500: "server_error",
+}
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    499: "invalid_request_error",
+    500: "api_error",
+}
 
 
-def stream_flag(body: Mapping[str, Any]) -> bool:
-    """The `stream` field as a boolean; anything but true/false/absent is a 400 naming `stream`."""
-    stream = body.get("stream")
-    if stream is not None and not isinstance(stream, bool):
-        raise ProtocolError(400, f"stream must be a boolean, got {stream!r}", "stream")
-    return bool(stream)
+def openai_body(error: ProtocolError) -> dict[str, Any]:
+    kind = _OPENAI_TYPES.get(error.status, "invalid_request_error" if error.status < 500 else "server_error")
+    return {"error": {"message": error.message, "type": kind, "param": error.param, "code": error.code}}
+
+
+def anthropic_body(error: ProtocolError) -> dict[str, Any]:
+    kind = _ANTHROPIC_TYPES.get(error.status, "invalid_request_error" if error.status < 500 else "api_error")
+    message = f"{error.param}: {error.message}" if error.param else error.message
+    return {"type": "error", "error": {"type": kind, "message": message}}

@@ -8,7 +8,7 @@ Roles are system/user/assistant/tool; `developer` is refused with a hint to send
 contents may hold `image_url` parts (a data URI or an http(s) URL); whether the model accepts them is
 the turn service's decision (a text-only model answers 400).
 
-Messages are parsed by `canonical/chat.py`, which explicit exports share. `stream=true` gets Buffered
+Messages are parsed by `canonical/form.py`, which explicit exports share. `stream=true` gets Buffered
 SSE: comment frames while generating, then one `chat.completion.chunk` carrying the whole message, its
 `finish_reason` and the full `usage` (whatever `stream_options` says), then `data: [DONE]`.
 """
@@ -18,11 +18,15 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from relax_pipeline.canonical.chat import parse_message
-from relax_pipeline.canonical.form import CanonicalError, Context, canonical_template_kwargs, canonical_tools
-from relax_pipeline.canonical.memo import RequestMemo
-from relax_pipeline.protocol.base import SSEFrame, TurnMeta, stream_flag
-from relax_pipeline.protocol.errors import ProtocolError, openai_body
+from relax_pipeline.canonical.form import (
+    CanonicalError,
+    Context,
+    RequestMemo,
+    canonical_template_kwargs,
+    canonical_tools,
+    parse_message,
+)
+from relax_pipeline.protocol.base import Lineage, ProtocolError, SSEFrame, TurnMeta, openai_body
 from relax_pipeline.turn.records import TurnRequest, TurnResult
 
 
@@ -88,11 +92,8 @@ class ChatFrontend:
     name = "chat"
     paths = ("chat/completions",)
 
-    def parse(self, body: Any, memo: RequestMemo) -> TurnRequest:
+    def parse(self, body: Any, memo: RequestMemo, lineage: Lineage | None = None) -> TurnRequest:
         return parse_request(body, memo)
-
-    def wants_stream(self, body: Mapping[str, Any]) -> bool:
-        return stream_flag(body)
 
     def render(self, result: TurnResult, meta: TurnMeta) -> dict[str, Any]:
         return _completion(result, meta, "chat.completion", {"message": _message(result)})

@@ -40,19 +40,18 @@ import json
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from relax_pipeline.canonical.chat import parse_message
 from relax_pipeline.canonical.form import (
     CanonicalError,
     Context,
     Message,
+    RequestMemo,
     ToolCall,
     canonical_template_kwargs,
     canonical_tools,
+    parse_message,
 )
-from relax_pipeline.canonical.memo import RequestMemo
 from relax_pipeline.engine.template import ChatTemplate
-from relax_pipeline.protocol.base import SSEFrame, TurnMeta, stream_flag
-from relax_pipeline.protocol.errors import ProtocolError, anthropic_body
+from relax_pipeline.protocol.base import Lineage, ProtocolError, SSEFrame, TurnMeta, anthropic_body
 from relax_pipeline.turn.records import TurnRequest, TurnResult
 
 Item = tuple[str, dict[str, Any]]
@@ -369,11 +368,8 @@ class MessagesFrontend:
     name = "messages"
     paths = ("messages",)
 
-    def parse(self, body: Any, memo: RequestMemo) -> TurnRequest:
+    def parse(self, body: Any, memo: RequestMemo, lineage: Lineage | None = None) -> TurnRequest:
         return parse_request(body, memo)
-
-    def wants_stream(self, body: Mapping[str, Any]) -> bool:
-        return stream_flag(body)
 
     def render(self, result: TurnResult, meta: TurnMeta) -> dict[str, Any]:
         return {**_envelope(meta), "content": _blocks(result.message), **_stop_info(result),

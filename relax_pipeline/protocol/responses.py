@@ -41,6 +41,7 @@ from relax_pipeline.canonical.form import (
     CanonicalError,
     Context,
     Message,
+    RequestMemo,
     ToolCall,
     canonical_arguments,
     canonical_template_kwargs,
@@ -49,9 +50,7 @@ from relax_pipeline.canonical.form import (
     make_message,
     text_of,
 )
-from relax_pipeline.canonical.memo import RequestMemo
-from relax_pipeline.protocol.base import Lineage, SSEFrame, TurnMeta, stream_flag
-from relax_pipeline.protocol.errors import ProtocolError, openai_body
+from relax_pipeline.protocol.base import Lineage, ProtocolError, SSEFrame, TurnMeta, openai_body
 from relax_pipeline.turn.records import TurnRequest, TurnResult
 
 MESSAGE_ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
@@ -237,14 +236,8 @@ class ResponsesFrontend:
     name = "responses"
     paths = ("responses",)
 
-    def parse(self, body: Any, memo: RequestMemo) -> TurnRequest:
-        return parse_request(body, memo)
-
-    def parse_continued(self, body: Any, memo: RequestMemo, lineage: Lineage) -> TurnRequest:
+    def parse(self, body: Any, memo: RequestMemo, lineage: Lineage | None = None) -> TurnRequest:
         return parse_request(body, memo, lineage)
-
-    def wants_stream(self, body: Mapping[str, Any]) -> bool:
-        return stream_flag(body)
 
     def render(self, result: TurnResult, meta: TurnMeta) -> dict[str, Any]:
         return _response(meta, _status(result), output_items(result, meta), _usage(result))

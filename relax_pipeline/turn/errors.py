@@ -2,7 +2,7 @@
 
 It carries the HTTP status, the message, the field to fix (`param`, a path such as `messages[2].content`)
 and an optional code (`context_length_exceeded`). The turn service raises it; the protocol layer renders
-it in each API's shape (`protocol/errors.py`). This module renders nothing.
+it in each API's shape (`protocol/base.py`). This module renders nothing.
 """
 
 from __future__ import annotations

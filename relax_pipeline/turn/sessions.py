@@ -34,8 +34,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
 
-from relax_pipeline.canonical.form import Message
-from relax_pipeline.canonical.memo import RequestMemo
+from relax_pipeline.canonical.form import Message, RequestMemo
 from relax_pipeline.engine.sampling import derive_seed
 from relax_pipeline.forest.store import SessionForest
 

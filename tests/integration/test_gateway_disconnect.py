@@ -1,7 +1,7 @@
 """A JSON (non-streaming) turn whose client leaves is aborted at once and commits nothing.
 
 The gateway runs a JSON turn in the request's own task and watches the connection for the client's
-disconnect (`gateway/asgi.py` `DisconnectWatch`); Buffered SSE has its own test in `test_gateway_sse.py`.
+disconnect (`gateway/app.py` `DisconnectWatch`); Buffered SSE has its own test in `test_gateway_sse.py`.
 The engine here would answer only after 5 s, so a turn that ended within a second was aborted.
 """
 

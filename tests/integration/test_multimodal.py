@@ -23,8 +23,7 @@ from PIL import Image as PILImage
 from test_gateway import assert_openai_error, running_gateway
 
 from relax_pipeline.agent.session_io import build_input
-from relax_pipeline.canonical.chat import parse_messages
-from relax_pipeline.canonical.form import Context, chain_all
+from relax_pipeline.canonical.form import Context, chain_all, parse_messages
 from relax_pipeline.data.dataset import JsonlDataset
 from relax_pipeline.data.media import MediaError, image_url, load_image, png_data_uri
 from relax_pipeline.data.settings import JsonlSettings

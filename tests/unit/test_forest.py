@@ -12,8 +12,7 @@ from array import array
 import pytest
 import torch
 
-from relax_pipeline.canonical.chat import parse_messages
-from relax_pipeline.canonical.form import Context, canonical_arguments, chain_all
+from relax_pipeline.canonical.form import Context, canonical_arguments, chain_all, parse_messages
 from relax_pipeline.engine.parsers import OutputParser
 from relax_pipeline.engine.template import ChatTemplate
 from relax_pipeline.forest.export import ExportError, ExportRecord, explicit_exports, implicit_export

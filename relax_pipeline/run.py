@@ -27,25 +27,21 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
 
+from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
+from relax_pipeline.agent.launcher import AgentSpec
 from relax_pipeline.agent.ray_executor import warm_up
 from relax_pipeline.agent.services import Services, service_problems
-from relax_pipeline.config import (
-    build,
-    build_runtime,
-    build_trainer,
-    check_context_len,
-    engine_context,
-    multi_context_missing,
-    register,
-    validate,
-)
+from relax_pipeline.config import Config, check_context_len, multi_context_missing, records, register, validate
 from relax_pipeline.data.dataset import DataSource
+from relax_pipeline.data.settings import with_source
+from relax_pipeline.engine.settings import EngineRun
 from relax_pipeline.engine.template import ChatTemplate
 from relax_pipeline.gateway.app import create_app
 from relax_pipeline.gateway.server import GatewayServer
@@ -64,6 +60,7 @@ from relax_pipeline.tracking.dump import RolloutDump
 from relax_pipeline.tracking.logs import run_logging
 from relax_pipeline.tracking.metrics_file import MetricsFile
 from relax_pipeline.train.base import Trainer
+from relax_pipeline.train.settings import TrainerRun
 from relax_pipeline.turn.service import SamplingDefaults, TurnService
 from relax_pipeline.turn.sessions import ForestStore
 from relax_pipeline.view.server import serve_view
@@ -79,10 +76,12 @@ def run(cfg: DictConfig) -> dict[str, float]:
     output_dir = _output_dir(cfg)
     with run_logging(output_dir) as log_path, StopSignals() as signals:
         try:
-            validate(cfg)
+            config = records(cfg)
+            validate(config)
             (output_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-            log.info("job=%s output_dir=%s log=%s", cfg.job, output_dir, log_path)
-            return asyncio.run(_run_job(cfg, output_dir, signals))
+            log.info("job=%s output_dir=%s log=%s", config.job, output_dir, log_path)
+            resolved = OmegaConf.to_container(cfg, resolve=True)  # what the tracker records
+            return asyncio.run(_run_job(config, resolved, output_dir, signals))
         except RunInterrupted as stop:
             log.warning("%s", stop)
             raise
@@ -91,10 +90,10 @@ def run(cfg: DictConfig) -> dict[str, float]:
             raise
 
 
-async def _run_job(cfg: DictConfig, output_dir: Path, signals: StopSignals) -> dict[str, float]:
-    parts = await _Parts.create(cfg, output_dir)
+async def _run_job(config: Config, resolved: Any, output_dir: Path, signals: StopSignals) -> dict[str, float]:
+    parts = await _Parts.create(config, resolved, output_dir)
     try:
-        if cfg.job == "check":
+        if config.job == "check":
             return parts.check()
         await parts.services.start()
         loop = parts.loop()
@@ -152,45 +151,54 @@ class StopSignals:
             sys.stderr.write(f"\n{name}: the run stops once start-up is done (send it again to exit now)\n")
 
 
-class _Parts:
-    """Every object of one run, built from the config groups."""
+def build(record: Any, *live: Any) -> Any:
+    """The object a node configures: the class its record's `_target_` names, called with the record and the
+    live collaborators the run hands it (the one way any configured object is made)."""
+    return get_class(record._target_)(record, *live)
 
-    cfg: DictConfig
+
+class _Parts:
+    """Every object of one run, built from the config's records."""
+
+    config: Config
     output_dir: Path
 
     @classmethod
-    async def create(cls, cfg: DictConfig, output_dir: Path) -> _Parts:
+    async def create(cls, config: Config, resolved: Any, output_dir: Path) -> _Parts:
         self = cls()
-        self.cfg, self.output_dir = cfg, output_dir
-        self.model = build(cfg.model, seed=cfg.seed)
+        self.config, self.resolved, self.output_dir = config, resolved, output_dir
+        self.model = build(config.model, config.seed)
         self.model_path = self.model.resolve()
-        self.context_len = cfg.rollout.max_context_len or context_len(self.model_path)
-        check_context_len(cfg.rollout.max_response_len, self.context_len)
-        self.protocol = build(cfg.protocol)
-        self.agent = build(cfg.agent, sandbox=OmegaConf.to_container(cfg.sandbox), ray=OmegaConf.to_container(cfg.ray))
+        self.context_len = config.rollout.max_context_len or context_len(self.model_path)
+        check_context_len(config.rollout.max_response_len, self.context_len)
+        self.protocol = config.protocol
+        self.agent = AgentSpec.of(config.agent, asdict(config.sandbox), asdict(config.ray))
         self.services = Services(self.agent.services, output_dir)  # started by _run_job, never for job=check
-        self.dataset = build(cfg.dataset)
-        self.credit = build(cfg.credit)
-        self.capacity = capacity_of(cfg)
-        self.eval_sets = eval_sets(cfg, self.capacity)
-        self.is_eval = cfg.job == "eval"
-        self.strategy = build_runtime(cfg)
-        check_slots(self.slot_plan(), cfg.runtime.external_slots)
-        self.tracker = MetricsFile(build(cfg.tracking, output_dir=str(output_dir)), output_dir)
-        self.engine = build(cfg.engine, model_path=str(self.model_path), seed=cfg.seed,
-                            max_context_len=self.context_len, **engine_context(cfg.engine, output_dir, cfg.ray))
-        self.trainer = self._trainer() if cfg.job == "train" else None
+        self.dataset = build(config.dataset)
+        self.credit = build(config.credit)
+        self.capacity = capacity_of(config)
+        self.eval_sets = eval_sets(config, self.capacity)
+        self.is_eval = config.job == "eval"
+        self.strategy = build(config.runtime)
+        check_slots(self.slot_plan(), config.runtime.external_slots)
+        self.tracker = MetricsFile(build(config.tracking, str(output_dir)), output_dir)
+        self.engine = build(config.engine, EngineRun(str(self.model_path), config.seed, self.context_len,
+                                                     self.model.end_of_turn, str(output_dir), asdict(config.ray)))
+        self.trainer = self._trainer() if config.job == "train" else None
         self.server: GatewayServer | None = None
-        if cfg.job != "check":
+        if config.job != "check":
             await self._serve()
         return self
 
     def _trainer(self) -> Trainer:
-        """The `trainer` group's records plus the seed, rollout temperature and credit keys (`config.build_trainer`)."""
-        return build_trainer(self.cfg, model_path=str(self.model_path), output_dir=self.output_dir)
+        """The `trainer` node's class, with what the run agreed on: seed, rollout temperature, credit keys."""
+        c = self.config
+        run = TrainerRun(str(self.model_path), c.seed, c.rollout.temperature, c.credit.advantages,
+                         str(self.output_dir), asdict(c.ray))
+        return build(c.trainer, run)
 
     async def _serve(self) -> None:
-        cfg = self.cfg
+        cfg = self.config
         runners = asyncio.ensure_future(warm_up(self.agent)) if self.agent.executor == "ray" else None
         try:
             await self.engine.start()
@@ -207,7 +215,7 @@ class _Parts:
         eval_defaults = SamplingDefaults(e.max_response_len or r.max_response_len, self.context_len, e.temperature)
         self.store = ForestStore()
         turns = TurnService(template, self.engine, self.protocol.parser(), defaults, r.history, eval_defaults)
-        g = cfg.gateway  # a loopback gateway also takes a session's id as its credential (DESIGN §3.3)
+        g = cfg.gateway  # a loopback gateway also takes a session's id as its credential (docs/design.md §3.3)
         app = create_app(self.store, turns, self.protocol.service_prefix, self.model.name,
                          self.protocol.frontends(), self.protocol.sse_heartbeat_s, session_ids=not g.allow_remote)
         self.server = GatewayServer(app, g.host, g.port, self.protocol.service_prefix, g.public_url, g.allow_remote)
@@ -217,21 +225,20 @@ class _Parts:
                  self.engine.weight_version)
 
     def pipeline(self) -> Pipeline:
-        cfg, store = self.cfg, self.store
+        cfg, store = self.config, self.store
         io_root = self.output_dir / "sessions"
         prepare = Prepare(store, self.agent, io_root, self.server.base_url, cfg.rollout.n_samples_per_prompt,
-                          OmegaConf.to_container(cfg.rollout.chat_template_kwargs), cfg.seed, self.model.name)
+                          dict(cfg.rollout.chat_template_kwargs), cfg.seed, self.model.name)
         dump = RolloutDump(cfg.debug.save_rollout_data, self.output_dir)
-        reward = Reward(store, self.credit, multi_context_missing(cfg))
+        reward = Reward(store, self.credit, multi_context_missing(cfg, self.credit.several_contexts))
         return Pipeline(DataSource(self.dataset, cfg.seed), prepare, Runtime(store, cfg.export.implicit), reward,
                         Transfer(store), dump, cfg.rollout.batch_size)
 
     def loop(self) -> StepLoop:
-        cfg = self.cfg
-        r, t = cfg.rollout, cfg.trainer
+        r, t = self.config.rollout, self.config.trainer.checkpoint_part
         steps = 0 if self.is_eval else r.num_steps  # job=eval: the loop's eval before the first step, no step
         self.strategy.bind(Binding(self.capacity.groups, self.engine, r.over_sampling_batch_size, steps))
-        self.tracker.start(OmegaConf.to_container(cfg, resolve=True))
+        self.tracker.start(self.resolved)
         folder = Path(t.checkpoint_dir or self.output_dir / "checkpoints").expanduser()
         checkpoints = Checkpoints(folder, t.save_interval, t.resume, t.keep_checkpoints)
         pipeline = self.pipeline()
@@ -243,11 +250,12 @@ class _Parts:
         per-problem results."""
         if self.is_eval:
             return Evaluator(pipeline, self.eval_sets, interval=1, per_problem=True)
-        if self.eval_sets and self.cfg.eval.interval is None:
+        interval = self.config.eval.interval
+        if self.eval_sets and interval is None:
             log.warning("eval.datasets is set but eval.interval is null: eval is off")
-        if not self.eval_sets or self.cfg.eval.interval is None:
+        if not self.eval_sets or interval is None:
             return None
-        return Evaluator(pipeline, self.eval_sets, self.cfg.eval.interval)
+        return Evaluator(pipeline, self.eval_sets, interval)
 
     def slot_plan(self) -> SlotPlan:
         """Agent slots this run needs at its peak (`stages/capacity.py`)."""
@@ -293,36 +301,33 @@ class _Parts:
             self.tracker.finish()
 
 
-def capacity_of(cfg: DictConfig) -> Capacity:
+def capacity_of(config: Config) -> Capacity:
     """The run's resident capacity, computed once (`stages/capacity.py`). `job=eval` holds no train sessions:
     unless `runtime.eval_concurrency` is set, its eval fills the engine's batch (`engine.max_batch_size`,
     as `T` sessions), else the train-derived default."""
-    r = cfg.runtime
-    batch = cfg.engine.get("max_batch_size") if cfg.engine is not None else None
-    if cfg.job == "eval" and r.eval_concurrency is None and batch:
-        return Capacity(int(batch), 1)
-    ro = cfg.rollout
-    return Capacity.resolve(r.concurrency, ro.over_sampling_batch_size, ro.batch_size, ro.n_samples_per_prompt,
-                            r.eval_concurrency)
+    keys, ro = config.runtime.capacity_part, config.rollout
+    if config.job == "eval" and keys.eval_concurrency is None:
+        return Capacity(int(config.engine.max_batch_size), 1)
+    return Capacity.resolve(keys.concurrency, ro.over_sampling_batch_size, ro.batch_size, ro.n_samples_per_prompt,
+                            keys.eval_concurrency)
 
 
-def eval_sets(cfg: DictConfig, capacity: Capacity) -> list[EvalSet]:
-    """Every `eval.datasets` entry, built with the train dataset's class (unshuffled, with the entry's own path
+def eval_sets(config: Config, capacity: Capacity) -> list[EvalSet]:
+    """Every `eval.datasets` entry, built with the train dataset's record (unshuffled, with the entry's own path
     and keys) and resolved: group size `n_samples_per_prompt` (default `eval.n_samples_per_prompt`) and
     groups in flight (`Capacity.eval_groups`). Errors name the entry (`eval.datasets[i]`)."""
-    return [_eval_set(cfg, i, entry, capacity) for i, entry in enumerate(cfg.eval.datasets)]
+    return [_eval_set(config, i, entry, capacity) for i, entry in enumerate(config.eval.datasets)]
 
 
-def _eval_set(cfg: DictConfig, index: int, entry: DictConfig, capacity: Capacity) -> EvalSet:
-    n_samples = entry.n_samples_per_prompt or cfg.eval.n_samples_per_prompt
-    keys = OmegaConf.to_container(entry, resolve=True)
-    name = keys.pop("name")
-    keys.pop("n_samples_per_prompt")
+def _eval_set(config: Config, index: int, entry: Any, capacity: Capacity) -> EvalSet:
+    n_samples = entry.n_samples_per_prompt or config.eval.n_samples_per_prompt
+    source = {"path": entry.path, "input_key": entry.input_key, "metadata_key": entry.metadata_key,
+              "multimodal_keys": dict(entry.multimodal_keys)}
     try:
-        dataset = build(cfg.dataset, **keys, shuffle=False)
+        dataset = build(with_source(config.dataset, source))
     except (ValueError, FileNotFoundError) as error:
-        raise ValueError(f"eval.datasets[{index}] name={name!r}: {error}") from None
-    return EvalSet(name, dataset, n_samples, capacity.eval_groups(n_samples))
+        raise ValueError(f"eval.datasets[{index}] name={entry.name!r}: {error}") from None
+    return EvalSet(entry.name, dataset, n_samples, capacity.eval_groups(n_samples))
 
 
 def _agent_problems(agent: Any) -> list[str]:

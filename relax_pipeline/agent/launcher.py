@@ -31,7 +31,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -100,41 +100,43 @@ class ActiveTimer:
         return self.budget is not None and self.elapsed() >= self.budget
 
 
-@dataclass(frozen=True)
-class AgentSpec:
-    """How to run the user's harness; connects the `agent` config group to `AgentProcess`."""
+AGENT_EXECUTORS = ("local", "http", "ray")
+"""Where agents run (`agent.executor`): a local process group per session, a session sent to an agent server, or a
+session run on a node of a Ray cluster (`agent/ray_executor.py`)."""
+
+
+@dataclass
+class AgentSettings:
+    """The `agent` group's node: how to run the user's harness (every `agent=` option sets these keys)."""
 
     command: str
-    """Shell command run with `bash -c`."""
+    """Shell command run by `bash -c` once per session."""
     cwd: str | None = None
-    """Working directory; None keeps the parent's."""
+    """Working directory of the agent process; None keeps the run's."""
     env: dict[str, str] = field(default_factory=dict)
-    """Extra environment variables; the RELAX_ prefix is reserved."""
-    timeout: float | None = None
-    """Active-time budget in seconds (paused time excluded); None is unlimited."""
-    grace_s: float = 5.0
-    """Seconds between SIGTERM and SIGKILL of the process group."""
-    log_tail_bytes: int = 8192
-    """How much of the end of agent.log a failure carries."""
+    """Extra environment (the RELAX_ prefix is reserved)."""
+    timeout: float | None = 120.0
+    """Active-time budget in seconds (paused time excluded); None means no limit."""
     multi_context: bool = False
-    """Sessions export several training contexts (checked at start: config.validate; at run time: stages/reward)."""
+    """Sessions export several training contexts; needs credit=custom_advantage and dynamic batching
+    (trainer.batching.use_dynamic_batch_size); checked at start and, per session, by stages/reward."""
     executor: str = "local"
-    """`local`: an `AgentProcess` per session; `http`: the session is sent to `server_url` (`agent/http_executor`);
-    `ray`: the session runs on a Ray node (`agent/ray_executor`)."""
-    server_url: str | None = None
-    """executor=http: the agent server's base URL."""
-    services: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """Processes started once per run (`agent/services.py`), by name: command, cwd, env, port, health_url,
-    startup_timeout."""
-    sandbox: dict[str, Any] = field(default_factory=dict)
-    """The run's `sandbox.*` limits, sent with every executor=http session (`agent/sandbox.py` applies them)."""
+    """local (one process group per session on this machine), http (each session is POSTed to
+    agent.server_url, an agent server that runs it; docs/agentic-rollout.md has the contract) or ray (each session
+    runs on a node of the Ray cluster at ray.address; files travel with the call, no shared disk)."""
     resources: dict[str, float] = field(default_factory=dict)
-    """executor=ray: what one session holds on its node (`num_cpus`, `num_gpus`, `memory`, custom resources)."""
-    ray: dict[str, Any] = field(default_factory=dict)
-    """executor=ray: the run's `ray.*` keys (address, num_cpus, runtime_env; `agent/ray_runtime.py`)."""
+    """executor=ray: what one session holds on its node ({num_cpus: 1}, {num_gpus: 1}, {sandbox: 1} for a custom
+    resource); a node runs as many sessions at once as its Ray resources allow; {}: no limit."""
+    server_url: str | None = None
+    """executor=http: base URL of the agent server (its POST /sessions runs one session)."""
     nice: int | None = None
-    """Lower each agent's CPU priority by this much (1-19, `lower_priority`), so the run's own process (engine,
-    gateway, trainer) wins the cores when many agents start at once; None: the priority it inherits."""
+    """executor=local and ray: lower each agent's CPU priority by this much (0-19, `lower_priority`), so the run's
+    engine, gateway and trainer win the cores when many agents start at once (Linux: the agent's session, all its
+    processes); null: unchanged."""
+    services: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Processes started once per run before the first rollout, health-checked, stopped at the end, by name:
+    command, cwd, env, port, health_url, startup_timeout (`agent/services.py` checks each entry); logs in
+    `<output>/services/<name>.log`."""
 
     def __post_init__(self) -> None:
         reserved = sorted(k for k in self.env if str(k).startswith(RESERVED_PREFIX))
@@ -143,6 +145,37 @@ class AgentSpec:
         if self.nice is not None and not (isinstance(self.nice, int) and 0 <= self.nice <= 19):
             raise ValueError(f"agent.nice={self.nice!r}: use an integer from 0 to 19 (how much lower the agents' "
                              "CPU priority is), or null")
+        if self.executor not in AGENT_EXECUTORS:
+            raise ValueError(f"agent.executor={self.executor!r} is not an executor; choose one of "
+                             f"{list(AGENT_EXECUTORS)}")
+        for key, value in self.resources.items():
+            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+                raise ValueError(f"agent.resources.{key}={value!r} must be a number >= 0 (what one session holds)")
+        if self.executor == "http" and not self.server_url:
+            raise ValueError("agent.executor=http needs agent.server_url (the agent server's base URL, for example "
+                             "http://127.0.0.1:8700); or use agent.executor=local")
+
+
+@dataclass
+class AgentSpec(AgentSettings):
+    """The `agent` node plus what the run adds (the sandbox limits and Ray keys) and the process-handling
+    constants; connects the `agent` config group to `AgentProcess` and the other executors."""
+
+    timeout: float | None = None
+    """Active-time budget in seconds (paused time excluded); None is unlimited."""
+    grace_s: float = 5.0
+    """Seconds between SIGTERM and SIGKILL of the process group."""
+    log_tail_bytes: int = 8192
+    """How much of the end of agent.log a failure carries."""
+    sandbox: dict[str, Any] = field(default_factory=dict)
+    """The run's `sandbox.*` limits, sent with every executor=http session (`agent/sandbox.py` applies them)."""
+    ray: dict[str, Any] = field(default_factory=dict)
+    """executor=ray: the run's `ray.*` keys (address, num_cpus, runtime_env; `infra/ray_runtime.py`)."""
+
+    @classmethod
+    def of(cls, settings: AgentSettings, sandbox: dict[str, Any], ray: dict[str, Any]) -> AgentSpec:
+        """The spec of an `agent` node, with the run's sandbox limits and Ray keys."""
+        return cls(**{f.name: getattr(settings, f.name) for f in fields(AgentSettings)}, sandbox=sandbox, ray=ray)
 
 
 @dataclass(frozen=True)

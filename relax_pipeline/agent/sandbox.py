@@ -84,9 +84,10 @@ class SandboxUnavailable(RuntimeError):
     """The platform cannot give the isolation asked for; the message names what is missing and the fix."""
 
 
-@dataclass(frozen=True)
+@dataclass
 class SandboxLimits:
-    """Limits of one sandbox: mirrors `config.SandboxConfig` (top-level `sandbox.*`) field by field."""
+    """Limits of one sandbox: the top-level `sandbox.*` node (sent with every agent.executor=http session and
+    applied by the agent server), and what `Sandbox` enforces."""
 
     allow_network: bool = False
     """False: commands run in their own network namespace (loopback only); True: the host's network."""

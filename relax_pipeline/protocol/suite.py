@@ -22,15 +22,22 @@ _FRONTENDS: dict[str, Callable[[], Frontend]] = {
 SUPPORTED_APIS: tuple[str, ...] = tuple(_FRONTENDS)
 
 
-@dataclass(frozen=True)
+@dataclass
 class ProtocolSuite:
-    """Front-end choice and parser names; connects the protocol config to the gateway."""
+    """The `protocol` group's node, used as it is: front-end choice and parser names; connects the protocol
+    config to the gateway."""
 
     apis: list[str] = field(default_factory=lambda: ["chat", "responses", "messages"])
+    """Front-ends the gateway serves: chat (OpenAI Chat Completions), responses (OpenAI Responses), messages
+    (Anthropic Messages)."""
     reasoning_parser: str | None = "qwen3"
+    """SGLang reasoning-parser name used to split `<think>` text."""
     tool_call_parser: str | None = "qwen25"
+    """SGLang tool-call-parser name used to extract tool calls."""
     service_prefix: str = "/agentic_api"
+    """URL path the gateway serves under; RELAX_BASE_URL keeps it."""
     sse_heartbeat_s: float = 15.0
+    """Seconds between Buffered SSE heartbeats."""
 
     def __post_init__(self) -> None:
         unknown = [a for a in self.apis if a not in SUPPORTED_APIS]

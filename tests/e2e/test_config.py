@@ -1,5 +1,5 @@
-"""Config: every group option composes, binds to its `_target_`'s signature and instantiates; jobs refuse
-bad setups at start naming the key; the CLI's exit status and last log line; a two-value sweep.
+"""Config: every group option composes into its records and builds; jobs refuse bad setups at start naming
+the key; the CLI's exit status and last log line; a two-value sweep.
 
 Golden file: `tests/golden/default_config.yaml`, regenerated with
 `python -m relax_pipeline --cfg job > tests/golden/default_config.yaml`.
@@ -7,41 +7,24 @@ Golden file: `tests/golden/default_config.yaml`, regenerated with
 
 from __future__ import annotations
 
-import inspect
 import itertools
 import subprocess
 import sys
-import typing
-from dataclasses import fields
 from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
-from hydra.utils import get_class
 from omegaconf import OmegaConf
 
-from relax_pipeline.config import (
-    CONF_DIR,
-    FLAT_TRAINER_KEYS,
-    TRAINER_NODES,
-    TrainerConfig,
-    build,
-    build_trainer,
-    register,
-    runtime_node,
-    trainer_context,
-    trainer_node,
-)
-from relax_pipeline.run import run
+from relax_pipeline.config import CONF_DIR, Config, records, register
+from relax_pipeline.run import build, run
+from relax_pipeline.scheduling.settings import RuntimeSettings
+from relax_pipeline.train.settings import DeepSpeedSettings, TrainerSettings
 
 CONF = CONF_DIR
-GROUPS = ("protocol", "runtime", "credit", "engine", "trainer", "model", "dataset", "agent", "tracking")
-BUILD_ARGS = {
-    "engine": {"model_path": "unused", "seed": 0, "max_context_len": 128},
-    "model": {"seed": 0},
-    "tracking": {"output_dir": "unused"},
-}
+LIVE = {"model": (0,), "tracking": ("unused",)}
+"""What run.py hands each CPU-safe group's class besides its record."""
 
 
 def options(group: str) -> list[str]:
@@ -64,69 +47,44 @@ def test_a_misspelt_key_fails_at_compose_time() -> None:
         composed("rollout.batch_sise=3")
 
 
-NODES = {"trainer": trainer_node, "runtime": runtime_node}
-"""Groups whose node is narrowed before it is built (aliases and capacity keys are read elsewhere)."""
-
-
 @pytest.mark.parametrize(
     "protocol, runtime, credit",
     list(itertools.product(options("protocol"), options("runtime"), options("credit"))),
 )
-def test_every_combination_binds_every_target(protocol: str, runtime: str, credit: str) -> None:
-    cfg = composed(f"protocol={protocol}", f"runtime={runtime}", f"credit={credit}")
-    for group in GROUPS:
-        node = OmegaConf.to_container(NODES.get(group, lambda n: n)(cfg[group]), resolve=True)
-        target = get_class(node.pop("_target_"))
-        assert target.__module__.startswith("relax_pipeline."), f"{group} must target our own class"
-        extra = {"model_path": "unused", **trainer_context(cfg)} if group == "trainer" else BUILD_ARGS.get(group, {})
-        inspect.signature(target).bind(**node, **extra)
+def test_every_combination_builds_its_records_and_strategy(protocol: str, runtime: str, credit: str) -> None:
+    config = records(composed(f"protocol={protocol}", f"runtime={runtime}", f"credit={credit}"))
+    assert isinstance(config, Config) and isinstance(config.runtime, RuntimeSettings)
+    strategy = build(config.runtime)
+    assert type(strategy).__module__.startswith("relax_pipeline.scheduling.")
 
 
-@pytest.mark.parametrize("trainer", options("trainer"))
-def test_trainer_nodes_are_the_records_their_class_takes(trainer: str) -> None:
-    cfg = composed(f"trainer={trainer}")
-    hints = typing.get_type_hints(get_class(cfg.trainer._target_).__init__)
-    for name, record in TRAINER_NODES.items():
-        assert OmegaConf.get_type(cfg.trainer[name]) is record and record in typing.get_args(hints[name])
+@pytest.mark.parametrize("trainer, record", [("torch", TrainerSettings), ("deepspeed", DeepSpeedSettings)])
+def test_the_trainer_node_is_its_backend_s_record(trainer: str, record: type) -> None:
+    assert type(records(composed(f"trainer={trainer}")).trainer) is record
 
 
-def test_every_nested_trainer_key_keeps_a_flat_alias_for_one_release() -> None:
-    declared = {f.name: f.default for f in fields(TrainerConfig)}
-    nested = {f"{name}.{f.name}" for name, record in TRAINER_NODES.items() for f in fields(record)}
-    assert set(FLAT_TRAINER_KEYS.values()) == nested
-    assert all(declared[flat] is None for flat in FLAT_TRAINER_KEYS)
+@pytest.mark.parametrize("override", ["trainer.lr=5e-3", "trainer.micro_batch_size=2", "trainer.zero_stage=2",
+                                      "trainer.num_ranks=2"])
+def test_removed_aliases_and_deepspeed_keys_on_torch_fail_at_compose_naming_the_key(override: str) -> None:
+    with pytest.raises(ConfigCompositionException) as error:
+        composed(override)
+    assert override.split("=")[0] in str(error.value) + str(error.value.__cause__)
 
 
-def test_flat_trainer_aliases_take_effect_and_log_a_deprecation(tmp_path: Path, tiny_path: Path,
-                                                                caplog: pytest.LogCaptureFixture) -> None:
-    cfg = composed("job=check", f"output_dir={tmp_path}", f"model.cache_dir={tiny_path.parent}",
-                   "trainer.lr=5e-3", "trainer.micro_batch_size=2", "trainer.loss.entropy_coef=0.01")
-    run(cfg)
-    log = (tmp_path / "run.log").read_text()
-    for flat, nested in (("lr", "optim.lr"), ("micro_batch_size", "batching.micro_batch_size")):
-        assert log.count(f"trainer.{flat} is deprecated") == 1 and f"use trainer.{nested}" in log
-    assert "trainer.entropy_coef is deprecated" not in log
-    caplog.clear()
-    trainer = build_trainer(cfg, model_path=str(tiny_path))
-    assert trainer.optimizer.param_groups[0]["lr"] == 5e-3 and trainer.settings.batching.micro_batch_size == 2
-    assert trainer.settings.loss.entropy_coef == 0.01 and trainer.settings.loss.eps_clip_high == 0.28
-    assert "deprecated" not in caplog.text, "the aliases were moved once, at validate"
-
-
-def test_a_trainer_mistake_fails_at_build_naming_the_nested_key(tiny_path: Path) -> None:
+def test_a_trainer_mistake_fails_naming_the_nested_key() -> None:
     with pytest.raises(ValueError, match=r"trainer\.loss\.loss_reduction='sum'; choose one of"):
-        build_trainer(composed("trainer.loss.loss_reduction=sum"), model_path=str(tiny_path))
+        records(composed("trainer.loss.loss_reduction=sum"))
 
 
-CPU_SAFE = [(g, o) for g in GROUPS if g not in ("engine", "trainer") for o in options(g)]
+CPU_SAFE = [(g, o) for g in ("credit", "dataset", "model", "tracking", "runtime") for o in options(g)]
 
 
 @pytest.mark.parametrize("group, option", CPU_SAFE)
 def test_cpu_safe_groups_instantiate(group: str, option: str, tmp_path: Path) -> None:
-    cfg = composed(f"{group}={option}")
-    args = {"output_dir": str(tmp_path)} if group == "tracking" else BUILD_ARGS.get(group, {})
-    built = build(NODES.get(group, lambda n: n)(cfg[group]), **args)
-    assert type(built).__name__ == cfg[group]._target_.rsplit(".", 1)[1]
+    record = getattr(records(composed(f"{group}={option}")), group)
+    live = (str(tmp_path),) if group == "tracking" else LIVE.get(group, ())
+    built = build(record, *live)
+    assert type(built).__name__ == record._target_.rsplit(".", 1)[1]
 
 
 def test_experiment_smoke_cpu_composes_to_a_rollout() -> None:
@@ -215,6 +173,6 @@ def test_multirun_sweep_runs_each_job_in_its_own_folder(tmp_path: Path, tiny_pat
 
 def test_a_runtime_key_the_mode_does_not_use_is_refused_naming_it() -> None:
     with pytest.raises(ValueError, match=r"runtime.max_staleness=3 is not used by SyncRuntime"):
-        build(runtime_node(composed("runtime=sync", "runtime.max_staleness=3").runtime))
-    strategy = build(runtime_node(composed("runtime=fully_async", "runtime.concurrency=5").runtime))
+        build(records(composed("runtime=sync", "runtime.max_staleness=3")).runtime)
+    strategy = build(records(composed("runtime=fully_async", "runtime.concurrency=5")).runtime)
     assert strategy.max_staleness == 2 and not hasattr(strategy, "concurrency")

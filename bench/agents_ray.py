@@ -29,7 +29,8 @@ busy cores that cost each Ray session about 2 s (same runtime, 2 cores shared wi
 local with the cluster in-process, one run; -2.1 to +2.6 s, mean +0.3 s, over five runs with the cluster in its
 own session). On separate machines the nodes never take the driver's share.
 
-    python bench/agents_ray.py [--groups 64] [--n 4] [--turns 4] [--repeats 3] [--executor-only]
+    python bench/agents_ray.py [--groups 64] [--n 4] [--turns 4] [--repeats 3] [--executor-only] [--sleep-s 3]
+                               [--smoke]
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from _smoke import parse_args  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 
 from relax_pipeline.agent.executors import new_agent  # noqa: E402
@@ -60,11 +62,17 @@ TIMING = "ray: timing ms: "
 """The line `agent/ray_executor.timing_note` writes into each Ray session's agent.log."""
 
 
-def workload(folder: Path, sessions: int, turns: int, seed: int = 0) -> Path:
-    """One row per prompt: a seeded 1-3 s sleep before `turns` model calls."""
+def seeded_sleeps(count: int, longest_s: float, seed: int) -> list[float]:
+    """`count` seeded sleeps between a third of `longest_s` and `longest_s` (1-3 s by default)."""
     rng = random.Random(seed)
-    rows = [{"input": f"task {i}", "metadata": {"startup_s": round(rng.uniform(1.0, 3.0), 3), "turns": turns,
-                                                "tool_mean_s": 0.0, "max_tokens": 8}} for i in range(sessions)]
+    return [round(rng.uniform(longest_s / 3, longest_s), 3) for _ in range(count)]
+
+
+def workload(folder: Path, sessions: int, turns: int, longest_s: float, seed: int = 0) -> Path:
+    """One row per prompt: a seeded sleep (`seeded_sleeps`) before `turns` model calls."""
+    rows = [{"input": f"task {i}", "metadata": {"startup_s": sleep, "turns": turns,
+                                                "tool_mean_s": 0.0, "max_tokens": 8}}
+            for i, sleep in enumerate(seeded_sleeps(sessions, longest_s, seed))]
     path = folder / "data.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
@@ -84,7 +92,7 @@ def measure(args: argparse.Namespace, extra: list[str]) -> dict[str, float]:
     """One run of 2 steps; figures of the second."""
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        data = workload(folder, args.groups, args.turns)
+        data = workload(folder, args.groups, args.turns, args.sleep_s)
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             cfg = compose("config", overrides=quote_placeholders(overrides(folder, data, args, extra)))
         run(cfg)
@@ -157,17 +165,16 @@ RAM_TMPDIR = "/dev/shm"
 """The RAM-backed folder the executor-only pair also runs Ray's session folders in (`ray.node_tmpdir`)."""
 
 
-def executor_costs(address: str, sessions: int) -> dict[str, float]:
+def executor_costs(address: str, sessions: int, longest_s: float) -> dict[str, float]:
     """`executor_cost` for local subprocesses, for Ray, and for Ray with `ray.node_tmpdir=/dev/shm` where this
-    machine has it, on the same seeded 1-3 s sleeps."""
-    rng = random.Random(1)
-    sleeps = [round(rng.uniform(1.0, 3.0), 3) for _ in range(sessions)]
+    machine has it, on the same seeded sleeps (`seeded_sleeps`)."""
+    waits = seeded_sleeps(sessions, longest_s, seed=1)
     with tempfile.TemporaryDirectory() as tmp:
-        costs = {"local subprocesses": asyncio.run(executor_cost("local", None, sleeps, Path(tmp))),
-                 "ray": asyncio.run(executor_cost("ray", address, sleeps, Path(tmp)))}
+        costs = {"local subprocesses": asyncio.run(executor_cost("local", None, waits, Path(tmp))),
+                 "ray": asyncio.run(executor_cost("ray", address, waits, Path(tmp)))}
         if Path(RAM_TMPDIR).is_dir():
             costs[f"ray, node_tmpdir={RAM_TMPDIR}"] = asyncio.run(
-                executor_cost("ray", address, sleeps, Path(tmp), RAM_TMPDIR))
+                executor_cost("ray", address, waits, Path(tmp), RAM_TMPDIR))
         return costs
 
 
@@ -178,23 +185,24 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3, help="runs of the executor-only comparison (median shown)")
     parser.add_argument("--executor-only", action="store_true", help="skip the runs through the gateway")
-    args = parser.parse_args()
+    parser.add_argument("--sleep-s", type=float, default=3.0, help="longest agent sleep (the shortest is a third)")
+    args = parse_args(parser, groups=1, n=2, turns=1, repeats=1, sleep_s=0.3)
     register()
     sessions = args.groups * args.n
     local = None if args.executor_only else measure(args, ["agent.executor=local"])
     with separate_cluster(workers=1, cpus=2, head_cpus=2) as address:
         ram = [f"ray.node_tmpdir={RAM_TMPDIR}"] if Path(RAM_TMPDIR).is_dir() else []
         on_ray = None if local is None else measure(args, ["agent.executor=ray", f"ray.address={address}", *ram])
-        light = [executor_costs(address, sessions) for _ in range(args.repeats)]
+        light = [executor_costs(address, sessions, args.sleep_s) for _ in range(args.repeats)]
     if local is not None and on_ray is not None:
         report_pipeline(args, local, on_ray)
-    report_executors(sessions, light)
+    report_executors(sessions, light, args.sleep_s)
 
 
 def report_pipeline(args: argparse.Namespace, local: dict[str, float], on_ray: dict[str, float]) -> None:
     """The table of the two runs through the gateway, Ray's overhead on the time to done, and its phases."""
-    print(f"{args.groups * args.n} sleeping agents (1-3 s, {args.turns} turns through the gateway), all at once; "
-          "2nd of 2 steps")
+    print(f"{args.groups * args.n} sleeping agents ({args.sleep_s / 3:g}-{args.sleep_s:g} s, {args.turns} turns "
+          "through the gateway), all at once; 2nd of 2 steps")
     print(f"{'executor':<28} {'sessions/s':>10} {'rollout s':>10} {'agent s/session':>16} {'done s/session':>15}")
     for name, r in (("local subprocesses", local), ("ray, local 2-node cluster", on_ray)):
         print(f"{name:<28} {r['sessions_per_s']:>10.1f} {r['rollout_s']:>10.2f} {r['agent_s']:>16.3f} "
@@ -206,11 +214,12 @@ def report_pipeline(args: argparse.Namespace, local: dict[str, float], on_ray: d
     report_phases(on_ray)
 
 
-def report_executors(sessions: int, runs: list[dict[str, float]]) -> None:
+def report_executors(sessions: int, runs: list[dict[str, float]], longest_s: float) -> None:
     """The executor-only comparison: each mode's ms beyond the sleep and Ray's overhead (Ray - local of the same
     run), the median over the runs and every run's figure."""
-    print(f"Executors alone, {sessions} shell agents that only sleep 1-3 s (no interpreter start, no model calls), "
-          f"all started at once, {len(runs)} runs; ms beyond its sleep per session, median [each run]:")
+    print(f"Executors alone, {sessions} shell agents that only sleep {longest_s / 3:g}-{longest_s:g} s (no "
+          f"interpreter start, no model calls), all started at once, {len(runs)} runs; ms beyond its sleep per "
+          "session, median [each run]:")
     for name in runs[0]:
         costs = [1000 * run[name] for run in runs]
         line = f"  {name:<32} {statistics.median(costs):6.0f} [{', '.join(f'{c:.0f}' for c in costs)}]"

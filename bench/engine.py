@@ -17,8 +17,10 @@ Generation never stops early (no stop tokens), so every run does the same work. 
 (`relax_pipeline.models.smollm2`, built once into the model cache); when that cannot be built a random Llama
 of SmolLM2-135M's shape with the tiny tokenizer stands in, and the output says so. Defaults take a few
 minutes per case on 2 cores; shrink with --sessions/--turns/--prompts, grow with --baseline-sessions.
+`--model tiny` runs both cases on the tiny test model instead (what `--smoke` does, with tiny sizes).
 
     python bench/engine.py [--case all|multi|grpo] [--threads N] [--batch 32] [--dtype bfloat16] [--attention grouped]
+                           [--model smollm2|tiny] [--smoke]
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
+from _smoke import parse_args  # noqa: E402
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 from relax_pipeline.engine import hf_batch  # noqa: E402
@@ -46,8 +49,11 @@ from relax_pipeline.models.tiny import build_tiny  # noqa: E402
 ARITH_PROMPT = "What is {a} + {b}? Answer with just the number."
 
 
-def model_folder() -> tuple[Path, str]:
-    """SmolLM2-135M-Instruct's folder, or a random stand-in of its shape; and a line naming which."""
+def model_folder(model: str) -> tuple[Path, str]:
+    """SmolLM2-135M-Instruct's folder, or a random stand-in of its shape (or the tiny model when `model` is
+    "tiny"); and a line naming which."""
+    if model == "tiny":
+        return build_tiny(None, seed=0), "the tiny test model (--model tiny)"
     try:
         from relax_pipeline.models.smollm2 import build_smollm2
 
@@ -215,14 +221,16 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--answer-tokens", type=int, default=16)
-    return parser.parse_args()
+    parser.add_argument("--model", choices=("smollm2", "tiny"), default="smollm2")
+    return parse_args(parser, model="tiny", batch=4, kv_cache_mb=64, sessions=2, turns=2, new_tokens=4,
+                      baseline_sessions=1, prompts=2, samples=2, answer_tokens=4)
 
 
 def main() -> None:
     args = parse()
     if args.threads:
         torch.set_num_threads(args.threads)
-    folder, name = model_folder()
+    folder, name = model_folder(args.model)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     print(f"model: {name}; torch threads {torch.get_num_threads()}")
     if args.case in ("all", "multi"):

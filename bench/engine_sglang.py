@@ -25,7 +25,7 @@ ratios ours/server (gateway + client + router overhead; target ≤ 1.3×) and ou
 with their range: per-turn model time dominates and a shared 2-core machine is noisy, so pairs measured
 seconds apart within a round are compared, never whole runs.
 
-    python bench/engine_sglang.py [--sessions 8] [--turns 6] [--tokens 8] [--servers 2] [--repeats 3]
+    python bench/engine_sglang.py [--sessions 8] [--turns 6] [--tokens 8] [--servers 2] [--repeats 3] [--smoke]
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import httpx  # noqa: E402
+from _smoke import parse_args  # noqa: E402
 
 from relax_pipeline.engine.settings import EngineRun, SglangEngineSettings
 
@@ -207,7 +208,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--model", default=None, help="model folder (default: the tiny model)")
     parser.add_argument("--launch-command", default=None, help="default: the SGLang-wire fake")
-    args = parser.parse_args()
+    args = parse_args(parser, sessions=2, turns=2, tokens=2, servers=1, repeats=1)
     results = asyncio.run(measure(args))
     ms = {k: statistics.median(v) * 1000 for k, v in results.items()}
     print(f"{args.sessions} sessions x {args.turns} turns, {args.tokens} tokens a turn, {args.servers} servers "

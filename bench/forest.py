@@ -7,7 +7,7 @@ is not the gateway's). Each measured turn carries a fresh tool result, so no tok
 Side by side, the same turn done the naive way (re-render and re-tokenize the whole history, as a
 proxy that does not keep token state must) shows what the delta compiler avoids.
 
-    python bench/forest.py [--reps 200]
+    python bench/forest.py [--reps 200] [--smoke]
 
 Memory the forest keeps per stored token: `bench/forest_memory.py`.
 """
@@ -25,6 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import orjson  # noqa: E402
+from _smoke import parse_args  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
 from relax_pipeline.engine.base import GenerateResult  # noqa: E402
@@ -112,7 +113,7 @@ def measure(svc: TurnService, output: GenerateResult, turns: tuple[int, ...], re
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=200)
-    args = parser.parse_args()
+    args = parse_args(parser, reps=2)
     tokenizer = AutoTokenizer.from_pretrained(build_tiny(Path(tempfile.gettempdir()) / "relax-bench"))
     template = ChatTemplate(tokenizer)
     svc = TurnService(template, ScriptedEngine(tokenizer, [ANSWER]), OutputParser(),

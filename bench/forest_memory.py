@@ -7,7 +7,7 @@ divided by the tokens they store (every node's `token_ids`). Side by side, the s
 stand-in of the former layout: node fields as tuples of Python ints and floats, and the last eight
 lineages cached as tuples.
 
-    python bench/forest_memory.py [--sessions 32] [--turns 128]
+    python bench/forest_memory.py [--sessions 32] [--turns 128] [--smoke]
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import orjson  # noqa: E402
+from _smoke import parse_args  # noqa: E402
 from forest import ANSWER, TOOLS, history  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
@@ -99,7 +100,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sessions", type=int, default=32)
     parser.add_argument("--turns", type=int, default=128)
-    args = parser.parse_args()
+    args = parse_args(parser, sessions=2, turns=8)
     tokenizer = AutoTokenizer.from_pretrained(build_tiny(Path(tempfile.gettempdir()) / "relax-bench"))
     template = ChatTemplate(tokenizer)
     svc = TurnService(template, ScriptedEngine(tokenizer, [ANSWER]), OutputParser(),

@@ -29,7 +29,7 @@ The clients speak minimal HTTP/1.1 over asyncio streams (one write per request, 
 only): an HTTP library's client costs about as much CPU per request as the bare server, and on a small
 machine it would cap requests/s below what the servers can do.
 
-    python bench/gateway.py [--turns 32] [--clients 32] [--rounds 2] [--serial 8] [--repeats 3]
+    python bench/gateway.py [--turns 32] [--clients 32] [--rounds 2] [--serial 8] [--repeats 3] [--smoke]
 
 Where the CPU goes inside our server: `py-spy record --pid <server pid>` while the bench runs.
 """
@@ -55,6 +55,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from _smoke import parse_args  # noqa: E402
 from fastapi import FastAPI, Request  # noqa: E402
 from fastapi.responses import JSONResponse  # noqa: E402
 
@@ -408,7 +409,7 @@ def main() -> None:
     parser.add_argument("--serve", choices=("ours", "bare"))
     parser.add_argument("--sessions", type=int, default=0, help="sessions a --serve process opens")
     parser.add_argument("--log-dir", default=tempfile.gettempdir(), help="where a --serve process writes run.log")
-    args = parser.parse_args()
+    args = parse_args(parser, turns=2, clients=2, rounds=1, serial=1, repeats=1)
     if args.serve:
         return serve(args.serve, args.sessions, args.log_dir)
     report(measure(args), args)

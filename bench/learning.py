@@ -24,7 +24,10 @@ gateway, trainer) against its reaped child processes (the agents), per session, 
 The target on a 2-core machine is a mean step of at most 25 s. Nothing here is asserted; the numbers depend on
 the machine and its load.
 
-    python bench/learning.py [--steps 5] [override ...]
+`--model tiny` runs the preset on the tiny test model instead of SmolLM2 (`--smoke` does, with one small group a
+step and no filter: the tiny model's rewards are all alike, so the drop-uniform filter would reject every group).
+
+    python bench/learning.py [--steps 5] [--model tiny] [--smoke] [override ...]
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from _smoke import parse_args  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 
 from relax_pipeline.config import CONF_DIR, quote_placeholders, register  # noqa: E402
@@ -47,6 +51,9 @@ from relax_pipeline.run import run  # noqa: E402
 COLUMNS = (("step s", "perf/step_time"), ("rollout s", "perf/rollout_time"), ("prefill s", "engine/prefill_s"),
            ("decode s", "engine/decode_s"), ("scoring s", "perf/reward_s"), ("train s", "perf/train_time"),
            ("sync s", "perf/weight_sync_s"))
+SMOKE_OVERRIDES = ["rollout.batch_size=1", "rollout.n_samples_per_prompt=2", "rollout.over_sampling_batch_size=1",
+                   "credit.filter_path=null", "engine.max_batch_size=4"]
+"""What `--smoke` adds: one group of two sessions a step, no filter."""
 
 
 def run_preset(folder: Path, steps: int, extra: list[str]) -> None:
@@ -121,11 +128,14 @@ def report_cpu(main_s: float, agents_s: float, sessions: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=5, help="training steps (the first is printed apart)")
+    parser.add_argument("--model", default=None, help="model=<name> instead of the preset's smollm2, e.g. tiny")
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides, e.g. engine.max_batch_size=64")
-    args = parser.parse_args()
+    args = parse_args(parser, steps=2, model="tiny")
+    extra = [f"model={args.model}"] if args.model else []
+    extra += (SMOKE_OVERRIDES if args.smoke else []) + args.overrides
     with tempfile.TemporaryDirectory() as tmp:
         before = cpu_seconds(resource.RUSAGE_SELF), cpu_seconds(resource.RUSAGE_CHILDREN)
-        run_preset(Path(tmp), args.steps, args.overrides)
+        run_preset(Path(tmp), args.steps, extra)
         main_s = cpu_seconds(resource.RUSAGE_SELF) - before[0]
         agents_s = cpu_seconds(resource.RUSAGE_CHILDREN) - before[1]
         steps = step_rows(Path(tmp))

@@ -14,7 +14,7 @@ the agent start-up (start-up can only hide behind time that exists between steps
 start-up that `prelaunch` removes from the rollout time: (sync - prelaunch) / (sync - sync without
 start-up). Targets: fully_async >= 1.5x sync and >= 85% busy; prelaunch removes >= 80% of the start-up.
 
-    python bench/runtime_modes.py [--steps 6] [--startup-s 2] [--train-s 1]
+    python bench/runtime_modes.py [--steps 6] [--startup-s 2] [--train-s 1] [--smoke]
 """
 
 from __future__ import annotations
@@ -30,9 +30,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from _smoke import parse_args  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 
-from relax_pipeline.config import REPO_ROOT, register  # noqa: E402
+from relax_pipeline.config import CONF_DIR, register  # noqa: E402
 from relax_pipeline.run import run  # noqa: E402
 from relax_pipeline.testing.engines import PacedEngine  # noqa: E402
 
@@ -77,7 +78,7 @@ def measure(mode: str, args: argparse.Namespace, data_args: tuple, train_s: floa
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         data = workload(folder, *data_args)
-        with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base="1.3"):
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             cfg = compose("config", overrides=overrides(folder, data, mode, args, train_s, mean_tokens))
         run(cfg)
         steps = steps_of(folder / "run.log")
@@ -102,7 +103,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=400)
     parser.add_argument("--startup-s", type=float, default=2.0)
     parser.add_argument("--train-s", type=float, default=1.0)
-    args = parser.parse_args()
+    args = parse_args(parser, steps=2, batch=1, n=2, turns=1, tool_s=0.05, token_s=0.002, mean_tokens=4.0,
+                      max_tokens=16, startup_s=0.1, train_s=0.1)
     register()
     long_tail = (args.startup_s, args.turns, args.tool_s, args.max_tokens)
     results = {mode: measure(mode, args, long_tail, args.train_s, args.mean_tokens) for mode in MODES}

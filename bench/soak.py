@@ -13,7 +13,7 @@ middle and at the end, with the sessions the store still holds and their stored 
 (any answer but 200 counts) and requests/s. Exit status 1 on any error or when the RSS grew more than
 `--max-growth-mib` (default 64) from start to end.
 
-    python bench/soak.py [--minutes 10] [--sessions 64] [--turns 32] [--keep-ended]
+    python bench/soak.py [--minutes 10] [--sessions 64] [--turns 32] [--keep-ended] [--smoke]
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import gateway as gateway_bench  # noqa: E402 - bench/gateway.py: the server as a run starts it, the HTTP client
+from _smoke import parse_args  # noqa: E402
 
 
 def rss_bytes() -> int:
@@ -163,7 +164,7 @@ def main() -> None:
                         help="never release ended sessions (the store before issue 17: every forest stays)")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--log-dir", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parse_args(parser, minutes=0.05, sessions=4, turns=2)
     if args.serve:
         serve(args.log_dir, args.keep_ended)
         return

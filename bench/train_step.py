@@ -7,7 +7,7 @@ clipping, AdamW. The baseline is the least a trainer can do: forward, plain cros
 tokens, backward, AdamW step. The two alternate rep by rep so machine load hits both alike; the medians
 are printed as tokens/s with their ratio (target >= 0.8).
 
-    python bench/train_step.py [--reps 10] [--samples 16] [--length 300]
+    python bench/train_step.py [--reps 10] [--samples 16] [--length 300] [--smoke]
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
+from _smoke import parse_args  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 from relax_pipeline.models.tiny import build_tiny  # noqa: E402
@@ -85,7 +86,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--samples", type=int, default=16)
     parser.add_argument("--length", type=int, default=300)
-    args = parser.parse_args()
+    args = parse_args(parser, reps=1, samples=2, length=32)
     path = build_tiny(seed=0)
     samples = synthetic_samples(args.samples, args.length)
     packing = BatchSettings(use_dynamic_batch_size=True, max_tokens_per_gpu=1 << 20)

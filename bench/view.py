@@ -10,7 +10,7 @@ naive reader: `json.loads` of every row of the same file (what a viewer without 
 do before showing anything). Printed: each time, the file size and the ratio naive / ours for the cold
 open. The issue's target: under 2 s to open.
 
-    python bench/view.py [--sessions 5000] [--response 1000]
+    python bench/view.py [--sessions 5000] [--response 1000] [--smoke]
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import httpx
+from _smoke import parse_args
 
 from relax_pipeline.testing.run_folders import write_run_folder
 from relax_pipeline.view.server import ViewServer
@@ -46,7 +47,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sessions", type=int, default=5000)
     parser.add_argument("--response", type=int, default=1000, help="generated tokens per row")
-    args = parser.parse_args()
+    args = parse_args(parser, sessions=16, response=16)
     with tempfile.TemporaryDirectory() as tmp:
         start = time.perf_counter()
         folder = write_run_folder(Path(tmp), steps=1, sessions=args.sessions, fork_every=4, fail_every=50,

@@ -232,14 +232,11 @@ def test_launched_fake_servers_behind_the_real_sglang_router(tiny_path: Path, tm
 
 
 def test_engine_sglang_composes_typed_and_binds_its_class(tiny_path: Path) -> None:
-    import inspect
-
     from hydra import compose, initialize_config_dir
     from hydra.errors import ConfigCompositionException
-    from hydra.utils import get_class
-    from omegaconf import OmegaConf
 
-    from relax_pipeline.config import CONF_DIR, engine_context, register
+    from relax_pipeline.config import CONF_DIR, records, register
+    from relax_pipeline.run import build
 
     register()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
@@ -247,8 +244,8 @@ def test_engine_sglang_composes_typed_and_binds_its_class(tiny_path: Path) -> No
                                            "engine.admission=kv", "+engine.server_args.tp_size=2"])
         with pytest.raises(ConfigCompositionException):
             compose("config", overrides=["engine=sglang", "engine.admision=kv"])
-    node = OmegaConf.to_container(cfg.engine, resolve=True)
-    target = get_class(node.pop("_target_"))
-    assert target is SglangEngine and node["server_args"] == {"tp_size": 2}
-    assert engine_context(cfg.engine, tiny_path) == {"output_dir": str(tiny_path)}
-    inspect.signature(target).bind(model_path="m", seed=0, max_context_len=128, output_dir="o", **node)
+    settings = records(cfg).engine
+    assert isinstance(settings, SglangEngineSettings) and settings.server_args == {"tp_size": 2}
+    engine = build(settings, EngineRun(str(tiny_path), output_dir=str(tiny_path)))
+    assert isinstance(engine, SglangEngine) and engine.admission is not None
+    assert engine.log_dir == tiny_path / "sglang"

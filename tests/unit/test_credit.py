@@ -187,7 +187,8 @@ def test_group_rm_then_the_advantage_hook() -> None:
 def test_custom_rm_still_refuses_an_advantage_path() -> None:
     with pytest.raises(ValueError, match="credit.advantage_path='credit_hooks.advantage_recording' is not used by "
                                          "credit=custom_rm"):
-        CustomRMCredit(CreditSettings(rm_path="credit_hooks.rm_sync", advantage_path="credit_hooks.advantage_recording"))
+        CustomRMCredit(CreditSettings(rm_path="credit_hooks.rm_sync",
+                                      advantage_path="credit_hooks.advantage_recording"))
 
 
 def test_reward_objects_from_the_rm_give_the_primary_value_and_field_metrics(monkeypatch: pytest.MonkeyPatch

@@ -54,6 +54,10 @@ def _refuse(attempts: list[str], name: str, message: str) -> Callable[..., Any]:
     return refused
 
 
+CALL_FAILED = pytest.StashKey[bool]()
+"""Whether a test's call phase failed (kept by `pytest_runtest_makereport`)."""
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[pytest.TestReport]:
     """Keep the call phase's report on the item, so the guard's teardown knows whether the test already failed."""
@@ -61,9 +65,6 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if report.when == "call":
         item.stash[CALL_FAILED] = report.failed
     return report
-
-
-CALL_FAILED = pytest.StashKey[bool]()
 
 
 @pytest.fixture(autouse=True)

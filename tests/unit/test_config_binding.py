@@ -1,0 +1,110 @@
+"""How the config binds to the code, read from the source with `ast` (nothing is imported or built).
+
+- Every configured class (named by a `_target_` in a record's defaults or in `conf/`, or made by `run.py`) takes
+  at most `MAX_PARAMETERS` constructor parameters: its record plus the few live collaborators it needs.
+- Only `run.py` and `config.py` (and `__main__.py`, which hands the composed config to `run`) read the composed
+  config: no other module imports OmegaConf or Hydra, or takes a parameter named `cfg` or typed `DictConfig`.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+import relax_pipeline
+
+ROOT = Path(relax_pipeline.__file__).parent
+MAX_PARAMETERS = 8
+READERS = {"run.py", "config.py", "__main__.py"}
+"""The modules that may read the composed config."""
+
+
+def modules() -> dict[str, Path]:
+    """Dotted module name → file, for every module of the package."""
+    out = {}
+    for path in ROOT.rglob("*.py"):
+        parts = path.relative_to(ROOT.parent).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def configured_classes() -> set[str]:
+    """Dotted paths of the classes a `_target_` names (record defaults in the code and the yaml groups)."""
+    targets = set(re.findall(r"^_target_:\s*(\S+)", "\n".join(p.read_text() for p in (ROOT / "conf").rglob("*.yaml")),
+                             re.M))
+    for path in ROOT.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", "") == "_target_" and \
+                    isinstance(node.value, ast.Constant):
+                targets.add(node.value.value)
+    return targets | built_by_run()
+
+
+def built_by_run() -> set[str]:
+    """Classes `run.py` constructs by name (its imports resolved)."""
+    tree = ast.parse((ROOT / "run.py").read_text())
+    imported = {alias.asname or alias.name: f"{node.module}.{alias.name}" for node in ast.walk(tree)
+                if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("relax_pipeline")
+                for alias in node.names}
+    called = {n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+    return {imported[name] for name in called if name in imported and name[:1].isupper()}
+
+
+def init_parameters(dotted: str) -> list[str] | None:
+    """The `__init__` parameters (self excluded) of a class, following its bases inside the package; None for a
+    dataclass without one (its fields are its record)."""
+    module, _, name = dotted.rpartition(".")
+    tree = ast.parse(modules()[module].read_text())
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == name:
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef) and item.name == "__init__":
+                    a = item.args
+                    return [p.arg for p in a.posonlyargs + a.args + a.kwonlyargs][1:]
+            return None
+        if isinstance(node, ast.ImportFrom) and any((a.asname or a.name) == name for a in node.names):
+            return init_parameters(f"{node.module}.{name}")  # a re-export: follow it
+    raise AssertionError(f"{dotted}: no such class")
+
+
+def test_configured_classes_are_found() -> None:
+    found = configured_classes()
+    for dotted in ("relax_pipeline.train.torch_backend.TorchTrainer", "relax_pipeline.engine.sglang.SglangEngine",
+                   "relax_pipeline.scheduling.sync.SyncRuntime", "relax_pipeline.gateway.server.GatewayServer"):
+        assert dotted in found
+
+
+@pytest.mark.parametrize("dotted", sorted(configured_classes()))
+def test_a_configured_class_takes_at_most_eight_parameters(dotted: str) -> None:
+    params = init_parameters(dotted)
+    assert params is None or len(params) <= MAX_PARAMETERS, (
+        f"{dotted}.__init__ takes {len(params)} parameters {params}; take the node's record instead")
+
+
+def config_readers(path: Path) -> list[str]:
+    """Where a module reads the composed config: OmegaConf/Hydra imports, `cfg` or `DictConfig` parameters."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
+            found += [f"line {node.lineno}: imports {n}" for n in names if n.split(".")[0] in ("omegaconf", "hydra")]
+        if isinstance(node, ast.arg) and (node.arg == "cfg" or "DictConfig" in ast.unparse(node.annotation or
+                                                                                           ast.Constant(""))):
+            found.append(f"line {node.lineno}: parameter {node.arg}")
+    return found
+
+
+def test_only_the_builder_and_the_schema_read_the_composed_config() -> None:
+    readers = {str(p.relative_to(ROOT)): config_readers(p) for p in ROOT.rglob("*.py") if p.name not in READERS
+               or p.parent != ROOT}
+    offenders = {path: lines for path, lines in readers.items() if lines}
+    assert not offenders, f"the composed config is read outside run.py/config.py: {offenders}"
+
+
+def test_the_reader_check_catches_a_config_read(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text("from omegaconf import DictConfig\n\ndef f(cfg):\n    return cfg.rollout.batch_size\n")
+    assert config_readers(module) == ["line 1: imports omegaconf", "line 3: parameter cfg"]

@@ -19,6 +19,7 @@ and `sglang.py` implement it; `relax_pipeline.testing` holds the scripted engine
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -78,6 +79,13 @@ class GenerateResult:
     def token_versions(self) -> tuple[int, ...]:
         """The weight version of every generated token (expanding the all-equal shorthand)."""
         return self.weight_versions or (self.weight_version,) * len(self.output_ids)
+
+
+def derive_seed(*parts: object) -> int:
+    """A 63-bit seed that depends only on `parts` (for example run seed, rollout, prompt, sample; or engine seed
+    and request counter), never on timing or on other requests. The one seed-mixing rule of the package."""
+    digest = hashlib.blake2b(":".join(map(str, parts)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") & (2**63 - 1)
 
 
 def varying(versions: tuple[int, ...]) -> tuple[int, ...]:

@@ -14,13 +14,14 @@ stop string either: tokens are kept as generated and trimming is the caller's jo
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from relax_pipeline.engine.base import SamplingParams
+from relax_pipeline.engine.base import SamplingParams, derive_seed
+
+__all__ = ["derive_seed"]  # defined with the sampling records; the engines import it from here too
 
 _MAX_PENDING_IDS = 16
 """Give up waiting for a multi-token character after this many ids and accept replacement chars."""
@@ -36,13 +37,6 @@ def check_sampling(sampling: SamplingParams) -> None:
         raise ValueError(f"top_p must be in (0, 1], got {sampling.top_p}")
     if sampling.top_k == 0 or sampling.top_k < -1:
         raise ValueError(f"top_k must be -1 (off) or >= 1, got {sampling.top_k}")
-
-
-def derive_seed(*parts: object) -> int:
-    """A 63-bit seed that depends only on `parts` (for example run seed, rollout, prompt, sample; or engine seed
-    and request counter), never on timing or on other requests. The one seed-mixing rule of the package."""
-    digest = hashlib.blake2b(":".join(map(str, parts)).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") & (2**63 - 1)
 
 
 def make_generator(seed: int, device: torch.device | str) -> torch.Generator:

@@ -7,9 +7,23 @@ content, and tokenizes only what follows: the template's glue after an assistant
 and the next generation prompt. The cut text starts with the template's end-of-turn marker; when the
 previous response already ended with it (the usual case) that marker is dropped, otherwise (a response
 cut by the length limit or a stop string) it is kept, so the turn is closed the way the template
-renders it, with loss 0. Deltas of plain observations (tool results, user messages) are rendered once
-per shape and then filled in (`delta_shapes.py`, exact by its probes and markers), so a turn pays for
-no Jinja render.
+renders it, with loss 0.
+
+Deltas of plain observations (`DeltaShapes`: tool results, user messages, whose only varying parts are
+their contents and tool-call ids) are rendered once per shape (context, roles, which messages carry a
+tool-call id) with a sentinel in every varying slot, and later deltas of that shape are the kept pieces
+joined with their own values, so a turn pays for no Jinja render. Two guards keep this exact, and every
+doubt falls back to a real render: per shape, once, the filled skeleton must equal a real render for probe
+values that make templates which look at contents render differently (whitespace for `trim`, empty text,
+tool-response and think wrappers, Jinja syntax); and every string literal of the template source and every
+special token is tried as a value, those under which the render differs (`'</think>' in content`) becoming
+the shape's markers, so a request whose values contain one is rendered. Assistant messages, reasoning, tool
+calls and images are always rendered; a tokenizer without a parsable template string gets no shortcut.
+
+Fast paths (`Renderer`, `Codec`): `apply_chat_template` and `tokenizer.encode` carry per-call overhead
+larger than the work of a one-message delta, so the compiled template and the Rust tokenizer are called
+directly, but only after checking once at start that they give exactly what the Hugging Face calls give on
+a probe conversation; any mismatch or a missing internal falls back to the Hugging Face calls.
 
 Images render as `{"type": "image"}` content parts (`Message.to_template`), which a vision-language
 template writes as one unexpanded placeholder (Qwen2-VL: `<|vision_start|><|image_pad|><|vision_end|>`).
@@ -23,13 +37,17 @@ This module does not parse model output (`parsers.py`) and does not know about s
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+import logging
+import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import jinja2
+from jinja2 import nodes
+
 from relax_pipeline.canonical.form import TEXT_ONLY_MESSAGE, CanonicalError, Context, Message
-from relax_pipeline.engine.delta_shapes import DeltaShapes
-from relax_pipeline.engine.render import Codec, Renderer
 
 if TYPE_CHECKING:
     from relax_pipeline.engine.vision import Vision
@@ -37,6 +55,7 @@ if TYPE_CHECKING:
 ANCHOR_USER = "\u2063relax-anchor-user\u2063"
 ANCHOR_ASSISTANT = "\u2063relax-anchor-assistant\u2063"
 _ANCHOR = [{"role": "user", "content": ANCHOR_USER}, {"role": "assistant", "content": ANCHOR_ASSISTANT}]
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -158,3 +177,212 @@ def _first_difference(a: str, b: str) -> int:
         if x != y:
             return i
     return min(len(a), len(b))
+
+
+# --- observation deltas by shape ---------------------------------------------------------------
+
+SLOT = "\u2063relax-slot-"
+_SLOTS = re.compile(f"{SLOT}([ct])(\\d+)\u2063")
+PROBES = ("  padded text  ", "\nnewlines\n", "", "<tool_response>\nr\n</tool_response>", "<think>\nr\n</think>\n\nx",
+          "ünï {{ x }} {% if y %}")
+"""Values under which a template that looks at contents or ids renders differently from the skeleton."""
+MAX_SHAPES = 512
+
+Tail = Callable[[list[dict[str, Any]], Context, bool], str]
+"""Renders new messages after the anchor: (template dicts, context, whether tools are rendered) → text."""
+ShapeKey = tuple[bytes, bool, tuple[tuple[str, bool], ...]]
+
+
+@dataclass(frozen=True)
+class Skeleton:
+    """A delta render with its varying slots cut out: `pieces` around `slots`, one more piece than slots."""
+
+    pieces: tuple[str, ...]
+    slots: tuple[tuple[str, int], ...]
+    """("c", i): the content of new message i; ("t", i): its tool-call id."""
+    markers: tuple[str, ...] = (SLOT,)
+    """Substrings of a value that need a real render (the template reacts to them)."""
+
+    @classmethod
+    def parse(cls, text: str) -> Skeleton:
+        parts = _SLOTS.split(text)
+        return cls(tuple(parts[0::3]), tuple((kind, int(i)) for kind, i in zip(parts[1::3], parts[2::3], strict=True)))
+
+    def takes(self, messages: Sequence[Message]) -> bool:
+        """Whether no value of `messages` holds a marker."""
+        return not any(marker in value for m in messages for value in (m.content, m.tool_call_id or "")
+                       for marker in self.markers)
+
+    def fill(self, messages: Sequence[Message]) -> str:
+        out = [self.pieces[0]]
+        for (kind, i), piece in zip(self.slots, self.pieces[1:], strict=True):
+            out += (messages[i].content if kind == "c" else messages[i].tool_call_id or "", piece)
+        return "".join(out)
+
+
+class DeltaShapes:
+    """Skeletons of observation deltas by shape (see the module); `render` gives None where it cannot."""
+
+    def __init__(self, tail: Tail, tokenizer: Any) -> None:
+        self._tail = tail
+        self._literals = literals(tokenizer)
+        self._skeletons: dict[ShapeKey, Skeleton | None] = {}
+
+    def render(self, messages: Sequence[Message], context: Context, tools: bool) -> str | None:
+        """The delta text of `messages`, or None when they must be rendered by the template."""
+        if self._literals is None or not all(_observation(m) for m in messages):
+            return None
+        key = (context.root_hash, tools, tuple((m.role, m.tool_call_id is not None) for m in messages))
+        if key not in self._skeletons:
+            if len(self._skeletons) >= MAX_SHAPES:
+                del self._skeletons[next(iter(self._skeletons))]
+            self._skeletons[key] = self._build(messages, context, tools)
+        skeleton = self._skeletons[key]
+        return skeleton.fill(messages) if skeleton is not None and skeleton.takes(messages) else None
+
+    def _build(self, messages: Sequence[Message], context: Context, tools: bool) -> Skeleton | None:
+        """Render the shape with sentinels; check it on every probe; its markers are the literals it fails."""
+        try:
+            skeleton = Skeleton.parse(self._render(_valued(messages, lambda kind, i: f"{SLOT}{kind}{i}\u2063"),
+                                                   context, tools))
+            if not all(self._agrees(skeleton, messages, probe, context, tools) for probe in PROBES):
+                return None
+            live = [t for t in self._literals or () if not self._agrees(skeleton, messages, t, context, tools)]
+        except Exception:  # noqa: BLE001 - a template that fails on probes is simply always rendered
+            return None
+        return dataclasses.replace(skeleton, markers=(*live, SLOT))
+
+    def _agrees(self, skeleton: Skeleton, messages: Sequence[Message], probe: str, context: Context,
+                tools: bool) -> bool:
+        """Whether the skeleton filled with `probe` as every value is the template's render."""
+        probed = _valued(messages, lambda kind, i: probe)
+        return skeleton.fill(probed) == self._render(probed, context, tools)
+
+    def _render(self, messages: Sequence[Message], context: Context, tools: bool) -> str:
+        return self._tail([m.to_template() for m in messages], context, tools)
+
+
+def _observation(message: Message) -> bool:
+    """A message whose only varying parts are its content and tool-call id."""
+    return (message.role != "assistant" and not message.images and not message.tool_calls
+            and message.reasoning_content is None)
+
+
+def _valued(messages: Sequence[Message], value: Callable[[str, int], str]) -> list[Message]:
+    """`messages` with contents and tool-call ids replaced by `value(kind, index)`."""
+    return [dataclasses.replace(m, content=value("c", i),
+                                tool_call_id=None if m.tool_call_id is None else value("t", i))
+            for i, m in enumerate(messages)]
+
+
+def literals(tokenizer: Any) -> tuple[str, ...] | None:
+    """The template's string literals (also stripped) and the special tokens; None: no usable template."""
+    source = getattr(tokenizer, "chat_template", None)
+    if not isinstance(source, str):
+        return None
+    try:
+        tree = jinja2.Environment(extensions=["jinja2.ext.loopcontrols"]).parse(source)
+    except jinja2.TemplateError:
+        return None
+    found = {n.value for n in tree.find_all(nodes.Const) if isinstance(n.value, str)}
+    found |= {t.strip() for t in found} | {str(t) for t in getattr(tokenizer, "all_special_tokens", ())}
+    return tuple(sorted(found - {""}))
+
+
+# --- fast paths: the compiled template and the Rust tokenizer -----------------------------------
+
+PROBE_TOOLS = [{"type": "function", "function": {"name": "probe", "description": "d",
+                                                  "parameters": {"type": "object", "properties": {}}}}]
+PROBE = [
+    {"role": "system", "content": "s"},
+    {"role": "user", "content": "u"},
+    {"role": "assistant", "content": "", "reasoning_content": "r", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "probe", "arguments": {"x": 1}}}]},
+    {"role": "tool", "tool_call_id": "c", "content": "t"},
+    {"role": "assistant", "content": "a"},
+    {"role": "user", "content": "v ünï"},
+]
+
+
+class Renderer:
+    """Renders message dicts with the tokenizer's chat template, compiled once."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self._compiled = _compile(tokenizer)
+        self._variables = dict(getattr(tokenizer, "special_tokens_map", {}) or {})
+        if self._compiled is not None and not self._agrees():
+            log.info("compiled chat template differs from apply_chat_template; using the slow path")
+            self._compiled = None
+
+    def __call__(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                 generation_prompt: bool, kwargs: dict[str, Any]) -> str:
+        if self._compiled is None:
+            return self._slow(messages, tools, generation_prompt, kwargs)
+        return self._compiled.render(messages=[_alias(m) for m in messages], tools=tools, documents=None,
+                                     add_generation_prompt=generation_prompt, **self._variables, **kwargs)
+
+    def _slow(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+              generation_prompt: bool, kwargs: dict[str, Any]) -> str:
+        return self.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=generation_prompt,
+                                                  tokenize=False, **kwargs)
+
+    def _agrees(self) -> bool:
+        try:
+            return all(self(PROBE, tools, True, {}) == self._slow(PROBE, tools, True, {})
+                       for tools in (PROBE_TOOLS, None))
+        except Exception:  # noqa: BLE001 - any failure means: do not use the shortcut
+            return False
+
+
+class Codec:
+    """Encodes without special tokens and decodes with them, through the Rust tokenizer when it agrees."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self._backend = getattr(tokenizer, "backend_tokenizer", None)
+        if self._backend is not None and not self._agrees():
+            self._backend = None
+        self._fast = self._backend is not None and hasattr(self._backend, "encode_batch_fast")
+
+    def encode(self, text: str) -> list[int]:
+        if self._backend is None:
+            return self.tokenizer.encode(text, add_special_tokens=False)
+        if self._fast:  # the same ids without computing character offsets (about 30% less CPU per delta)
+            return self._backend.encode_batch_fast([text], add_special_tokens=False)[0].ids
+        return self._backend.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        if self._backend is None:
+            return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+        return self._backend.decode(list(ids), skip_special_tokens=False)
+
+    def _agrees(self) -> bool:
+        text = "".join(str(m.get("content", "")) for m in PROBE) + " hello\n\n  world <|im_end|>\n{\"a\": 1}"
+        try:
+            ids = self.tokenizer.encode(text, add_special_tokens=False)
+            backend_ids = self._backend.encode(text, add_special_tokens=False).ids
+            slow_text = self.tokenizer.decode(ids, skip_special_tokens=False)
+            return ids == backend_ids and slow_text == self._backend.decode(ids, skip_special_tokens=False)
+        except Exception:  # noqa: BLE001
+            return False
+
+
+def _compile(tokenizer: Any) -> Any:
+    template = getattr(tokenizer, "chat_template", None)
+    if not isinstance(template, str):
+        return None
+    try:
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+
+        return _compile_jinja_template(template)
+    except Exception:  # noqa: BLE001 - an internal that moved: use the public path
+        return None
+
+
+def _alias(message: dict[str, Any]) -> dict[str, Any]:
+    """The reasoning aliases Hugging Face adds (`thinking` for templates that read that name)."""
+    reasoning = message.get("reasoning_content")
+    if reasoning is None:
+        return message
+    return {"thinking": reasoning, **message}

@@ -33,11 +33,11 @@ from relax_pipeline.engine.base import (
     GenerateResult,
     ImageFeatures,
     SamplingParams,
+    derive_seed,
     expand_placeholders,
     varying,
 )
 from relax_pipeline.engine.parsers import OutputParser
-from relax_pipeline.engine.sampling import derive_seed
 from relax_pipeline.engine.template import ChatTemplate
 from relax_pipeline.forest.store import Attachment, ForkEvent, Observation, SessionForest, TurnTiming
 from relax_pipeline.turn.errors import ProtocolError

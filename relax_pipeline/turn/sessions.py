@@ -35,7 +35,7 @@ from enum import StrEnum
 from typing import Any, Protocol
 
 from relax_pipeline.canonical.form import Message, RequestMemo
-from relax_pipeline.engine.sampling import derive_seed
+from relax_pipeline.engine.base import derive_seed
 from relax_pipeline.forest.store import SessionForest
 
 

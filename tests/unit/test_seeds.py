@@ -1,4 +1,4 @@
-"""One seed-mixing rule: `engine.sampling.derive_seed` is the package's only definition (the audit found two that
+"""One seed-mixing rule: `engine.base.derive_seed` is the package's only definition (the audit found two that
 mixed differently), and it depends on its parts only."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import ast
 from pathlib import Path
 
 import relax_pipeline
-from relax_pipeline.engine.sampling import derive_seed
+from relax_pipeline.engine.base import derive_seed
 
 PACKAGE = Path(relax_pipeline.__file__).parent
 
@@ -16,7 +16,7 @@ def test_derive_seed_is_defined_once_in_the_package() -> None:
     where = [str(path.relative_to(PACKAGE)) for path in PACKAGE.rglob("*.py")
              for node in ast.walk(ast.parse(path.read_text()))
              if isinstance(node, ast.FunctionDef) and node.name == "derive_seed"]
-    assert where == ["engine/sampling.py"]
+    assert where == ["engine/base.py"]
 
 
 def test_derive_seed_depends_on_its_parts_only() -> None:

@@ -114,8 +114,7 @@ async def measure(args: argparse.Namespace) -> dict[str, list[float]]:
     from relax_pipeline.gateway.app import create_app
     from relax_pipeline.gateway.server import GatewayServer
     from relax_pipeline.models.tiny import build_tiny
-    from relax_pipeline.turn.service import SamplingDefaults, TurnService
-    from relax_pipeline.turn.sessions import ForestStore
+    from relax_pipeline.turn.service import ForestStore, SamplingDefaults, TurnService
 
     model = args.model or str(build_tiny(Path(tempfile.gettempdir()) / "relax-bench"))
     fake = f"{sys.executable} -m relax_pipeline.testing.sglang_server"
@@ -167,7 +166,7 @@ async def _servers_of(http: httpx.AsyncClient, urls: list[str], recorder: Record
 async def _ours(http: httpx.AsyncClient, base: str, store: Any, recorder: Recorder, round_: int,
                 args: argparse.Namespace, results: dict[str, list[float]]) -> list[list[tuple[list[int], Any]]]:
     """One round of agents through the gateway; the generations it made, by session."""
-    from relax_pipeline.turn.sessions import Status
+    from relax_pipeline.turn.service import Status
 
     sessions = []
     for i in range(args.sessions):

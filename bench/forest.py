@@ -34,8 +34,7 @@ from relax_pipeline.engine.template import ChatTemplate  # noqa: E402
 from relax_pipeline.models.tiny import build_tiny  # noqa: E402
 from relax_pipeline.protocol.chat import parse_request  # noqa: E402
 from relax_pipeline.testing.engines import ScriptedEngine  # noqa: E402
-from relax_pipeline.turn.service import SamplingDefaults, TurnService  # noqa: E402
-from relax_pipeline.turn.sessions import Session  # noqa: E402
+from relax_pipeline.turn.service import SamplingDefaults, Session, TurnService  # noqa: E402
 
 TOOLS = [{"type": "function", "function": {"name": "search", "description": "Search the web.",
           "parameters": {"type": "object", "properties": {"query": {"type": "string"}}}}}]

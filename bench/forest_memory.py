@@ -36,8 +36,7 @@ from relax_pipeline.forest.store import Node, SessionForest  # noqa: E402
 from relax_pipeline.models.tiny import build_tiny  # noqa: E402
 from relax_pipeline.protocol.chat import parse_request  # noqa: E402
 from relax_pipeline.testing.engines import ScriptedEngine  # noqa: E402
-from relax_pipeline.turn.service import SamplingDefaults, TurnService  # noqa: E402
-from relax_pipeline.turn.sessions import Session  # noqa: E402
+from relax_pipeline.turn.service import SamplingDefaults, Session, TurnService  # noqa: E402
 
 
 class TupleForest(SessionForest):

@@ -110,8 +110,7 @@ async def _start_ours() -> tuple[Any, Any]:
     from relax_pipeline.loop import settle_garbage
     from relax_pipeline.models.tiny import build_tiny
     from relax_pipeline.testing.engines import ScriptedEngine
-    from relax_pipeline.turn.service import SamplingDefaults, TurnService
-    from relax_pipeline.turn.sessions import ForestStore
+    from relax_pipeline.turn.service import ForestStore, SamplingDefaults, TurnService
 
     tokenizer = AutoTokenizer.from_pretrained(build_tiny(Path(tempfile.gettempdir()) / "relax-bench"))
     engine = ScriptedEngine(tokenizer, [ANSWER], record_prompts=False)
@@ -125,7 +124,7 @@ async def _start_ours() -> tuple[Any, Any]:
 
 
 def _open_session(store: Any, index: int) -> str:
-    from relax_pipeline.turn.sessions import Status
+    from relax_pipeline.turn.service import Status
 
     session = store.open("g", index, 0, "train", {})
     store.set_status(session, Status.RUNNING)

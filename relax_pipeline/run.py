@@ -61,8 +61,7 @@ from relax_pipeline.tracking.logs import run_logging
 from relax_pipeline.tracking.metrics_file import MetricsFile
 from relax_pipeline.train.base import Trainer
 from relax_pipeline.train.settings import TrainerRun
-from relax_pipeline.turn.service import SamplingDefaults, TurnService
-from relax_pipeline.turn.sessions import ForestStore
+from relax_pipeline.turn.service import ForestStore, SamplingDefaults, TurnService
 from relax_pipeline.view.server import serve_view
 
 log = logging.getLogger("relax_pipeline")

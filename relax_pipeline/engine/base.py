@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from relax_pipeline.canonical.form import Image
@@ -91,6 +91,27 @@ def derive_seed(*parts: object) -> int:
 def varying(versions: tuple[int, ...]) -> tuple[int, ...]:
     """`versions` for `GenerateResult.weight_versions`: kept when they differ, () when all are equal."""
     return versions if len(set(versions)) > 1 else ()
+
+
+def resume_input(prompt_ids: list[int], sampling: SamplingParams, done: GenerateResult | None
+                 ) -> tuple[list[int], SamplingParams]:
+    """Prompt and sampling of a preempted generation's next piece: its partial tokens appended (and given as the
+    stop strings' context), the remaining token budget, a seed derived from the tokens done."""
+    if done is None:
+        return prompt_ids, sampling
+    seed = None if sampling.seed is None else derive_seed(sampling.seed, len(done.output_ids))
+    left = max(sampling.max_new_tokens - len(done.output_ids), 1)
+    return prompt_ids + list(done.output_ids), replace(sampling, max_new_tokens=left, seed=seed,
+                                                        stop_context=tuple(done.output_ids))
+
+
+def joined(first: GenerateResult | None, more: GenerateResult) -> GenerateResult:
+    """One result from a preempted generation and its continuation; every token keeps its version."""
+    if first is None:
+        return more
+    return GenerateResult(first.output_ids + more.output_ids, first.logprobs + more.logprobs, more.finish_reason,
+                          more.weight_version, more.matched_stop, varying(first.token_versions + more.token_versions),
+                          first.abort_count)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from relax_pipeline.agent.launcher import AgentFailure
 from relax_pipeline.agent.session_io import AgentOutputError, parse_output
 from relax_pipeline.forest.export import IMPLICIT_MODES, Exported, ExportError, explicit_exports, implicit_exports
 from relax_pipeline.stages.group import Group, drop_group
-from relax_pipeline.turn.sessions import ForestStore, Session, Status
+from relax_pipeline.turn.service import ForestStore, Session, Status
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
-"""ProtocolError: an error a model call's client should see, raised anywhere on the turn path.
+"""The turn path's errors: `ProtocolError` (what a model call's client should see) and `LeaseClosed`.
 
-It carries the HTTP status, the message, the field to fix (`param`, a path such as `messages[2].content`)
+A `ProtocolError` carries the HTTP status, the message, the field to fix (`param`, a path such as `messages[2].content`)
 and an optional code (`context_length_exceeded`). The turn service raises it; the protocol layer renders
 it in each API's shape (`protocol/base.py`). This module renders nothing.
 """
@@ -23,3 +23,8 @@ class ProtocolError(Exception):
     @classmethod
     def from_canonical(cls, error: CanonicalError) -> ProtocolError:
         return cls(400, error.message, error.param, error.code)
+
+
+class LeaseClosed(Exception):
+    """The session ended while its request was held; the request gets no answer from the model (the gateway
+    answers 404)."""

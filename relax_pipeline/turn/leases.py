@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Protocol
 
 from relax_pipeline.engine.base import Engine
-from relax_pipeline.turn.sessions import ForestStore, Session, Status
+from relax_pipeline.turn.errors import LeaseClosed
+from relax_pipeline.turn.service import ForestStore, Session, Status
 
 log = logging.getLogger(__name__)
 
@@ -96,10 +97,6 @@ class Members(Protocol):
     sessions: list[Session]
     processes: dict[str, AgentRun]
     """Agent (a local process or an agent-server session) by session id; none before its agent starts."""
-
-
-class LeaseClosed(Exception):
-    """The session ended while its request was held; the request gets no answer from the model."""
 
 
 @dataclass(eq=False)

@@ -1,9 +1,33 @@
-"""The turn service: one model call of one session, from canonical request to committed nodes.
+"""The model turn as one service: the sessions of a run (`ForestStore`) and one model call of one session
+(`TurnService`), from canonical request to committed nodes.
 
-Every protocol front-end ends here with a `TurnRequest`. `prepare` (synchronous, the per-request hot
-path that `bench/forest.py` measures) matches the request in the session forest and builds the prompt
-ids: a full render for a conversation's first turn, the observation delta for a later one, or the
-tokens of an identical observation that is already committed. `run` then generates, parses the output
+Sessions. A session is one agent process working on one copy of a prompt. Its life is a small state machine
+designed for every runtime mode, of which `sync` uses the first and the terminal states:
+
+    created ─► waiting ─► running ─► exited ─► completed | truncated
+       │          │   ▲       │  │                 (samples exported)
+       │          │   └parked◄┘  └──────────────► failed | dropped | filtered | aborted
+       └──────────┴─────────────────────────────► dropped
+
+`waiting`: the process runs but its group holds no runtime lease yet (prelaunch holds first requests
+here); `parked`: between steps under partial/fully-async modes. The gateway serves requests only in
+`waiting`/`running`/`parked` states and answers 404 in terminal ones. Every session ends in exactly one
+terminal state with a reason, so nothing is lost silently. `ForestStore` is the typed registry every stage
+and the gateway share; sessions change only through it, and it does no I/O.
+
+Credentials: each session has an id (`sess-` + 24 random hex digits; it names the session in logs, the dump
+and agent-server URLs, so it is not secret) and a separate key (`rk-` + 32 random url-safe characters from
+`secrets`, unrelated to the id, never logged). `authenticate` finds a session by its key; only when asked
+(`session_ids=True`, what a loopback gateway passes: docs/design.md §3.3's `Bearer <RELAX_SESSION_ID>`)
+also by its own id. Either way a credential opens only the session it belongs to; a forged id or key opens
+nothing. `release` forgets an ended session once its group's rows are written (the pipeline does it at the
+end of each step), keeping only its key, id and final status, so a run of days holds the sessions of its
+live groups, not every forest it ever recorded.
+
+Turns. Every protocol front-end ends at `TurnService` with a `TurnRequest`. `prepare` (synchronous, the
+per-request hot path that `bench/forest.py` measures) attaches the request to the session forest and builds
+the prompt ids: a full render for a conversation's first turn, the observation delta for a later one, or
+the tokens of an identical observation that is already committed. `run` then generates, parses the output
 and commits the observation and response nodes together, so a failed or aborted generation commits
 nothing. Requests are token-in, token-out: generated ids are stored as they came and never re-tokenized.
 
@@ -13,21 +37,21 @@ processed once and belong to the observation node that brought them; the engine 
 inference ids (one placeholder per image) with every image of the lineage, the observation node also
 keeps its processor-expanded training ids, and the context limit counts the expanded length.
 
-This module does not render wire responses (the protocol modules do) and does not authenticate.
+This module does not render wire responses (the protocol modules do) and does not read credentials off
+the wire (the gateway does).
 """
-
 from __future__ import annotations
 
-import dataclasses
 import logging
 import secrets
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any
+from contextlib import AbstractAsyncContextManager, contextmanager
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from typing import Any, Protocol
 
-from relax_pipeline.canonical.form import CanonicalError, Message
+from relax_pipeline.canonical.form import CanonicalError, Message, RequestMemo
 from relax_pipeline.engine.base import (
     Engine,
     GenerateResult,
@@ -35,20 +59,190 @@ from relax_pipeline.engine.base import (
     SamplingParams,
     derive_seed,
     expand_placeholders,
-    varying,
+    joined,
+    resume_input,
 )
 from relax_pipeline.engine.parsers import OutputParser
 from relax_pipeline.engine.template import ChatTemplate
 from relax_pipeline.forest.store import Attachment, ForkEvent, Observation, SessionForest, TurnTiming
-from relax_pipeline.turn.errors import ProtocolError
-from relax_pipeline.turn.leases import LeaseClosed
+from relax_pipeline.turn.errors import LeaseClosed, ProtocolError
 from relax_pipeline.turn.records import SamplingDefaults, TurnRequest, TurnResult
-from relax_pipeline.turn.sessions import Lease, Session
 
-__all__ = ["HISTORY_POLICIES", "SamplingDefaults", "TurnRequest", "TurnResult", "TurnService"]
+__all__ = ["HISTORY_POLICIES", "ForestStore", "Lease", "SamplingDefaults", "Session", "Status", "TurnRequest",
+           "TurnResult", "TurnService", "derive_seed"]
 
 log = logging.getLogger(__name__)
 HISTORY_POLICIES = ("tokens", "render")
+
+
+class Lease(Protocol):
+    """The group lease a session's requests wait on (`turn/leases.py`'s `GroupLease`)."""
+
+    def notify(self) -> None:
+        """A session of the group exited or ended: the first-request barrier may be complete."""
+
+    def generation(self, session: Session, rid: str, aborts: int) -> AbstractAsyncContextManager[Any]:
+        """Wait for the barrier and the lease, then hold the generation `rid` (its flight)."""
+
+    def count_abort(self, session: Session) -> None:
+        """The lease preempted one of `session`'s generations (it resumes later)."""
+
+
+class Status(StrEnum):
+    CREATED = "created"
+    WAITING = "waiting"
+    RUNNING = "running"
+    PARKED = "parked"
+    EXITED = "exited"
+    COMPLETED = "completed"
+    TRUNCATED = "truncated"
+    ABORTED = "aborted"
+    FAILED = "failed"
+    DROPPED = "dropped"
+    FILTERED = "filtered"
+
+    @property
+    def terminal(self) -> bool:
+        return self in _TERMINAL
+
+    @property
+    def serving(self) -> bool:
+        return self in (Status.WAITING, Status.RUNNING, Status.PARKED)
+
+
+_TERMINAL = frozenset(
+    {Status.COMPLETED, Status.TRUNCATED, Status.ABORTED, Status.FAILED, Status.DROPPED, Status.FILTERED}
+)
+
+
+@dataclass
+class Session:
+    """One agent run on one prompt copy; owned by the ForestStore, mutated only through it."""
+
+    id: str
+    group_id: str
+    index: int
+    rollout_id: int
+    mode: str
+    prompt: dict[str, Any]
+    status: Status = Status.CREATED
+    error: str | None = None
+    forest: SessionForest = field(default_factory=SessionForest)
+    memo: RequestMemo = field(default_factory=RequestMemo)
+    timing: dict[str, float] = field(default_factory=dict)
+    abort_count: int = 0
+    in_flight: int = 0
+    seed: int = 0
+    """Base of the sampling seeds of this session's turns (requests without their own seed)."""
+    lease: Lease | None = None
+    """The group's lease (barrier, hold, preemption); None serves requests at once (tests, eval)."""
+    responses: dict[str, int] = field(default_factory=dict)
+    """Response id → the response node it committed (so a request may continue from it by id)."""
+    key: str = field(default_factory=lambda: "rk-" + secrets.token_urlsafe(24), repr=False)
+    """The session's secret credential (`RELAX_API_KEY`); random, independent of `id`, never logged."""
+
+    def mark(self, event: str) -> None:
+        self.timing[event] = time.time()
+
+    def turn_seed(self) -> int:
+        """The sampling seed of this session's next turn: reproducible from the run seed and the turn."""
+        return derive_seed(self.seed, self.forest.turn_count)
+
+
+class ForestStore:
+    """All sessions of a run by id; the gateway authenticates against it."""
+
+    def __init__(self) -> None:
+        self._sessions: dict[str, Session] = {}
+        self._keys: dict[str, Session] = {}
+        self._released: dict[str, tuple[str, Status]] = {}
+        """Key → (id, final status) of released sessions: enough to answer their late requests with a 404."""
+        self._released_ids: dict[str, tuple[str, Status]] = {}
+        """The same by session id, for a loopback gateway where the id is a credential too."""
+
+    def open(self, group_id: str, index: int, rollout_id: int, mode: str, prompt: dict[str, Any],
+             seed: int = 0) -> Session:
+        """A new session with a random id (its key); `seed` is the base of its turns' sampling seeds."""
+        session = Session("sess-" + secrets.token_hex(12), group_id, index, rollout_id, mode, prompt, seed=seed)
+        session.mark("created")
+        self._sessions[session.id] = session
+        self._keys[session.key] = session
+        return session
+
+    def get(self, session_id: str) -> Session | None:
+        """The session named `session_id` (not a credential: see `authenticate`)."""
+        return self._sessions.get(session_id)
+
+    def authenticate(self, credential: str, session_ids: bool = False) -> Session | None:
+        """The session whose secret key is `credential`; with `session_ids` (a loopback gateway) also the
+        session whose id it is. None for anything else (a session id too, unless `session_ids`)."""
+        session = self._keys.get(credential)
+        if session is None and session_ids:
+            session = self._sessions.get(credential)
+        return session
+
+    def released(self, credential: str, session_ids: bool = False) -> tuple[str, Status] | None:
+        """(id, final status) of the released session whose key is `credential` (or, with `session_ids`, whose
+        id it is); None for anything else."""
+        found = self._released.get(credential)
+        if found is None and session_ids:
+            found = self._released_ids.get(credential)
+        return found
+
+    def release(self, session: Session) -> bool:
+        """Forget an ended session whose rows are written (its forest, memo and prompt go with it); its key
+        keeps answering 404. A session still live is kept; returns whether `session` was released."""
+        if not session.status.terminal:
+            return False
+        self._sessions.pop(session.id, None)
+        self._keys.pop(session.key, None)
+        self._released[session.key] = self._released_ids[session.id] = (session.id, session.status)
+        return True
+
+    def set_status(self, session: Session, status: Status, error: str | None = None) -> None:
+        """Move a session to `status`; a terminal state is final and keeps its first reason."""
+        if session.status.terminal:
+            return
+        session.status = status
+        if error is not None:
+            session.error = error
+        session.mark(status.value)
+
+    def attach_lease(self, session: Session, lease: Lease) -> None:
+        """From now on `session`'s requests wait on its group's `lease`."""
+        session.lease = lease
+
+    def count_abort(self, session: Session) -> None:
+        session.abort_count += 1
+
+    def remember_response(self, session: Session, response_id: str, node_id: int) -> None:
+        """`response_id` (as the client saw it) names the response node `node_id` of `session`."""
+        session.responses[response_id] = node_id
+
+    def response_history(self, session: Session, response_id: str) -> tuple[Message, ...] | None:
+        """The conversation up to and including the response `response_id` of `session`; None if unknown."""
+        node_id = session.responses.get(response_id)
+        if node_id is None:
+            return None
+        return session.forest.history(node_id)
+
+    @contextmanager
+    def serving(self, session: Session) -> Iterator[None]:
+        """Count a request of `session` in flight while the block runs."""
+        session.in_flight += 1
+        try:
+            yield
+        finally:
+            session.in_flight -= 1
+
+    def __iter__(self) -> Iterator[Session]:
+        return iter(self._sessions.values())
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+
+# --- the turn service ---------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -210,13 +404,14 @@ class TurnService:
             try:
                 async with lease.generation(session, rid, aborts) as flight:
                     with clock.generating():
-                        more = await self.engine.generate(*_resume_input(prepared, done), rid, media=prepared.media)
+                        prompt, sampling = resume_input(prepared.prompt_ids, prepared.sampling, done)
+                        more = await self.engine.generate(prompt, sampling, rid, media=prepared.media)
             except LeaseClosed as closed:
                 raise ProtocolError(404, str(closed)) from None
             done = joined(done, more)
             if more.finish_reason != "abort" or not flight.preempted:
                 return done
-            done = dataclasses.replace(done, abort_count=aborts + 1)
+            done = replace(done, abort_count=aborts + 1)
             lease.count_abort(session)
 
     def commit(self, forest: SessionForest, prepared: PreparedTurn, result: GenerateResult,
@@ -263,27 +458,6 @@ class _TurnClock:
     def timing(self) -> TurnTiming:
         total = time.perf_counter() - self._start
         return TurnTiming(1000 * (total - self._generating), 1000 * self._generating, 1000 * total)
-
-
-def _resume_input(prepared: PreparedTurn, done: GenerateResult | None) -> tuple[list[int], SamplingParams]:
-    """Prompt and sampling of the next piece: partial tokens appended (and given as the stop strings' context),
-    the remaining token budget."""
-    if done is None:
-        return prepared.prompt_ids, prepared.sampling
-    sampling = prepared.sampling
-    seed = None if sampling.seed is None else derive_seed(sampling.seed, len(done.output_ids))
-    left = max(sampling.max_new_tokens - len(done.output_ids), 1)
-    return prepared.prompt_ids + list(done.output_ids), dataclasses.replace(
-        sampling, max_new_tokens=left, seed=seed, stop_context=tuple(done.output_ids))
-
-
-def joined(first: GenerateResult | None, more: GenerateResult) -> GenerateResult:
-    """One result from a preempted generation and its continuation; every token keeps its version."""
-    if first is None:
-        return more
-    return GenerateResult(first.output_ids + more.output_ids, first.logprobs + more.logprobs, more.finish_reason,
-                          more.weight_version, more.matched_stop, varying(first.token_versions + more.token_versions),
-                          first.abort_count)
 
 
 def _check_last_message(messages: tuple[Message, ...]) -> None:

@@ -38,8 +38,7 @@ from relax_pipeline.gateway.openapi import openapi_document  # noqa: E402
 from relax_pipeline.gateway.server import GatewayServer  # noqa: E402
 from relax_pipeline.protocol.suite import ProtocolSuite  # noqa: E402
 from relax_pipeline.testing.engines import ScriptedEngine  # noqa: E402
-from relax_pipeline.turn.service import SamplingDefaults, TurnService  # noqa: E402
-from relax_pipeline.turn.sessions import ForestStore, Status  # noqa: E402
+from relax_pipeline.turn.service import ForestStore, SamplingDefaults, Status, TurnService  # noqa: E402  # noqa: E402
 
 PREFIX = "/agentic_api"
 APIS = ["chat", "responses", "messages"]

@@ -24,8 +24,7 @@ from relax_pipeline.engine.template import ChatTemplate
 from relax_pipeline.gateway.app import create_app
 from relax_pipeline.gateway.server import GatewayServer
 from relax_pipeline.testing.engines import AbortingEngine, FailingEngine, ScriptedEngine
-from relax_pipeline.turn.service import SamplingDefaults, TurnService
-from relax_pipeline.turn.sessions import ForestStore, Session, Status
+from relax_pipeline.turn.service import ForestStore, SamplingDefaults, Session, Status, TurnService
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(30)]
 

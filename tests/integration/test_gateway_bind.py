@@ -31,8 +31,7 @@ from relax_pipeline.protocol.chat import ChatFrontend
 from relax_pipeline.protocol.messages import MessagesFrontend
 from relax_pipeline.protocol.responses import ResponsesFrontend
 from relax_pipeline.testing.engines import ScriptedEngine
-from relax_pipeline.turn.service import SamplingDefaults, TurnService
-from relax_pipeline.turn.sessions import ForestStore, Session, Status
+from relax_pipeline.turn.service import ForestStore, SamplingDefaults, Session, Status, TurnService
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(60)]
 

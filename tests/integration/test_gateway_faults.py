@@ -21,7 +21,7 @@ from relax_pipeline.protocol.chat import ChatFrontend
 from relax_pipeline.protocol.messages import MessagesFrontend
 from relax_pipeline.protocol.responses import ResponsesFrontend
 from relax_pipeline.testing.engines import ScriptedEngine
-from relax_pipeline.turn.sessions import Session, Status
+from relax_pipeline.turn.service import Session, Status
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(60)]
 

@@ -468,7 +468,7 @@ async def test_report_throughput(engine: HFEngine) -> None:
 @pytest.mark.asyncio
 async def test_aborted_generation_resumes_from_prompt_plus_partial_tokens(engine: HFEngine) -> None:
     """Partial rollout's engine contract: abort, then prompt + partial tokens continue the same output."""
-    from relax_pipeline.turn.service import joined
+    from relax_pipeline.engine.base import joined
 
     sampling = SamplingParams(200, temperature=0.0)
     whole = await engine.generate(prompt(8), sampling, rid="whole")

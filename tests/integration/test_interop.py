@@ -23,7 +23,7 @@ from relax_pipeline.protocol.responses import ResponsesFrontend
 from relax_pipeline.testing.engines import ScriptedEngine
 from relax_pipeline.tracking.logs import ACCESS_LOGGER
 from relax_pipeline.turn.records import SamplingDefaults
-from relax_pipeline.turn.sessions import Session
+from relax_pipeline.turn.service import Session
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(30)]
 

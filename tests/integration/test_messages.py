@@ -28,7 +28,7 @@ from relax_pipeline.gateway.server import GatewayServer
 from relax_pipeline.protocol.chat import ChatFrontend
 from relax_pipeline.protocol.messages import MessagesFrontend, count_tokens, parse_request, signature
 from relax_pipeline.testing.engines import FailingEngine, ScriptedEngine, StopStringEngine
-from relax_pipeline.turn.sessions import ForestStore, Session, Status
+from relax_pipeline.turn.service import ForestStore, Session, Status
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(30)]
 

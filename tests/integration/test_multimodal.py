@@ -36,8 +36,7 @@ from relax_pipeline.protocol.chat import ChatFrontend
 from relax_pipeline.protocol.messages import MessagesFrontend, parse_conversation
 from relax_pipeline.protocol.responses import ResponsesFrontend
 from relax_pipeline.testing.engines import ScriptedEngine
-from relax_pipeline.turn.service import SamplingDefaults
-from relax_pipeline.turn.sessions import Session
+from relax_pipeline.turn.service import SamplingDefaults, Session
 
 pytestmark = [pytest.mark.timeout(60)]
 

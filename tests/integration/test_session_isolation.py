@@ -19,7 +19,7 @@ from relax_pipeline.protocol.chat import ChatFrontend
 from relax_pipeline.protocol.messages import MessagesFrontend
 from relax_pipeline.protocol.responses import ResponsesFrontend
 from relax_pipeline.testing.engines import ScriptedEngine
-from relax_pipeline.turn.sessions import ForestStore, Session, Status
+from relax_pipeline.turn.service import ForestStore, Session, Status
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(60)]
 

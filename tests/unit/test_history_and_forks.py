@@ -29,8 +29,7 @@ from relax_pipeline.stages.group import Group
 from relax_pipeline.stages.reward import Reward
 from relax_pipeline.stages.transfer import Transfer
 from relax_pipeline.testing.engines import ScriptedEngine
-from relax_pipeline.turn.service import SamplingDefaults, TurnService
-from relax_pipeline.turn.sessions import ForestStore
+from relax_pipeline.turn.service import ForestStore, SamplingDefaults, TurnService
 
 THOUGHT = "<think>\nLet me add.\n</think>\n\n"
 SCRIPT = [THOUGHT + "It is 3.", THOUGHT + "Still 3.", THOUGHT + "Yes."]

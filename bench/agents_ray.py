@@ -56,6 +56,7 @@ from relax_pipeline.agent.ray_executor import warm_up  # noqa: E402
 from relax_pipeline.config import CONF_DIR, quote_placeholders, register  # noqa: E402
 from relax_pipeline.infra import ray_runtime  # noqa: E402
 from relax_pipeline.run import run  # noqa: E402
+from relax_pipeline.testing.engines import register_paced  # noqa: E402
 from relax_pipeline.testing.ray_cluster import separate_cluster  # noqa: E402
 
 TIMING = "ray: timing ms: "
@@ -81,8 +82,8 @@ def workload(folder: Path, sessions: int, turns: int, longest_s: float, seed: in
 def overrides(folder: Path, data: Path, args: argparse.Namespace, extra: list[str]) -> list[str]:
     return [
         "job=rollout", f"output_dir={folder}", f"dataset.path={data}", "dataset.shuffle=false", "agent=long_tail",
-        "agent.timeout=600", "engine._target_=relax_pipeline.testing.engines.PacedEngine", "+engine.token_s=0.001",
-        "+engine.mean_tokens=4", "+engine.sigma=0.3", "rollout.num_steps=2", f"rollout.batch_size={args.groups}",
+        "agent.timeout=600", "engine=paced", "engine.token_s=0.001",
+        "engine.mean_tokens=4", "engine.sigma=0.3", "rollout.num_steps=2", f"rollout.batch_size={args.groups}",
         f"rollout.n_samples_per_prompt={args.n}", f"runtime.concurrency={args.groups}", "rollout.max_response_len=16",
         f"debug.save_rollout_data={folder}/r_{{rollout_id}}.jsonl", *extra,
     ]
@@ -188,6 +189,7 @@ def main() -> None:
     parser.add_argument("--sleep-s", type=float, default=3.0, help="longest agent sleep (the shortest is a third)")
     args = parse_args(parser, groups=1, n=2, turns=1, repeats=1, sleep_s=0.3)
     register()
+    register_paced()
     sessions = args.groups * args.n
     local = None if args.executor_only else measure(args, ["agent.executor=local"])
     with separate_cluster(workers=1, cpus=2, head_cpus=2) as address:

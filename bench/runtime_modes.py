@@ -35,7 +35,7 @@ from hydra import compose, initialize_config_dir  # noqa: E402
 
 from relax_pipeline.config import CONF_DIR, register  # noqa: E402
 from relax_pipeline.run import run  # noqa: E402
-from relax_pipeline.testing.engines import PacedEngine  # noqa: E402
+from relax_pipeline.testing.engines import PacedEngine, register_paced  # noqa: E402
 
 MODES = ("sync", "prelaunch", "partial", "fully_async")
 _STEP = re.compile(r"^(\S+ \S+) INFO relax_pipeline: step (\d+) metrics (.*)$")
@@ -53,9 +53,9 @@ def overrides(folder: Path, data: Path, mode: str, args: argparse.Namespace, tra
     groups = args.batch
     return [
         "job=train", f"output_dir={folder}", f"dataset.path={data}", "agent=long_tail", f"runtime={mode}",
-        "engine._target_=relax_pipeline.testing.engines.PacedEngine", f"+engine.token_s={args.token_s}",
-        f"+engine.mean_tokens={mean_tokens}", "+engine.sigma=1.0",
-        "trainer._target_=relax_pipeline.testing.engines.PacedTrainer", f"+trainer.train_s={train_s}",
+        "engine=paced", f"engine.token_s={args.token_s}",
+        f"engine.mean_tokens={mean_tokens}", "engine.sigma=1.0",
+        "trainer=paced", f"trainer.train_s={train_s}",
         f"rollout.num_steps={args.steps}", f"rollout.batch_size={groups}", f"rollout.n_samples_per_prompt={args.n}",
         f"rollout.over_sampling_batch_size={groups + groups // 2}", f"runtime.concurrency={2 * groups}",
         "rollout.max_response_len=1024", "rollout.max_context_len=8192", "runtime.max_staleness=null",
@@ -106,6 +106,7 @@ def main() -> None:
     args = parse_args(parser, steps=2, batch=1, n=2, turns=1, tool_s=0.05, token_s=0.002, mean_tokens=4.0,
                       max_tokens=16, startup_s=0.1, train_s=0.1)
     register()
+    register_paced()
     long_tail = (args.startup_s, args.turns, args.tool_s, args.max_tokens)
     results = {mode: measure(mode, args, long_tail, args.train_s, args.mean_tokens) for mode in MODES}
     base = results["sync"]["samples_per_s"]

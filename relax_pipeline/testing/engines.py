@@ -28,6 +28,8 @@ from typing import Any
 
 from relax_pipeline.engine.base import GenerateResult, ImageFeatures, SamplingParams, varying
 from relax_pipeline.engine.hf import HFEngine
+from relax_pipeline.engine.settings import EngineRun
+from relax_pipeline.train.settings import TrainerRun, TrainerSettings
 
 Script = Callable[[Sequence[int]], str]
 
@@ -170,6 +172,40 @@ class _Paced:
     versions: list[int] = dataclasses.field(default_factory=list)
 
 
+@dataclasses.dataclass
+class PacedEngineSettings:
+    """`engine=paced` (after `register_paced()`): the simulated engine's node."""
+
+    _target_: str = "relax_pipeline.testing.engines.PacedEngine"
+    token_s: float = 0.002
+    """Seconds per decode tick (every active request gets one token a tick)."""
+    mean_tokens: float = 24.0
+    """Mean generation length (log-normal)."""
+    sigma: float = 0.8
+    """Log-normal sigma of the generation length."""
+    max_batch_size: int = 256
+    """Requests decoded together."""
+
+
+@dataclasses.dataclass
+class PacedTrainerSettings(TrainerSettings):
+    """`trainer=paced` (after `register_paced()`): the trainer node plus the fixed step time."""
+
+    _target_: str = "relax_pipeline.testing.engines.PacedTrainer"
+    train_s: float = 1.0
+    """Wall seconds each training step takes."""
+
+
+def register_paced() -> None:
+    """Add `engine=paced` and `trainer=paced` to the config groups (tests and benches call it after
+    `config.register()`; the runtime never does)."""
+    from hydra.core.config_store import ConfigStore
+
+    store = ConfigStore.instance()
+    store.store(group="engine", name="paced", node=PacedEngineSettings)
+    store.store(group="trainer", name="paced", node=PacedTrainerSettings)
+
+
 class PacedEngine:
     """A simulated continuous-batching engine whose time is proportional to tokens.
 
@@ -188,15 +224,13 @@ class PacedEngine:
     vision: Any = None
     """Text-only: the simulated engine takes no images."""
 
-    def __init__(self, model_path: str, token_s: float = 0.002, mean_tokens: float = 24.0, sigma: float = 0.8,
-                 max_batch_size: int = 256, max_context_len: int = 4096, seed: int = 0,
-                 end_of_turn: str = "<|im_end|>", **_engine_keys: Any) -> None:
+    def __init__(self, settings: PacedEngineSettings, run: EngineRun) -> None:
         from transformers import AutoTokenizer
 
-        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        self.token_s, self.mean_tokens, self.sigma = token_s, mean_tokens, sigma
-        self.max_batch_size, self.max_context_len, self.seed = max_batch_size, max_context_len, seed
-        self.stop_id = self.tokenizer.convert_tokens_to_ids(end_of_turn)
+        self.tokenizer = AutoTokenizer.from_pretrained(run.model_path)
+        self.token_s, self.mean_tokens, self.sigma = settings.token_s, settings.mean_tokens, settings.sigma
+        self.max_batch_size, self.max_context_len, self.seed = settings.max_batch_size, run.max_context_len, run.seed
+        self.stop_id = self.tokenizer.convert_tokens_to_ids(run.end_of_turn or "<|im_end|>")
         self.letters = [self.tokenizer.encode(f" {c}", add_special_tokens=False)[-1] for c in LETTERS]
         self.weight_version = 0
         self.busy_s = 0.0
@@ -285,12 +319,12 @@ class PacedEngine:
 class PacedTrainer:
     """A trainer whose step takes `train_s` seconds of wall time and changes nothing but the version.
 
-    Selected with `trainer._target_=relax_pipeline.testing.engines.PacedTrainer` (`+trainer.train_s=...`) by
+    Selected with `trainer=paced` once `register_paced()` has added the option (`trainer.train_s=...`) by
     `bench/runtime_modes.py`, so the optimizer step is a fixed, known gap the runtime modes can hide.
     """
 
-    def __init__(self, train_s: float = 1.0, **_trainer_keys: Any) -> None:
-        self.train_s = train_s
+    def __init__(self, settings: PacedTrainerSettings, run: TrainerRun) -> None:
+        self.train_s = settings.train_s
         self.version = 0
         self.steps = 0
 

@@ -16,14 +16,14 @@ from typing import Any
 
 import pytest
 from hydra import compose, initialize_config_dir
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from relax_pipeline.config import CONF_DIR, quote_placeholders, register
+from relax_pipeline.config import CONF_DIR, quote_placeholders, records, register
 from relax_pipeline.run import _Parts, run
 from relax_pipeline.stages.pipeline import StepResult
-from relax_pipeline.testing.engines import LETTERS
+from relax_pipeline.testing.engines import LETTERS, register_paced
 
-PACED = "engine._target_=relax_pipeline.testing.engines.PacedEngine"
+PACED = "engine=paced"
 DONE = ("completed", "truncated")
 
 
@@ -35,6 +35,7 @@ def _dataset(tmp_path: Path, metadata: list[dict[str, Any]]) -> Path:
 
 def _cfg(tmp_path: Path, tiny_path: Path, data: Path, *overrides: str) -> DictConfig:
     register()
+    register_paced()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return compose("config", overrides=quote_placeholders([
             "job=rollout", f"output_dir={tmp_path}", f"model.cache_dir={tiny_path.parent}", f"dataset.path={data}",
@@ -54,7 +55,7 @@ def _rows(tmp_path: Path) -> list[dict[str, Any]]:
 
 async def _steps(cfg: DictConfig, tmp_path: Path, between: Any) -> list[StepResult]:
     """Run rollout steps through the strategy, awaiting `between(parts, step)` after each."""
-    parts = await _Parts.create(cfg, tmp_path)
+    parts = await _Parts.create(records(cfg), OmegaConf.to_container(cfg, resolve=True), tmp_path)
     try:
         loop = parts.loop()
         results = []
@@ -90,8 +91,8 @@ def test_prelaunch_holds_first_requests_and_pauses_the_timeout_clock(tmp_path: P
 def _partial_cfg(tmp_path: Path, tiny_path: Path, max_aborted: int) -> DictConfig:
     data = _dataset(tmp_path, [{"max_tokens": m, "turns": 1} for m in (120, 300, 900)])
     return _cfg(tmp_path, tiny_path, data, "runtime=partial", "rollout.num_steps=2", "rollout.batch_size=1",
-                "rollout.over_sampling_batch_size=2", "rollout.n_samples_per_prompt=1", "+engine.token_s=0.005",
-                "+engine.mean_tokens=5000", "+engine.sigma=0.01", f"runtime.max_aborted_count={max_aborted}")
+                "rollout.over_sampling_batch_size=2", "rollout.n_samples_per_prompt=1", "engine.token_s=0.005",
+                "engine.mean_tokens=5000", "engine.sigma=0.01", f"runtime.max_aborted_count={max_aborted}")
 
 
 async def _new_weights(parts: _Parts, step: int) -> None:
@@ -138,7 +139,7 @@ def _async_cfg(tmp_path: Path, tiny_path: Path, *overrides: str) -> DictConfig:
     data = _dataset(tmp_path, long_then_short)
     return _cfg(tmp_path, tiny_path, data, "job=train", "runtime=fully_async", "rollout.num_steps=3",
                 "rollout.batch_size=1", "runtime.concurrency=2", "rollout.n_samples_per_prompt=2",
-                "+engine.token_s=0.005", "+engine.mean_tokens=5000", "+engine.sigma=0.01", *overrides)
+                "engine.token_s=0.005", "engine.mean_tokens=5000", "engine.sigma=0.01", *overrides)
 
 
 def test_fully_async_sessions_span_steps_and_the_last_step_drains(tmp_path: Path, tiny_path: Path) -> None:
@@ -166,7 +167,7 @@ def test_fully_async_drops_and_counts_stale_groups(tmp_path: Path, tiny_path: Pa
 def test_no_mode_loses_a_session(tmp_path: Path, tiny_path: Path, mode: str) -> None:
     data = _dataset(tmp_path, [{"turns": 2, "tool_mean_s": 0.2, "max_tokens": 64}] * 6)
     run(_cfg(tmp_path, tiny_path, data, f"runtime={mode}", "rollout.num_steps=3", "rollout.batch_size=2",
-             "rollout.over_sampling_batch_size=3", "rollout.n_samples_per_prompt=2", "+engine.token_s=0.003"))
+             "rollout.over_sampling_batch_size=3", "rollout.n_samples_per_prompt=2", "engine.token_s=0.003"))
     rows = _rows(tmp_path)
     sessions = {p.name for p in (tmp_path / "sessions").iterdir()}
     recorded = {f"{r['group_id']}-{r['index']}" for r in rows}

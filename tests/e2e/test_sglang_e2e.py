@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
+from relax_pipeline.config import records
 from relax_pipeline.run import _Parts, run
 from tests.e2e.test_e2e_rollout import check_row, compose_config, read_dump
 
@@ -62,7 +63,7 @@ def _partial_cfg(tmp_path: Path, tiny_path: Path) -> DictConfig:
 async def _two_steps(cfg: DictConfig, tmp_path: Path, tiny_path: Path) -> list[Any]:
     from tests.integration.test_sglang_engine import _moved_weights
 
-    parts = await _Parts.create(cfg, tmp_path)
+    parts = await _Parts.create(records(cfg), OmegaConf.to_container(cfg, resolve=True), tmp_path)
     try:
         loop = parts.loop()
         first = await loop.strategy.rollout(loop.pipeline, 0)

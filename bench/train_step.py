@@ -25,13 +25,14 @@ import torch  # noqa: E402
 from _smoke import parse_args  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
+from relax_pipeline.forest.sample import Sample  # noqa: E402
 from relax_pipeline.models.tiny import build_tiny  # noqa: E402
-from relax_pipeline.train.batching import BatchSettings, TrainSample  # noqa: E402
+from relax_pipeline.train.batching import BatchSettings  # noqa: E402
 from relax_pipeline.train.settings import TrainerRun, TrainerSettings
 from relax_pipeline.train.torch_backend import TorchTrainer  # noqa: E402
 
 
-def synthetic_samples(count: int, length: int, seed: int = 0) -> list[TrainSample]:
+def synthetic_samples(count: int, length: int, seed: int = 0) -> list[Sample]:
     """`count` samples of length +-10%, the first half prompt; every response token trains."""
     rng = random.Random(seed)
     samples = []
@@ -40,14 +41,14 @@ def synthetic_samples(count: int, length: int, seed: int = 0) -> list[TrainSampl
         prompt = total // 2
         tokens = tuple(rng.randrange(10, 1000) for _ in range(total))
         response = total - prompt
-        samples.append(TrainSample(tokens, prompt, (1,) * response, (-7.0,) * response, rng.uniform(-1, 1)))
+        samples.append(Sample(tokens, prompt, (1,) * response, (-7.0,) * response, advantage=rng.uniform(-1, 1)))
     return samples
 
 
 class BareStep:
     """Forward, cross-entropy on the response tokens, backward, AdamW: the baseline's whole step."""
 
-    def __init__(self, model_path: Path, samples: list[TrainSample]) -> None:
+    def __init__(self, model_path: Path, samples: list[Sample]) -> None:
         torch.manual_seed(0)
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-3)
@@ -62,7 +63,7 @@ class BareStep:
         return float(loss.detach())
 
 
-def _padded(samples: list[TrainSample]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _padded(samples: list[Sample]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-padded ids, attention mask and labels (-100 outside the response)."""
     length = max(len(s.tokens) for s in samples)
     ids = torch.zeros(len(samples), length, dtype=torch.long)

@@ -40,12 +40,12 @@ from typing import Any
 from tqdm import tqdm
 
 from relax_pipeline.engine.base import Engine
+from relax_pipeline.forest.sample import Sample
 from relax_pipeline.scheduling.base import RuntimeStrategy
 from relax_pipeline.stages.evaluate import Evaluator
 from relax_pipeline.stages.group import Group
 from relax_pipeline.stages.pipeline import Pipeline, StepResult
 from relax_pipeline.tracking.tracker import Tracker
-from relax_pipeline.train.batching import TrainSample
 
 log = logging.getLogger("relax_pipeline")
 _STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -271,14 +271,7 @@ def settle_garbage(full: bool = False) -> None:
     gc.freeze()
 
 
-def train_samples(groups: list[Group]) -> list[TrainSample]:
-    """Training samples of every scored context that has credit, in group order."""
-    out = []
-    for group in groups:
-        for context in group.contexts if not group.excluded else []:
-            if context.advantage is None:
-                continue
-            s = context.sample
-            out.append(TrainSample(s.tokens, s.prompt_length, s.loss_mask, s.rollout_logprobs, context.advantage,
-                                   s.weight_versions, s.multimodal_train_inputs))
-    return out
+def train_samples(groups: list[Group]) -> list[Sample]:
+    """The credited samples of every kept group (contexts with an advantage), in group order: the trainer's rows."""
+    return [context.sample for group in groups if not group.excluded for context in group.contexts
+            if context.advantage is not None]

@@ -5,12 +5,16 @@ final export metadata and the session's input already looked up), hands it to th
 copies the result back; credit code never reaches into stage objects, sessions or agent outputs. A
 context's `slot` is its session's position in the group, which is what the advantage hook's
 `metadata_by_slot` is indexed by.
+
+A context's credit lives on its sample: `CreditContext.advantage` reads and sets `sample.advantage` (setting
+replaces the frozen sample), so a credited context's `sample` is the row the trainer trains on as it is, with
+no copy into another record.
 """
 
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from relax_pipeline.forest.sample import Sample
@@ -18,7 +22,8 @@ from relax_pipeline.forest.sample import Sample
 
 @dataclass
 class CreditContext:
-    """One exported context with its credit; connects the Reward stage to credit, Transfer and the trainer."""
+    """One exported context with its credit; connects the Reward stage to credit and Transfer (its credited
+    `sample` is the trainer's row)."""
 
     slot: int
     """Position of the exporting session in its group."""
@@ -34,13 +39,20 @@ class CreditContext:
     """The reward as exported or scored (a number, an object or None)."""
     reward: float | None = None
     """The primary scalar (`credit.reward_key` of an object)."""
-    advantage: float | None = None
-    """The base scalar credit, before token expansion and whitening."""
     branch: int | None = None
     """Which chain of a forked session's implicit export (they share the session's credit); None otherwise."""
     truncated_failure: bool = False
     """The agent failed after our length limit cut its last turn: without a reward it gets
     `credit.truncated_reward` (a reward model, when configured, scores it first)."""
+
+    @property
+    def advantage(self) -> float | None:
+        """The base scalar credit, before token expansion and whitening (the sample's `advantage`)."""
+        return self.sample.advantage
+
+    @advantage.setter
+    def advantage(self, value: float | None) -> None:
+        self.sample = replace(self.sample, advantage=value)
 
     @property
     def unit(self) -> tuple[int, str | None]:

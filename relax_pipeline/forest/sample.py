@@ -1,4 +1,5 @@
-"""Lineage → training sample: the token-exact record the trainer and the rollout dump consume.
+"""Lineage → training sample: the one token-exact record of a context, from the forest through credit to the
+trainer's collate.
 
 A sample is the path from a root to one exported node. Its prompt is every token before the first
 generated token; its response is everything after, with loss 1 exactly on generated tokens and 0 on
@@ -14,6 +15,13 @@ in order, ready for the model's forward. Text samples carry None there.
 Sample fields are tuples of plain values: a sample is built once per exported context and dropped after
 the step, while the forest's nodes keep the compact arrays for the session's life (measured at 128 turns:
 66 bytes a token as tuples against 17 as arrays, 0.75 ms to build a 14k-token sample).
+
+Credit sets `advantage` (the base scalar, `dataclasses.replace` through `CreditContext.advantage`); a sample
+with an advantage is a training row, and it checks its lengths when made (`prompt_length` in [1, len(tokens)],
+one loss-mask entry and one logprob per response token), so a malformed row fails where it is made, naming
+the field. A row needs only its tokens, masks, logprobs and advantage: the fields that say where it came from
+(messages, context, hash, counts, timings) default to empty, as in the lean copy `train/data_parallel.py`
+ships to worker ranks and in tests that build rows by hand.
 """
 
 from __future__ import annotations
@@ -28,18 +36,24 @@ from relax_pipeline.forest.store import Node, SessionForest, TurnTiming
 
 @dataclass(frozen=True)
 class Sample:
-    """One exported context as tokens; connects the forest to credit, the dump and the trainer."""
+    """One exported context as tokens; connects the forest to credit, the dump and the trainer (its collate)."""
 
     tokens: tuple[int, ...]
+    """Prompt + response token ids, exactly as recorded."""
     prompt_length: int
+    """Leading prompt tokens (at least 1 in a training row: the first response token needs a predecessor)."""
     loss_mask: tuple[int, ...]
+    """1 on generated tokens, 0 on observation tokens; one per response token."""
     rollout_logprobs: tuple[float, ...]
-    weight_versions: tuple[int, ...]
-    messages: tuple[Message, ...]
-    context: Context
-    state_hash: str
-    turn_count: int
-    truncated: bool
+    """The engine's logprob of each response token (0.0 on observations)."""
+    weight_versions: tuple[int, ...] = ()
+    """Weight version per response token; informational, the loss does not use it."""
+    messages: tuple[Message, ...] = ()
+    context: Context = Context()
+    """The tree's tools and template kwargs (the empty `Context()`, one shared instance, by default)."""
+    state_hash: str = ""
+    turn_count: int = 0
+    truncated: bool = False
     """The last generated turn stopped at the length limit."""
     abort_count: int = 0
     multimodal_train_inputs: dict[str, Any] | None = None
@@ -50,10 +64,27 @@ class Sample:
     """Expanded placeholder tokens per image, in order."""
     turn_timings: tuple[TurnTiming | None, ...] = ()
     """Queue, generation and total time of each generated turn of the lineage, in order (None: not measured)."""
+    advantage: float | None = None
+    """The base scalar credit (before token expansion and whitening); None until credit gives one."""
+
+    def __post_init__(self) -> None:
+        if self.advantage is not None:
+            check_lengths(self)
 
     @property
     def response_length(self) -> int:
+        """Tokens after the prompt."""
         return len(self.tokens) - self.prompt_length
+
+
+def check_lengths(sample: Sample) -> None:
+    """Raise a ValueError naming the field when `sample`'s prompt length or per-response-token fields are off."""
+    if not 1 <= sample.prompt_length <= len(sample.tokens):
+        raise ValueError(f"Sample.prompt_length={sample.prompt_length} must be in [1, {len(sample.tokens)}]")
+    size = sample.response_length
+    for name in ("loss_mask", "rollout_logprobs"):
+        if len(getattr(sample, name)) != size:
+            raise ValueError(f"Sample.{name} has {len(getattr(sample, name))} entries; response_length is {size}")
 
 
 def build_sample(forest: SessionForest, node: Node, shared: frozenset[int] = frozenset()) -> Sample:

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from relax_pipeline.train.batching import TrainSample
+from relax_pipeline.forest.sample import Sample
 
 
 @runtime_checkable
@@ -33,7 +33,7 @@ class Trainer(Protocol):
     version: int
     """Weight version of the current policy: 0 at start, +1 per `train` call that trained."""
 
-    def train(self, samples: Sequence[TrainSample]) -> dict[str, float]:
+    def train(self, samples: Sequence[Sample]) -> dict[str, float]:
         """Optimizer steps over one rollout batch; metrics averaged over them. No samples: no step, {}."""
         ...
 

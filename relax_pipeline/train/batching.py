@@ -1,7 +1,8 @@
-"""Training samples and how a rollout batch is cut into optimizer steps and micro-batches.
+"""How a rollout batch is cut into optimizer steps and micro-batches.
 
-`TrainSample` is the trainer's input record: one exported context as tokens with its response-aligned
-loss mask, rollout logprobs and base advantage. `BatchSettings` is the `trainer.batching` node.
+The trainer's rows are the forest's credited samples (`forest.sample.Sample` with `advantage` set: tokens,
+response-aligned loss mask and rollout logprobs, base advantage); `global_batches`, the trainer's entry,
+refuses a sample without an advantage. `BatchSettings` is the `trainer.batching` node.
 `global_batches` splits a rollout batch into optimizer steps of `global_batch_size` samples in the given
 order (None: one step; a short remainder is its own, smaller step, never dropped). `micro_batches` packs
 one global batch into forward/backward passes: fixed-size chunks in order, or, with dynamic batching,
@@ -25,7 +26,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+
+from relax_pipeline.forest.sample import Sample
 
 log = logging.getLogger(__name__)
 
@@ -55,72 +57,42 @@ class BatchSettings:
                 raise ValueError(f"trainer.batching.{key}={getattr(self, key)}; use a positive number")
 
 
-@dataclass(frozen=True)
-class TrainSample:
-    """One exported context as the trainer sees it; connects the credit stage to a trainer backend.
-
-    `loss_mask` and `rollout_logprobs` have one entry per response token (`response_length` of them);
-    `advantage` is the base scalar credit, expanded over tokens by the trainer.
-    """
-
-    tokens: tuple[int, ...]
-    """Prompt + response token ids, exactly as recorded."""
-    prompt_length: int
-    """Number of leading prompt tokens (at least 1: the first response token needs a predecessor)."""
-    loss_mask: tuple[int, ...]
-    """1 on generated tokens, 0 on observation tokens; one per response token."""
-    rollout_logprobs: tuple[float, ...]
-    """The engine's logprob of each response token (0.0 on observations)."""
-    advantage: float
-    """Base scalar credit of the context (before token expansion and whitening)."""
-    weight_versions: tuple[int, ...] = ()
-    """Weight version per response token; informational, the loss does not use it."""
-    multimodal_train_inputs: dict[str, Any] | None = None
-    """`pixel_values` and `image_grid_thw` tensors of the sample's images, in order; None for text."""
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.prompt_length <= len(self.tokens):
-            raise ValueError(f"TrainSample.prompt_length={self.prompt_length} must be in [1, {len(self.tokens)}]")
-        size = self.response_length
-        for name in ("loss_mask", "rollout_logprobs"):
-            if len(getattr(self, name)) != size:
-                raise ValueError(
-                    f"TrainSample.{name} has {len(getattr(self, name))} entries; response_length is {size}"
-                )
-
-    @property
-    def response_length(self) -> int:
-        """Tokens after the prompt."""
-        return len(self.tokens) - self.prompt_length
-
-
-def global_batches(samples: Sequence[TrainSample], batching: BatchSettings) -> list[list[TrainSample]]:
+def global_batches(samples: Sequence[Sample], batching: BatchSettings) -> list[list[Sample]]:
     """Optimizer steps in input order: chunks of `global_batch_size` (None: one step of everything)."""
+    _require_credit(samples)
     if batching.global_batch_size is None:
         return [list(samples)] if samples else []
     return _chunks(samples, batching.global_batch_size)
 
 
-def micro_batches(samples: Sequence[TrainSample], batching: BatchSettings) -> list[list[TrainSample]]:
+def micro_batches(samples: Sequence[Sample], batching: BatchSettings) -> list[list[Sample]]:
     """Pack one global batch into micro-batches: fixed-size chunks, or FFD by padded token count."""
     if not batching.use_dynamic_batch_size:
         return _chunks(samples, batching.micro_batch_size)
     return _first_fit_decreasing(samples, batching.max_tokens_per_gpu)
 
 
-def padded_tokens(samples: Sequence[TrainSample]) -> int:
+def padded_tokens(samples: Sequence[Sample]) -> int:
     """Tokens a right-padded [B, L] batch of `samples` holds: rows × longest row."""
     return len(samples) * max((len(s.tokens) for s in samples), default=0)
 
 
-def _chunks(samples: Sequence[TrainSample], size: int) -> list[list[TrainSample]]:
+def _require_credit(samples: Sequence[Sample]) -> None:
+    """Refuse a sample without an advantage, naming its index (the trainer trains credited samples only)."""
+    uncredited = next((i for i, s in enumerate(samples) if s.advantage is None), None)
+    if uncredited is not None:
+        raise ValueError(f"sample {uncredited} has no advantage (Sample.advantage is None); train on credited "
+                         "samples only: dataclasses.replace(sample, advantage=...)")
+
+
+def _chunks(samples: Sequence[Sample], size: int) -> list[list[Sample]]:
     return [list(samples[i : i + size]) for i in range(0, len(samples), size)]
 
 
-def _first_fit_decreasing(samples: Sequence[TrainSample], budget: int) -> list[list[TrainSample]]:
+def _first_fit_decreasing(samples: Sequence[Sample], budget: int) -> list[list[Sample]]:
     """Longest first (stable), each into the first bin whose padded size stays within `budget`."""
     order = sorted(range(len(samples)), key=lambda i: -len(samples[i].tokens))
-    bins: list[list[TrainSample]] = []
+    bins: list[list[Sample]] = []
     for index in order:
         sample = samples[index]
         target = next((b for b in bins if _fits(b, sample, budget)), None)
@@ -132,13 +104,13 @@ def _first_fit_decreasing(samples: Sequence[TrainSample], budget: int) -> list[l
     return bins
 
 
-def _fits(bin_: list[TrainSample], sample: TrainSample, budget: int) -> bool:
+def _fits(bin_: list[Sample], sample: Sample, budget: int) -> bool:
     """Bins are filled longest first, so a bin's first sample is its longest row."""
     longest = max(len(bin_[0].tokens), len(sample.tokens))
     return (len(bin_) + 1) * longest <= budget
 
 
-def _warn_if_oversized(sample: TrainSample, index: int, budget: int) -> None:
+def _warn_if_oversized(sample: Sample, index: int, budget: int) -> None:
     if len(sample.tokens) > budget:
         log.warning(
             "sample %d has %d tokens, more than trainer.batching.max_tokens_per_gpu=%d; it trains in a micro-batch "

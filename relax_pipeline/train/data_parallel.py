@@ -17,6 +17,11 @@ single-rank gradient). Advantage whitening uses the mean and std of all ranks' m
 and the step's metrics are summed over ranks (`sum_metrics`; every one is a sum of per-micro-batch values
 over the global normalizers). Only float summation order differs from one rank.
 
+With several ranks the shares hold lean rows (`training_row`): each sample's tokens, masks, logprobs,
+versions, images and advantage, without the messages, context and timings that say where it came from,
+since the shares travel pickled to the worker ranks and training reads none of those (one rank ships
+nothing and trains on the samples as given).
+
 What this module does not do: start processes, move samples between them, or talk to DeepSpeed; the
 `AllSum` callback it is given does the one collective it needs.
 """
@@ -29,7 +34,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from relax_pipeline.train.batching import BatchSettings, TrainSample, micro_batches
+from relax_pipeline.forest.sample import Sample
+from relax_pipeline.train.batching import BatchSettings, micro_batches
 
 AllSum = Callable[[torch.Tensor], torch.Tensor]
 """Sums a float64 CPU tensor over every rank (all-reduce SUM) and returns the sum, same shape, on the CPU."""
@@ -39,7 +45,7 @@ AllSum = Callable[[torch.Tensor], torch.Tensor]
 class RankShare:
     """One rank's part of one global batch; connects the split on rank 0 to `step.share_step` on each rank."""
 
-    micro_batches: tuple[tuple[TrainSample, ...], ...]
+    micro_batches: tuple[tuple[Sample, ...], ...]
     """This rank's micro-batches in order, padded to the count every rank runs (at least one)."""
     tokens: float
     """Mask-1 tokens of the whole global batch (at least 1): the token_mean normalizer."""
@@ -49,14 +55,15 @@ class RankShare:
     """How many of `micro_batches` are padding (loss mask 0); informational."""
 
 
-def shard(samples: Sequence[TrainSample], world: int, batching: BatchSettings) -> list[RankShare]:
+def shard(samples: Sequence[Sample], world: int, batching: BatchSettings) -> list[RankShare]:
     """Split one global batch over `world` ranks (rank r gets samples r, r+N, ...); one share per rank."""
     if world < 1:
         raise ValueError(f"trainer.num_ranks={world}; use 1 or more")
     if not samples:
         raise ValueError("shard needs a non-empty global batch")
     tokens = max(1.0, float(sum(sum(s.loss_mask) for s in samples)))
-    packed = [micro_batches(list(samples[rank::world]), batching) for rank in range(world)]
+    samples = [training_row(s) for s in samples] if world > 1 else list(samples)
+    packed = [micro_batches(samples[rank::world], batching) for rank in range(world)]
     count = max(len(p) for p in packed)
     pad = (padding_sample(samples),)
     return [
@@ -65,7 +72,15 @@ def shard(samples: Sequence[TrainSample], world: int, batching: BatchSettings) -
     ]
 
 
-def padding_sample(samples: Sequence[TrainSample]) -> TrainSample:
+def training_row(sample: Sample) -> Sample:
+    """What a rank trains on: `sample`'s tokens, masks, logprobs, versions, images and advantage, and nothing
+    of where it came from (messages, context, hash, timings)."""
+    return Sample(sample.tokens, sample.prompt_length, sample.loss_mask, sample.rollout_logprobs,
+                  sample.weight_versions, multimodal_train_inputs=sample.multimodal_train_inputs,
+                  advantage=sample.advantage)
+
+
+def padding_sample(samples: Sequence[Sample]) -> Sample:
     """The shortest sample with loss mask 0, rollout logprobs 0 and advantage 0: a pass that trains nothing."""
     short = min(samples, key=lambda s: len(s.tokens))
     size = short.response_length

@@ -66,11 +66,11 @@ from typing import Any
 
 import torch
 
+from relax_pipeline.forest.sample import Sample
 from relax_pipeline.infra.ports import free_port
 from relax_pipeline.models.folder import WEIGHTS_FILE, copy_model_files, save_weights
 from relax_pipeline.models.spec import is_multimodal
 from relax_pipeline.models.tiny import default_cache_dir
-from relax_pipeline.train.batching import TrainSample
 from relax_pipeline.train.data_parallel import RankShare, shard
 from relax_pipeline.train.optim import adamw
 from relax_pipeline.train.rank_group import RankFailed, RankGroup
@@ -184,7 +184,7 @@ class DeepSpeedTrainer(TorchTrainer):
 
     # ---- training -------------------------------------------------------------------------------
 
-    def _steps(self, batches: list[list[TrainSample]]) -> list[dict[str, float]]:
+    def _steps(self, batches: list[list[Sample]]) -> list[dict[str, float]]:
         """One rank: the torch trainer's steps. N ranks: each global batch split by `data_parallel.shard`,
         every worker sent its shares, rank 0 runs share 0."""
         if self.ranks is None:

@@ -44,8 +44,9 @@ import torch
 from transformers import DynamicCache
 
 from relax_pipeline.engine.hf_batch import cache_argument
+from relax_pipeline.forest.sample import Sample
 from relax_pipeline.train.advantages import AdvantageSettings, token_advantages, whiten
-from relax_pipeline.train.batching import BatchSettings, TrainSample
+from relax_pipeline.train.batching import BatchSettings
 from relax_pipeline.train.data_parallel import AllSum, RankShare, shard, sum_metrics, whiten_across
 from relax_pipeline.train.losses import LossBatch, LossSettings, policy_loss
 
@@ -122,7 +123,7 @@ MIN_SHARED_PREFIX = 8
 """A common prefix shorter than this runs in every row: a separate forward pass has a fixed cost."""
 
 
-def collate(samples: Sequence[TrainSample], pad_id: int, device: torch.device | str) -> Collated:
+def collate(samples: Sequence[Sample], pad_id: int, device: torch.device | str) -> Collated:
     """Right-pad `samples` into tensors on `device`; T is the longest response (at least 1)."""
     length = max(len(s.tokens) for s in samples)
     width = max(1, max(s.response_length for s in samples))
@@ -153,7 +154,7 @@ class Prefixes:
         return (count - len(self.rows)) * self.length
 
 
-def shared_prefixes(samples: Sequence[TrainSample], limit: int) -> Prefixes:
+def shared_prefixes(samples: Sequence[Sample], limit: int) -> Prefixes:
     """The cheaper of two ways to share leading tokens (at most `limit`, the first position whose logits are
     kept): the prefix every row starts with, or the distinct first `limit` tokens (one per GRPO group). No
     sharing (`Prefixes()`) when neither saves a forward of at least `MIN_SHARED_PREFIX` tokens a row."""
@@ -164,7 +165,7 @@ def shared_prefixes(samples: Sequence[TrainSample], limit: int) -> Prefixes:
     return best if best.length >= MIN_SHARED_PREFIX and len(best.rows) < len(samples) else Prefixes()
 
 
-def _common_prefix(samples: Sequence[TrainSample], limit: int) -> Prefixes:
+def _common_prefix(samples: Sequence[Sample], limit: int) -> Prefixes:
     """The leading tokens every sample shares, at most `limit`."""
     first = samples[0].tokens
     length = min(limit, *(len(s.tokens) for s in samples))
@@ -173,7 +174,7 @@ def _common_prefix(samples: Sequence[TrainSample], limit: int) -> Prefixes:
     return Prefixes(length)
 
 
-def _distinct_prefixes(samples: Sequence[TrainSample], limit: int) -> Prefixes:
+def _distinct_prefixes(samples: Sequence[Sample], limit: int) -> Prefixes:
     """Each sample's first `limit` tokens, computed once per distinct sequence."""
     index: dict[tuple[int, ...], int] = {}
     rows: list[int] = []
@@ -184,7 +185,7 @@ def _distinct_prefixes(samples: Sequence[TrainSample], limit: int) -> Prefixes:
     return Prefixes(limit, tuple(rows), of if len(rows) > 1 else ())
 
 
-def _multimodal(samples: Sequence[TrainSample], device: torch.device | str) -> dict[str, torch.Tensor] | None:
+def _multimodal(samples: Sequence[Sample], device: torch.device | str) -> dict[str, torch.Tensor] | None:
     inputs = [s.multimodal_train_inputs for s in samples if s.multimodal_train_inputs]
     if not inputs:
         return None
@@ -199,7 +200,7 @@ def _vision_kwargs(model: Model, batch: Collated) -> dict[str, Any]:
     return {**batch.multimodal, "mm_token_type_ids": (batch.input_ids == config.image_token_id).int()}
 
 
-def _row(s: TrainSample, length: int, width: int, start: int, pad_id: int) -> tuple[list, ...]:
+def _row(s: Sample, length: int, width: int, start: int, pad_id: int) -> tuple[list, ...]:
     """Padded lists of one sample: ids, attention, index, targets, loss mask, rollout logprobs."""
     pad, gap, size = length - len(s.tokens), width - s.response_length, s.response_length
     ids = list(s.tokens) + [pad_id] * pad
@@ -270,7 +271,7 @@ def optimizer_step(
     model: Model,
     ref_model: Model | None,
     backend: Backend,
-    samples: Sequence[TrainSample],
+    samples: Sequence[Sample],
     settings: StepSettings,
     pad_id: int,
     device: torch.device | str,

@@ -40,10 +40,11 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
+from relax_pipeline.forest.sample import Sample
 from relax_pipeline.models.attention import check_implementation
 from relax_pipeline.models.folder import WEIGHTS_FILE, copy_model_files, save_weights
 from relax_pipeline.train.allocator import keep_freed_cpu_memory, wants_freed_memory_kept
-from relax_pipeline.train.batching import TrainSample, global_batches
+from relax_pipeline.train.batching import global_batches
 from relax_pipeline.train.optim import adamw, clip_and_step
 from relax_pipeline.train.settings import TrainerRun, TrainerSettings
 from relax_pipeline.train.step import StepSettings, mean_metrics, optimizer_step
@@ -88,7 +89,7 @@ class TorchTrainer:
 
     # ---- training -------------------------------------------------------------------------------
 
-    def train(self, samples: Sequence[TrainSample]) -> dict[str, float]:
+    def train(self, samples: Sequence[Sample]) -> dict[str, float]:
         """One optimizer step per global batch; metrics averaged over the steps. No samples: no step, {}."""
         if not samples:
             return {}
@@ -100,7 +101,7 @@ class TorchTrainer:
         tokens = sum(len(s.tokens) for s in samples)
         return {**metrics, "perf/train_time": elapsed, "perf/tokens_per_s": tokens / max(elapsed, 1e-9)}
 
-    def _steps(self, batches: list[list[TrainSample]]) -> list[dict[str, float]]:
+    def _steps(self, batches: list[list[Sample]]) -> list[dict[str, float]]:
         """One `optimizer_step` per global batch; their metrics."""
         return [optimizer_step(self.model, self.reference, self, b, self.settings, self.pad_id, self.device)
                 for b in batches]

@@ -22,9 +22,9 @@ from relax_pipeline.canonical.form import image_of
 from relax_pipeline.config import REPO_ROOT
 from relax_pipeline.data.media import image_url
 from relax_pipeline.engine.vision import Vision
+from relax_pipeline.forest.sample import Sample
 from relax_pipeline.run import run
 from relax_pipeline.testing.engines import RecordingHFEngine
-from relax_pipeline.train.batching import TrainSample
 from relax_pipeline.train.step import collate, response_logprobs
 from relax_pipeline.train.torch_backend import load_policy
 
@@ -93,8 +93,8 @@ def logprobs_of(row: dict, model_path: Path, features: list) -> list[float]:
     """The trainer's logprobs of the row's generated tokens, with the images as multimodal_train_inputs."""
     inputs = {"pixel_values": torch.cat([f.pixel_values for f in features]),
               "image_grid_thw": torch.tensor([list(f.grid_thw) for f in features])}
-    sample = TrainSample(tuple(row["tokens"]), row["prompt_length"], tuple(row["loss_mask"]),
-                         tuple(row["rollout_logprobs"]), 0.0, multimodal_train_inputs=inputs)
+    sample = Sample(tuple(row["tokens"]), row["prompt_length"], tuple(row["loss_mask"]),
+                    tuple(row["rollout_logprobs"]), advantage=0.0, multimodal_train_inputs=inputs)
     model, pad_id = load_policy(str(model_path), 0, "cpu")
     with torch.no_grad():
         logprobs, _ = response_logprobs(model, collate([sample], pad_id, "cpu"), temperature=1.0)

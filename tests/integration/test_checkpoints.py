@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from relax_pipeline.forest.sample import Sample
 from relax_pipeline.loop import Checkpoints
 from relax_pipeline.models.spec import ModelSettings, ModelSpec
-from relax_pipeline.train.batching import BatchSettings, TrainSample
+from relax_pipeline.train.batching import BatchSettings
 from relax_pipeline.train.optim import OptimSettings
 from relax_pipeline.train.settings import DeepSpeedSettings, TrainerRun, TrainerSettings
 from relax_pipeline.train.torch_backend import TorchTrainer
@@ -24,14 +25,14 @@ from relax_pipeline.train.torch_backend import TorchTrainer
 SETTINGS = {"batching": BatchSettings(micro_batch_size=2), "optim": OptimSettings(lr=5e-3)}
 
 
-def samples(count: int, seed: int) -> list[TrainSample]:
+def samples(count: int, seed: int) -> list[Sample]:
     """Random prompts and responses (the tiny model's outputs are noise anyway), off-policy logprobs."""
     rng = random.Random(seed)
     out = []
     for _ in range(count):
         prompt, response = rng.randint(2, 12), rng.randint(1, 8)
         tokens = tuple(rng.randrange(10, 1000) for _ in range(prompt + response))
-        out.append(TrainSample(tokens, prompt, (1,) * response, (-5.0,) * response, rng.uniform(-1.0, 1.0)))
+        out.append(Sample(tokens, prompt, (1,) * response, (-5.0,) * response, advantage=rng.uniform(-1.0, 1.0)))
     return out
 
 

@@ -21,8 +21,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from relax_pipeline.forest.sample import Sample
 from relax_pipeline.train.advantages import AdvantageSettings
-from relax_pipeline.train.batching import BatchSettings, TrainSample
+from relax_pipeline.train.batching import BatchSettings
 from relax_pipeline.train.losses import LossSettings
 from relax_pipeline.train.optim import OptimSettings
 from relax_pipeline.train.settings import DeepSpeedSettings, TrainerRun
@@ -94,7 +95,7 @@ def test_two_rank_zero3_checkpoint_resumes_exactly(tiny_path: Path, tmp_path: Pa
 
 
 def test_a_worker_that_raises_fails_the_call_naming_the_rank_and_its_log(tiny_path: Path, tmp_path: Path) -> None:
-    bad = TrainSample((10, 11, 10**7, 12), 2, (1, 1), (-1.0, -1.0), 1.0)  # token id beyond the vocabulary
+    bad = Sample((10, 11, 10**7, 12), 2, (1, 1), (-1.0, -1.0), advantage=1.0)  # token id beyond the vocabulary
     t = DeepSpeedTrainer(DeepSpeedSettings(zero_stage=0, num_ranks=2, **SETTINGS),
                          TrainerRun(str(tiny_path), advantages=ADVANTAGES, output_dir=str(tmp_path)))
     worker = t.ranks.workers[0].process if t.ranks else None

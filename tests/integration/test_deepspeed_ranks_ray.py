@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
+from relax_pipeline.forest.sample import Sample
 from relax_pipeline.testing.ray_cluster import joined_cluster, node_id
-from relax_pipeline.train.batching import TrainSample
 from tests.integration.test_deepspeed_ranks import ADVANTAGES, BATCH, COMPARED, LR, SETTINGS, one_step
 from tests.integration.test_trainer import assert_weights
 
@@ -63,7 +63,7 @@ def test_a_rank_that_raises_fails_the_call_naming_rank_node_and_log(tiny_path: P
                                                                     cluster: Any) -> None:
     import ray
 
-    bad = TrainSample((10, 11, 10**7, 12), 2, (1, 1), (-1.0, -1.0), 1.0)  # token id beyond the vocabulary
+    bad = Sample((10, 11, 10**7, 12), 2, (1, 1), (-1.0, -1.0), advantage=1.0)  # token id beyond the vocabulary
     t = on_ray(tiny_path, tmp_path)
     actor = t.ranks.actors[0] if t.ranks else None
     try:

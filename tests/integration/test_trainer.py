@@ -18,9 +18,10 @@ import pytest
 import torch
 
 from relax_pipeline.engine.sampling import full_logprobs
+from relax_pipeline.forest.sample import Sample
 from relax_pipeline.train.advantages import AdvantageSettings
 from relax_pipeline.train.base import Trainer
-from relax_pipeline.train.batching import BatchSettings, TrainSample, global_batches, micro_batches, padded_tokens
+from relax_pipeline.train.batching import BatchSettings, global_batches, micro_batches, padded_tokens
 from relax_pipeline.train.losses import LossSettings
 from relax_pipeline.train.optim import OptimSettings
 from relax_pipeline.train.settings import DeepSpeedSettings, TrainerRun, TrainerSettings
@@ -41,7 +42,7 @@ METRICS = (
 
 def make_samples(
     count: int, seed: int = 0, logprob: float = -7.0, max_prompt: int = 20, max_response: int = 15
-) -> list[TrainSample]:
+) -> list[Sample]:
     """Random prompts and responses with an observation span (mask 0, logprob 0.0) inside some responses."""
     rng = random.Random(seed)
     samples = []
@@ -52,7 +53,7 @@ def make_samples(
         if response > 4:
             mask[1:3] = [0, 0]
         logprobs = tuple(logprob if m else 0.0 for m in mask)
-        samples.append(TrainSample(tokens, prompt, tuple(mask), logprobs, rng.uniform(-1.0, 1.0)))
+        samples.append(Sample(tokens, prompt, tuple(mask), logprobs, advantage=rng.uniform(-1.0, 1.0)))
     return samples
 
 
@@ -96,7 +97,7 @@ def test_fixed_micro_batches_are_chunks_in_order() -> None:
 
 def test_dynamic_micro_batches_pack_by_padded_tokens_and_never_drop(caplog: pytest.LogCaptureFixture) -> None:
     samples = make_samples(40, seed=3)
-    long = TrainSample(tuple(range(10, 110)), 50, (1,) * 50, (-1.0,) * 50, 0.5)
+    long = Sample(tuple(range(10, 110)), 50, (1,) * 50, (-1.0,) * 50, advantage=0.5)
     dynamic = BatchSettings(use_dynamic_batch_size=True, max_tokens_per_gpu=80)
     packed = micro_batches([*samples, long], dynamic)
     flat = [s for batch in packed for s in batch]
@@ -109,7 +110,7 @@ def test_dynamic_micro_batches_pack_by_padded_tokens_and_never_drop(caplog: pyte
 
 def test_train_sample_checks_its_lengths() -> None:
     with pytest.raises(ValueError, match="loss_mask has 1 entries; response_length is 2"):
-        TrainSample((1, 2, 3), 1, (1,), (0.0, 0.0), 0.0)
+        Sample((1, 2, 3), 1, (1,), (0.0, 0.0), advantage=0.0)
 
 
 # ---- torch backend -------------------------------------------------------------------------------------
@@ -132,7 +133,7 @@ def test_one_train_call_moves_the_weights_with_finite_sane_metrics(tiny_path: Pa
 def test_zero_advantage_gives_zero_gradient(tiny_path: Path) -> None:
     t = trainer(tiny_path, batching=micro(3), loss=LossSettings(use_rollout_logprobs=False))
     before = weights(t)
-    samples = [TrainSample(s.tokens, s.prompt_length, s.loss_mask, s.rollout_logprobs, 0.0) for s in make_samples(6)]
+    samples = [dataclasses.replace(s, advantage=0.0) for s in make_samples(6)]
     metrics = t.train(samples)
     assert metrics["train/grad_norm"] == 0.0 and metrics["train/loss"] == 0.0
     assert_weights(before, weights(t), exact=True)
@@ -172,11 +173,11 @@ def test_bfloat16_autocast_trains_float32_weights_with_logprobs_near_float32(tin
     assert any(not torch.equal(before[k], after[k]) for k in before)
 
 
-def group_samples(count: int, prompt: int = 24, seed: int = 7) -> list[TrainSample]:
+def group_samples(count: int, prompt: int = 24, seed: int = 7) -> list[Sample]:
     """`count` samples of one GRPO group: the same prompt, responses of different lengths with observations."""
     rng = random.Random(seed)
     head = tuple(rng.randrange(10, 1000) for _ in range(prompt))
-    return [TrainSample(head + s.tokens[s.prompt_length :], prompt, s.loss_mask, s.rollout_logprobs, s.advantage)
+    return [Sample(head + s.tokens[s.prompt_length :], prompt, s.loss_mask, s.rollout_logprobs, advantage=s.advantage)
             for s in make_samples(count, seed=seed, max_response=12)]
 
 
@@ -239,10 +240,10 @@ def test_grouped_attention_trains_like_the_default_kernel(tiny_path: Path) -> No
 
 def test_the_shared_prefix_is_what_saves_the_most(tiny_path: Path) -> None:
     group = group_samples(4)
-    mixed = [*group[:2], TrainSample(group[2].tokens[:10] + (5,) * 20, 26, (1,) * 4, (0.0,) * 4, 0.0)]
+    mixed = [*group[:2], Sample(group[2].tokens[:10] + (5,) * 20, 26, (1,) * 4, (0.0,) * 4, advantage=0.0)]
     two = collate(mixed, 0, "cpu")
     assert (two.shared, two.prefix_of) == (23, (0, 0, 1)), "23 tokens once for two rows beat 10 once for three"
-    preamble = [TrainSample(group[0].tokens[:20] + (i,) * 10, 26, (1,) * 4, (0.0,) * 4, 0.0) for i in range(4)]
+    preamble = [Sample(group[0].tokens[:20] + (i,) * 10, 26, (1,) * 4, (0.0,) * 4, advantage=0.0) for i in range(4)]
     common = collate(preamble, 0, "cpu")
     assert (common.shared, common.prefix_of) == (20, ()), "distinct prompts with a common preamble share it"
     assert collate(make_samples(4, seed=1), 0, "cpu").shared == 0, "random prompts share nothing"
@@ -351,7 +352,7 @@ RICH = {
 """Accumulation over 3 micro-batches, recomputed old logprobs, an entropy bonus and a reference-KL loss."""
 
 
-def rich_samples() -> list[TrainSample]:
+def rich_samples() -> list[Sample]:
     """A micro-batch of one group (its prompt runs once, `Collated.shared`), then two of unrelated samples."""
     return group_samples(2, seed=7) + make_samples(4, seed=7, logprob=-3.0)
 

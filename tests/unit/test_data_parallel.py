@@ -13,17 +13,18 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
+from relax_pipeline.forest.sample import Sample
 from relax_pipeline.train.advantages import whiten
-from relax_pipeline.train.batching import BatchSettings, TrainSample
+from relax_pipeline.train.batching import BatchSettings
 from relax_pipeline.train.data_parallel import padding_sample, shard, sum_metrics, whiten_across
 
 
-def sample(prompt: int, mask: tuple[int, ...], advantage: float = 0.5) -> TrainSample:
+def sample(prompt: int, mask: tuple[int, ...], advantage: float = 0.5) -> Sample:
     tokens = tuple(range(10, 10 + prompt + len(mask)))
-    return TrainSample(tokens, prompt, mask, tuple(-1.0 if m else 0.0 for m in mask), advantage)
+    return Sample(tokens, prompt, mask, tuple(-1.0 if m else 0.0 for m in mask), advantage=advantage)
 
 
-def batch(count: int, seed: int = 0) -> list[TrainSample]:
+def batch(count: int, seed: int = 0) -> list[Sample]:
     rng = random.Random(seed)
     return [sample(rng.randint(1, 9), tuple(rng.choice((0, 1, 1)) for _ in range(rng.randint(1, 8))), rng.random())
             for _ in range(count)]

@@ -41,8 +41,8 @@ TRUNCATION = "truncation"
 TOKENIZATION = "tokenization"
 UNKNOWN = "unknown"
 CAUSES: tuple[str, ...] = (REASONING_DROPPED, REASONING_REWRITTEN, TOOL_ARGUMENTS_RESERIALIZED,
-                           TOOL_ARGUMENTS_MALFORMED, TOOL_CALL_FLATTENED, SYSTEM_PROMPT_CHANGED, CONTENT_PARTS, WHITESPACE, TRUNCATION,
-                           TOKENIZATION, UNKNOWN)
+                           TOOL_ARGUMENTS_MALFORMED, TOOL_CALL_FLATTENED, SYSTEM_PROMPT_CHANGED, CONTENT_PARTS,
+                           WHITESPACE, TRUNCATION, TOKENIZATION, UNKNOWN)
 """Every cause a drift can have, in the order the certificate lists them."""
 CONTEXT_CHARS = 40
 """Decoded characters shown on each side of the first differing token."""

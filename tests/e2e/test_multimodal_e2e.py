@@ -107,7 +107,7 @@ def test_train_steps_on_tiny_vl_move_the_vision_weights(tmp_path: Path, tiny_vl_
     agent = tmp_path / "reward_agent.py"
     agent.write_text(REWARD_AGENT)
     cfg = compose_config(tmp_path, tiny_vl_path, "job=train", "rollout.num_steps=2", "rollout.n_samples_per_prompt=4",
-                         "trainer.lr=5e-3", f"agent.command='{sys.executable} {agent}'",
+                         "trainer.optim.lr=5e-3", f"agent.command='{sys.executable} {agent}'",
                          *vl_overrides(data, tiny_vl_path))
     metrics = run(cfg)
     assert metrics["train/weight_version"] == 2 and torch.isfinite(torch.tensor(metrics["train/loss"]))

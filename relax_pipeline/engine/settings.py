@@ -180,6 +180,13 @@ class SglangEngineSettings:
     """placement=ray: how bundles spread over nodes (PACK, SPREAD, STRICT_PACK, STRICT_SPREAD)."""
     cpus_per_server: float = 1.0
     """placement=ray: CPUs each server's bundle holds (besides gpus_per_server GPUs)."""
+    sessions: bool = True
+    """One SGLang session per agent session (`/open_session` at its first turn, `session_params` on every turn,
+    `/close_session` when it ends): its KV stays on the server between turns, tool calls included, and is released
+    at the end instead of by LRU eviction; turns send only their new tokens. false: every turn is a plain request."""
+    session_timeout_s: float | None = 3600.0
+    """sessions=true: seconds a session may stay idle before SGLang closes it itself (a session nobody closed);
+    set it to at least `agent.timeout`. null: no timeout."""
 
     def __post_init__(self) -> None:
         check_choice("engine.router", self.router, ROUTERS)
@@ -193,6 +200,8 @@ class SglangEngineSettings:
             raise ValueError("engine.router_url is set but engine.router=none; set engine.router=sglang")
         if self.placement is not None:
             check_choice("engine.placement", self.placement, PLACEMENTS)
+        if self.session_timeout_s is not None and self.session_timeout_s <= 0:
+            raise ValueError(f"engine.session_timeout_s={self.session_timeout_s} must be positive (null: none)")
         if self.placement == "ray" and not self.launch:
             raise ValueError("engine.placement=ray places launched servers: set engine.launch=true (or "
                              "engine.placement=null to connect to engine.urls)")

@@ -1,14 +1,18 @@
 """`engine=sglang`: the `Engine` protocol as a client of SGLang's native HTTP API (token in, token out).
 
-API followed: SGLang's `python/sglang/srt/entrypoints/http_server.py` of the 0.5.3 line (`SGLANG_API_VERSION`;
-read at sgl-project/sglang commit 0025436e, whose `version.py` era is 0.5.3rc2; sglang-router 0.3.2).
-Endpoints used, and nothing else (`relax_pipeline.testing.sglang_server` implements exactly these):
+API followed: SGLang `SGLANG_API_VERSION` (0.5.23, the registry's newest release when this was written; the
+registry's newest sglang-router, 0.3.2, in front): its `sglang/srt/entrypoints/http_server.py` (routes),
+`sglang/srt/managers/io_struct.py` (request bodies) and `sglang/api/v1/api_types.py` (the `/generate` JSON
+contract). `tests/integration/test_sglang_conformance.py` reads them from that release's wheel and fails when
+this client calls a route or sends a field the release lacks. Routes used, and nothing else
+(`relax_pipeline.testing.sglang_server` implements exactly these):
 
-- `GET /health`, `GET /get_model_info` (`is_generation`), `GET /get_server_info` (`version`,
-  `max_total_num_tokens`) once per server at start; an error names the URL and what to check.
+- `GET /health`, `GET /model_info` (`is_generation`), `GET /server_info` (`version`, `max_total_num_tokens`)
+  once per server at start; an error names the URL and what to check.
 - `POST /generate` with `input_ids` (never text), `sampling_params` (`max_new_tokens`, `temperature`,
-  `top_p`, `top_k`, `stop`, `stop_token_ids`, `sampling_seed`, `no_stop_trim`), `return_logprob=true`,
-  `logprob_start_len=-1` and our `rid`. Tokens and logprobs come from `meta_info.output_token_logprobs`
+  `top_p`, `top_k`, `stop`, `stop_token_ids`, `sampling_seed`, `no_stop_trim`, `skip_special_tokens`),
+  `return_logprob=true`, `logprob_start_len=-1`, `stream=false`, our `rid`, and `session_params` for a turn of
+  an SGLang session. Tokens and logprobs come from `meta_info.output_token_logprobs`
   (`[logprob, token_id, text]` per token; `output_ids` must agree), the finish from
   `meta_info.finish_reason` (`stop` with `matched`, `length`, `abort`), the version from
   `meta_info.weight_version`.
@@ -30,11 +34,13 @@ through it with the routing key of `sglang_routing.Affinity` as `x-smg-routing-k
 keeps a key on one worker); aborts and weight updates go to the servers directly, since the router does
 not forward `/abort_request`. Without a router, the client routes itself (`WorkerPool`, same keys).
 
-Session cache release: SGLang 0.5.3 has no call that releases one cached prefix of its radix cache (its
-`/open_session`/`/close_session` manage streaming sessions that must be used for every turn, which token-in
-requests from many agents do not fit). The fallback: SGLang evicts unused prefixes least recently used, the
-affinity table forgets keys the same way, and `/flush_cache`-equivalent flushing happens on every weight
-update. KV-aware admission (`engine.admission=kv`) is in `sglang_routing.KvAdmission`.
+Sessions (`engine.sessions=true`, the default): a `generate` that names its agent session (`session_id=`) is a
+turn of one SGLang session (`POST /open_session {capacity_of_str_len, session_id, timeout}` at its first turn,
+`session_params {id, rid, offset}` on each turn, so the server keeps the session's KV and the request carries
+only the new tokens; `sglang_sessions.py`); `close_session(session_id)` (`POST /close_session`) releases it
+when the agent session ends, fails, is dropped or times out (`engine.session_timeout_s` bounds a session
+nobody closes). Without `session_id`, or with `engine.sessions=false`, SGLang's radix cache evicts unused
+prefixes least recently used. KV-aware admission (`engine.admission=kv`) is in `sglang_routing.KvAdmission`.
 
 Not supported: images (`media`), streaming, LoRA.
 """
@@ -58,11 +64,12 @@ from relax_pipeline.engine.settings import EngineRun, SglangEngineSettings
 from relax_pipeline.engine.sglang_launch import Processes, gpu_env, router_command, server_command
 from relax_pipeline.engine.sglang_ray import RayServers
 from relax_pipeline.engine.sglang_routing import ROUTING_KEY_HEADER, Affinity, KvAdmission, WorkerLoad, WorkerPool
+from relax_pipeline.engine.sglang_sessions import OpenSession, SessionRequest, Sessions
 from relax_pipeline.engine.sglang_weights import write_weights
 from relax_pipeline.infra.ports import free_port
 
 log = logging.getLogger(__name__)
-SGLANG_API_VERSION = "0.5.3"
+SGLANG_API_VERSION = "0.5.23"
 """The SGLang release whose HTTP API this client (and the fake server) follows."""
 FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
 
@@ -78,6 +85,8 @@ class _Flight:
     worker: WorkerLoad
     answered: asyncio.Future[GenerateResult | None]
     """Set once `generate` ends: its result, or None when it failed or was cancelled."""
+    wire: str
+    """The rid sent to SGLang (ours, suffixed when a session holds a node of that rid already)."""
     aborted: bool = False
     admission: asyncio.Task[None] | None = None
 
@@ -118,13 +127,15 @@ class SglangEngine:
             if placement is not None else None
         """engine.placement=ray: the servers placed on the Ray cluster (`sglang_ray.py`)."""
         self.server_info: dict[str, dict[str, Any]] = {}
-        """`/get_server_info` of every server, by URL (read at start)."""
+        """`/server_info` of every server, by URL (read at start)."""
         self._targets = _Targets()
         self._pool: WorkerPool | None = None
         self._shared: WorkerLoad | None = None
         self._flights: dict[str, _Flight] = {}
         self._background: set[asyncio.Task[None]] = set()
         """Aborts sent for cancelled generations (kept referenced until done)."""
+        self.sessions: Sessions | None = None
+        """engine.sessions=true: the open SGLang sessions, by agent session id (set at start)."""
         self._http: httpx.AsyncClient | None = None
         self._tokenizer: Any = None
         self._written: Path | None = None
@@ -157,10 +168,14 @@ class SglangEngine:
             self._pool = WorkerPool(workers)
         else:
             self._shared = WorkerLoad(self._targets.router, sum(w.capacity for w in workers))
+        if self.settings.sessions:
+            self.sessions = Sessions(self._call, self.max_context_len, self.settings.session_timeout_s,
+                                     self._tokenizer.bos_token_id)
 
     async def generate(self, input_ids: Sequence[int], sampling: SamplingParams, rid: str,
-                       media: Sequence[ImageFeatures] | None = None) -> GenerateResult:
-        """POST /generate (token ids in and out) to the worker of this prompt's routing key."""
+                       media: Sequence[ImageFeatures] | None = None, session_id: str | None = None) -> GenerateResult:
+        """POST /generate (token ids in and out) to the worker of this prompt's routing key; with `session_id`
+        (engine.sessions=true) as a turn of that agent session's SGLang session (see the module)."""
         prompt = self._prompt(input_ids, media)
         limit = min(sampling.max_new_tokens, self.max_context_len - len(prompt))
         if limit <= 0:
@@ -170,14 +185,18 @@ class SglangEngine:
         key = self.affinity.key_for(prompt)
         worker = self._pool.pick(key) if self._pool is not None else self._shared
         assert worker is not None
-        flight = _Flight(worker, asyncio.get_running_loop().create_future())
+        session = await self._session(session_id, worker, key)
+        if session is not None:
+            worker, key = session.worker, session.key
+        flight = _Flight(worker, asyncio.get_running_loop().create_future(),
+                         session.tree.wire_rid(rid) if session is not None else rid)
         self._flights[rid] = flight
         try:
-            result = await self._admitted(flight, len(prompt) + limit, _payload(prompt, sampling, limit, rid), key)
+            result = await self._sent(flight, prompt, sampling, limit, key, session)
             flight.answered.set_result(result)
         except asyncio.CancelledError:
             if not flight.aborted:  # the caller gave up: stop the server's work too
-                task = asyncio.get_running_loop().create_task(self._send_abort(rid, worker))
+                task = asyncio.get_running_loop().create_task(self._send_abort(flight.wire, worker))
                 self._background.add(task)
                 task.add_done_callback(self._background.discard)
             raise
@@ -189,6 +208,12 @@ class SglangEngine:
             self.affinity.finished(prompt, result.output_ids, key)
         return result
 
+    async def close_session(self, session_id: str) -> None:
+        """Release the SGLang session of agent session `session_id` (its KV); nothing when it has none. The turn
+        service calls it when the agent session ends, fails, is dropped or times out."""
+        if self.sessions is not None and self._http is not None:
+            await self.sessions.close(session_id)
+
     async def abort(self, rid: str) -> GenerateResult | None:
         """Abort `rid`; its partial result (finish "abort"), or None when it is unknown or finished first."""
         flight = self._flights.get(rid)
@@ -199,7 +224,7 @@ class SglangEngine:
             flight.admission.cancel()
         for _ in range(120):
             if not flight.answered.done():
-                await self._send_abort(rid, flight.worker)
+                await self._send_abort(flight.wire, flight.worker)
             done, _ = await asyncio.wait([flight.answered], timeout=1.0)
             if done:
                 break
@@ -223,13 +248,17 @@ class SglangEngine:
             await asyncio.to_thread(shutil.rmtree, previous, True)
 
     def step_metrics(self) -> dict[str, float]:
-        """Metrics since the last call (`engine/kv_reserved`, `engine/admission_wait_s`, ...); the step loop logs
-        them with each step. Empty without admission."""
-        return self.admission.take_metrics() if self.admission is not None else {}
+        """Metrics since the last call (`engine/kv_reserved`, `engine/admission_wait_s`, `engine/sessions_open`,
+        ...); the step loop logs them with each step. Empty without admission and sessions."""
+        metrics = self.admission.take_metrics() if self.admission is not None else {}
+        return metrics | (self.sessions.take_metrics() if self.sessions is not None else {})
 
     async def close(self) -> None:
-        """Stop what this engine launched, drop the weights folder it wrote, close the HTTP client."""
+        """Close the open sessions, stop what this engine launched, drop the weights folder it wrote, close the
+        HTTP client."""
         try:
+            if self.sessions is not None and self._http is not None:
+                await self.sessions.close_all()
             await self.processes.stop()
             if self.ray_servers is not None:
                 await self.ray_servers.stop()
@@ -256,8 +285,55 @@ class SglangEngine:
                              "shorten the history or raise rollout.max_context_len")
         return prompt
 
-    async def _admitted(self, flight: _Flight, tokens: int, payload: dict[str, Any], key: str) -> GenerateResult:
-        """Reserve KV room (admission=kv), send the generation, release the room."""
+    async def _session(self, session_id: str | None, worker: WorkerLoad, key: str) -> OpenSession | None:
+        """The SGLang session of `session_id`, opened at its first turn (on `worker`; behind the router on every
+        server); None without sessions."""
+        if self.sessions is None or session_id is None:
+            return None
+        urls = self._targets.urls if self._targets.router is not None else [worker.url]
+        return await self.sessions.get(session_id, urls, worker, key)
+
+    async def _sent(self, flight: _Flight, prompt: list[int], sampling: SamplingParams, limit: int, key: str,
+                    session: OpenSession | None) -> GenerateResult:
+        """Send the generation (a session turn when `session`); a turn the server refuses for its session node
+        is sent again as a new root of the session."""
+        if session is None:
+            return (await self._admitted(flight, len(prompt) + limit, _payload(prompt, sampling, limit, flight.wire),
+                                         key))[0]
+        request = session.tree.request(prompt)
+        try:
+            result, meta = await self._admitted(flight, len(prompt) + limit,
+                                                _payload(prompt, sampling, limit, flight.wire, request), key)
+        except SglangError as error:
+            if request.kept == 0 or "session" not in str(error):
+                raise
+            log.warning("sglang: session %s refused a turn (%s); sending it as a new root", request.params["id"],
+                        error)
+            session.tree.forget()
+            request = session.tree.request(prompt)
+            result, meta = await self._admitted(flight, len(prompt) + limit,
+                                                _payload(prompt, sampling, limit, flight.wire, request), key)
+        self._session_turn(session, flight.wire, prompt, result, meta)
+        return result
+
+    def _session_turn(self, session: OpenSession, wire: str, prompt: list[int], result: GenerateResult,
+                      meta: dict[str, Any]) -> None:
+        """Mirror the node a session turn made; its assembled prompt must be ours."""
+        if not meta:  # aborted before it was sent
+            return
+        served = meta.get("prompt_tokens")
+        if served is not None and int(served) != len(prompt):
+            session.tree.forget()
+            raise SglangError(f"SGLang session {session.tree.session_id}: the server assembled {served} prompt tokens "
+                              f"for a {len(prompt)}-token prompt (rid {wire}); set engine.sessions=false")
+        if self.sessions is not None:
+            self.sessions.turn(int(meta.get("cached_tokens") or 0))
+        if result.finish_reason != "abort":
+            session.tree.finished(wire, prompt, result.output_ids)
+
+    async def _admitted(self, flight: _Flight, tokens: int, payload: dict[str, Any],
+                        key: str) -> tuple[GenerateResult, dict[str, Any]]:
+        """Reserve KV room (admission=kv), send the generation, release the room; the result and its meta_info."""
         worker = flight.worker
         if self.admission is not None:
             flight.admission = asyncio.ensure_future(self.admission.reserve(worker, tokens))
@@ -265,17 +341,17 @@ class SglangEngine:
                 await flight.admission
             except asyncio.CancelledError:
                 if flight.aborted and flight.admission.cancelled():
-                    return GenerateResult((), (), "abort", self.weight_version)
+                    return GenerateResult((), (), "abort", self.weight_version), {}
                 raise
         try:
             if flight.aborted:
-                return GenerateResult((), (), "abort", self.weight_version)
+                return GenerateResult((), (), "abort", self.weight_version), {}
             worker.in_flight += 1
             try:
                 body = await self._generate_call(worker, key, payload)
             finally:
                 worker.in_flight -= 1
-            return parse_generate(body, self.weight_version, worker.url)
+            return parse_generate(body, self.weight_version, worker.url), body.get("meta_info") or {}
         finally:
             if self.admission is not None:
                 self.admission.release(worker, tokens)
@@ -317,8 +393,8 @@ class SglangEngine:
         """Health, model and server info of one server; its KV capacity."""
         try:
             await self._call("GET", url, "/health", expect_json=False)
-            model = await self._call("GET", url, "/get_model_info")
-            info = await self._call("GET", url, "/get_server_info")
+            model = await self._call("GET", url, "/model_info")
+            info = await self._call("GET", url, "/server_info")
         except SglangError as error:
             raise SglangError(f"engine.urls: {error}") from None
         if not model.get("is_generation", True):
@@ -365,8 +441,10 @@ class SglangEngine:
         raise SglangError(f"sglang-router at {url} did not report {len(urls)} healthy workers; log {router.log_path}")
 
 
-def _payload(prompt: list[int], sampling: SamplingParams, limit: int, rid: str) -> dict[str, Any]:
-    """The /generate body (token ids in, logprobs of the output tokens out)."""
+def _payload(prompt: list[int], sampling: SamplingParams, limit: int, rid: str,
+             session: SessionRequest | None = None) -> dict[str, Any]:
+    """The /generate body (token ids in, logprobs of the output tokens out); a session turn sends only the ids
+    its session does not hold, with its `session_params`."""
     params: dict[str, Any] = {"max_new_tokens": limit, "temperature": sampling.temperature, "top_p": sampling.top_p,
                               "top_k": sampling.top_k, "stop_token_ids": list(sampling.stop_token_ids),
                               "no_stop_trim": True, "skip_special_tokens": False}
@@ -374,8 +452,11 @@ def _payload(prompt: list[int], sampling: SamplingParams, limit: int, rid: str) 
         params["stop"] = list(sampling.stop)
     if sampling.seed is not None:
         params["sampling_seed"] = sampling.seed
-    return {"input_ids": prompt, "sampling_params": params, "return_logprob": True, "logprob_start_len": -1,
+    body = {"input_ids": prompt, "sampling_params": params, "return_logprob": True, "logprob_start_len": -1,
             "rid": rid, "stream": False}
+    if session is not None:
+        body |= {"input_ids": session.input_ids, "session_params": session.params}
+    return body
 
 
 def parse_generate(body: dict[str, Any], version: int, url: str = "") -> GenerateResult:

@@ -16,7 +16,7 @@ sglang-router (`engine.router=sglang`) the key travels as the `x-smg-routing-key
 `manual` policy keeps it sticky instead.
 
 `KvAdmission` (`engine.admission=kv`) reserves prompt + capped decode tokens against a worker's KV capacity
-(`max_total_num_tokens` from the server's `/get_server_info`) times `headroom` before a generation starts;
+(`max_total_num_tokens` from the server's `/server_info`) times `headroom` before a generation starts;
 a request that does not fit waits (FIFO per worker) until others release, at most `max_wait_s`, then
 starts anyway and is counted. A request larger than the whole budget starts alone. Behind sglang-router
 the client does not learn which worker serves a key, so admission reserves against the pool's summed

@@ -1,23 +1,38 @@
 """A fake SGLang server: SGLang's native HTTP wire, backed by the embedded engine so tokens are real.
 
-It follows SGLang 0.5.3's `http_server.py` (`SGLANG_API_VERSION` in `engine/sglang.py`) and implements
-exactly the endpoints `engine=sglang` calls: `GET /health`, `GET /get_model_info`, `GET /get_server_info`,
-`POST /generate` (`input_ids` only, `return_logprob`, `rid`), `POST /abort_request` and
-`POST /update_weights_from_disk`. Any other path answers 404 and is recorded, so a test fails when the
-client calls an endpoint this fake (and so the API version it follows) does not have; unknown sampling
-parameters are refused (400) for the same reason. `GET /fake/stats` (not SGLang) reports the calls, the
-unknown ones and the peak of concurrently running prompt + max_new_tokens (what KV admission bounds).
+It follows the `http_server.py` and `io_struct.py` of the SGLang release `SGLANG_API_VERSION` (engine/sglang.py)
+and serves exactly the routes `engine=sglang` calls, with exactly the body fields in `ROUTES` (each one a field
+that release has: `tests/integration/test_sglang_conformance.py` reads them from its wheel): `GET /health`,
+`GET /model_info`, `GET /server_info`, `POST /generate` (`input_ids` only, `return_logprob`, `rid`,
+`session_params`), `POST /abort_request`, `POST /update_weights_from_disk`, `POST /open_session` and
+`POST /close_session`. Any other path answers 404 and is recorded, so a test fails when the client calls a
+route this fake (and so the release it follows) does not have; a body field or sampling parameter outside
+its table is refused (400) for the same reason (SGLang itself ignores unknown top-level `/generate` fields:
+the fake is stricter). `GET /fake/stats` (not SGLang) reports the calls, the unknown ones, the fields the
+client sent (`sent`), the open sessions and the peak of concurrently running prompt + max_new_tokens (what KV
+admission bounds).
 
 Behaviour as SGLang's: a `/generate` of an aborted rid answers with the tokens and logprobs generated so
 far and `finish_reason {"type": "abort"}`; an abort of an unknown rid is ignored; stop tokens stay in
 `output_ids`; `weight_version` starts as "default" and becomes the update's `weight_version`; a weight
-update loads every `*.safetensors` of the folder (and clears the prefix cache). `--decode-delay-s` sleeps
-before each forward pass so tests can abort a generation mid-way; `--ignore-stop` generates to
-`max_new_tokens` whatever the stop tokens (exact lengths); `--kv-cache-mb 0` turns the prefix cache off
-(a benchmark replaying the same prompts then meets no warmer cache than the original run);
-`--max-total-num-tokens` is the KV capacity it reports. Not SGLang: logprobs follow the embedded engine's
-contract (full vocabulary at the sampling temperature), there is no radix cache eviction, streaming or batch
-input.
+update loads every `*.safetensors` of the folder (and clears the prefix cache).
+
+Sessions as SGLang's non-streaming sessions (`session/session_controller.py`): `/open_session
+{capacity_of_str_len, session_id, timeout}` answers the id (400 when it is open already), `/close_session
+{session_id}` drops the session (an unknown id is ignored), a session idle longer than its `timeout` is
+closed. A `/generate` with `session_params {id, rid, offset, replace}` is a node of the session's tree,
+keyed by its own `rid`: with `rid` it continues the node's context (its input and output) with the new
+`input_ids` (a leading BOS dropped), or splices them at token `offset`; `replace` first aborts the node and
+drops its children (without `rid`: every node); without `rid` it is a new root. A `rid` the session does not
+hold, or one still generating, is refused (400, SGLang's message). `meta_info.cached_tokens` is the context
+the session kept; `prompt_tokens` is the whole assembled input.
+
+Options: `--decode-delay-s` sleeps before each forward pass so tests can abort a generation mid-way;
+`--ignore-stop` generates to `max_new_tokens` whatever the stop tokens (exact lengths); `--kv-cache-mb 0`
+turns the prefix cache off (a benchmark replaying the same prompts then meets no warmer cache than the
+original run); `--max-total-num-tokens` is the KV capacity it reports. Not SGLang: logprobs follow the
+embedded engine's contract (full vocabulary at the sampling temperature), there is no radix cache eviction
+(`cached_tokens` outside a session is 0), no streaming or batch input, no streaming sessions.
 
 Run it as SGLang's launcher would be: `python -m relax_pipeline.testing.sglang_server --model-path M --host H
 --port P [--decode-delay-s S] [--max-total-num-tokens N]` (unknown SGLang flags are accepted and ignored),
@@ -31,6 +46,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,12 +59,141 @@ from relax_pipeline.engine.settings import EngineRun, HFEngineSettings
 from relax_pipeline.gateway.server import GatewayServer
 
 log = logging.getLogger(__name__)
-IMPLEMENTED = {("GET", "/health"), ("GET", "/get_model_info"), ("GET", "/get_server_info"), ("POST", "/generate"),
-               ("POST", "/abort_request"), ("POST", "/update_weights_from_disk")}
-"""The SGLang endpoints this fake serves (exactly those the client uses)."""
-SAMPLING_KEYS = {"max_new_tokens", "temperature", "top_p", "top_k", "stop", "stop_token_ids", "sampling_seed",
-                 "no_stop_trim", "skip_special_tokens"}
+SAMPLING_KEYS = frozenset({"max_new_tokens", "temperature", "top_p", "top_k", "stop", "stop_token_ids",
+                           "sampling_seed", "no_stop_trim", "skip_special_tokens"})
 """SGLang sampling parameters this fake understands; any other is refused."""
+SESSION_KEYS = frozenset({"id", "rid", "offset", "replace"})
+"""`session_params` fields this fake understands (not `drop_previous_output`); any other is refused."""
+ROUTES: dict[tuple[str, str], frozenset[str]] = {
+    ("GET", "/health"): frozenset(), ("GET", "/model_info"): frozenset(), ("GET", "/server_info"): frozenset(),
+    ("POST", "/generate"): frozenset({"input_ids", "sampling_params", "return_logprob", "logprob_start_len", "rid",
+                                      "stream", "session_params"}),
+    ("POST", "/abort_request"): frozenset({"rid", "abort_all"}),
+    ("POST", "/update_weights_from_disk"): frozenset({"model_path", "weight_version"}),
+    ("POST", "/open_session"): frozenset({"capacity_of_str_len", "session_id", "timeout"}),
+    ("POST", "/close_session"): frozenset({"session_id"})}
+"""The SGLang routes this fake serves (exactly those the client uses) and the body fields each accepts."""
+ROUTER_FIELDS = frozenset({"background", "log_metrics", "model", "no_logs", "return_bytes", "return_entropy",
+                           "return_hidden_states", "return_text_in_logprobs"})
+"""Top-level `/generate` fields sglang-router 0.3.2 adds to what it forwards: accepted and ignored, as SGLang's
+`/generate` ignores top-level fields it does not know (the fake refuses every other unknown one)."""
+
+
+class Refused(Exception):
+    """A request SGLang would refuse: answered 400 with SGLang's error shape."""
+
+
+@dataclass
+class FakeNode:
+    """One request of a session: its whole context once finished (assembled input + output)."""
+
+    tokens: list[int]
+    parent: str | None
+    finished: bool = False
+    children: list[str] = field(default_factory=list)
+
+
+@dataclass
+class FakeSession:
+    """One open session (SGLang's `Session`, non-streaming)."""
+
+    capacity_of_str_len: int
+    timeout: float | None
+    last_active: float = field(default_factory=time.monotonic)
+    nodes: dict[str, FakeNode] = field(default_factory=dict)
+
+    def timed_out(self, now: float) -> bool:
+        return self.timeout is not None and now - self.last_active > self.timeout
+
+
+class FakeSessions:
+    """The open sessions of one fake server and their request trees (see the module)."""
+
+    def __init__(self) -> None:
+        self.open: dict[str, FakeSession] = {}
+        self.closed = 0
+        """Sessions closed so far (by `/close_session` or by their timeout)."""
+
+    def start(self, body: dict[str, Any]) -> str:
+        self.reap()
+        sid = body.get("session_id")
+        if not isinstance(sid, str) or sid in self.open:
+            raise Refused("Failed to open the session. Check if a session with the same id is still open.")
+        timeout = body.get("timeout")
+        self.open[sid] = FakeSession(int(body["capacity_of_str_len"]), None if timeout is None else float(timeout))
+        return sid
+
+    def close(self, sid: str) -> list[str]:
+        """Close `sid` (unknown: nothing); the rids of its nodes still generating (to abort)."""
+        session = self.open.pop(sid, None)
+        if session is None:
+            return []
+        self.closed += 1
+        return [rid for rid, node in session.nodes.items() if not node.finished]
+
+    def reap(self) -> list[str]:
+        """Close the sessions idle past their timeout; the rids still generating in them."""
+        now = time.monotonic()
+        return [rid for sid in [s for s, session in self.open.items() if session.timed_out(now)]
+                for rid in self.close(sid)]
+
+    def assemble(self, params: dict[str, Any], ids: list[int], rid: str, bos: int | None) -> tuple[list[int], int,
+                                                                                                     list[str]]:
+        """The whole input of a session request, the tokens the session kept, and rids to abort (`replace`)."""
+        session = self.open.get(str(params.get("id")))
+        if session is None:
+            raise Refused(f"session id {params.get('id')} does not exist")
+        session.last_active = time.monotonic()
+        parent, aborted = self._parent(session, params)
+        if parent is None:
+            context, kept = list(ids), 0
+        else:
+            new = ids[1:] if ids and bos is not None and ids[0] == bos else ids
+            offset = params.get("offset")
+            kept = offset if offset else len(session.nodes[parent].tokens)
+            context = session.nodes[parent].tokens[:kept] + new
+        if not context:
+            raise Refused("A session request must contain input tokens after restoring history.")
+        session.nodes[rid] = FakeNode(context, parent)
+        if parent is not None:
+            session.nodes[parent].children.append(rid)
+        return context, kept, aborted
+
+    def finish(self, sid: str, rid: str, output: list[int]) -> None:
+        """The node `rid` finished (or was aborted) with `output`: its context grows by it."""
+        session = self.open.get(sid)
+        node = session.nodes.get(rid) if session is not None else None
+        if node is not None and not node.finished:
+            node.tokens = node.tokens + output
+            node.finished = True
+
+    def _parent(self, session: FakeSession, params: dict[str, Any]) -> tuple[str | None, list[str]]:
+        rid = params.get("rid")
+        if params.get("replace"):
+            if rid is None:
+                return None, [r for root in list(session.nodes) for r in self._clear(session, root)]
+            if rid not in session.nodes:
+                raise Refused("Invalid request session id")
+            node = session.nodes[rid]
+            aborted = [] if node.finished else [rid]
+            node.finished = True
+            aborted += [r for child in list(node.children) for r in self._clear(session, child)]
+            node.children = []
+            return rid, aborted
+        if rid is None:
+            return None, []
+        if rid not in session.nodes:
+            raise Refused("Invalid request session id")
+        if not session.nodes[rid].finished:
+            raise Refused("Session request is appending to a request that hasn't finished.")
+        return rid, []
+
+    def _clear(self, session: FakeSession, rid: str) -> list[str]:
+        """Drop node `rid` and its subtree; the rids among them still generating."""
+        node = session.nodes.pop(rid, None)
+        if node is None:
+            return []
+        return ([] if node.finished else [rid]) + [r for child in node.children for r in self._clear(session, child)]
 
 
 class FakeState:
@@ -66,15 +211,40 @@ class FakeState:
         self.weight_version = "default"
         self.calls: Counter[str] = Counter()
         self.unknown: list[str] = []
+        self.sent: set[str] = set()
+        """Every body field the client sent, as `METHOD /path field` (`sampling_params.top_p` for nested ones)."""
         self.live: set[str] = set()
         self.rids: list[str] = []
         """Every /generate rid, in arrival order (which worker served what)."""
+        self.sessions = FakeSessions()
         self.running_tokens = 0
         self.peak_tokens = 0
 
     def stats(self) -> dict[str, Any]:
         return {"calls": dict(self.calls), "unknown": self.unknown, "peak_tokens": self.peak_tokens,
-                "weight_version": self.weight_version, "rids": self.rids}
+                "weight_version": self.weight_version, "rids": self.rids, "sent": sorted(self.sent),
+                "sessions_open": sorted(self.sessions.open), "sessions_closed": self.sessions.closed}
+
+    async def body(self, request: Request) -> dict[str, Any]:
+        """The JSON body of `request`, its fields recorded; a field outside `ROUTES` is refused."""
+        route = (request.method, request.url.path)
+        body = await request.json() if await request.body() else {}
+        if not isinstance(body, dict):
+            raise Refused(f"{route[1]} takes a JSON object")
+        ignored = ROUTER_FIELDS if route == ("POST", "/generate") else frozenset()
+        for key, value in body.items():
+            self.sent.add(f"{route[0]} {route[1]} {key}")
+            if isinstance(value, dict) and key in ("sampling_params", "session_params"):
+                self.sent.update(f"{route[0]} {route[1]} {key}.{inner}" for inner in value)
+        unknown = sorted(set(body) - ROUTES[route] - ignored)
+        if unknown:
+            raise Refused(f"{route[1]}: unknown fields {unknown} (this fake follows the pinned SGLang release)")
+        return body
+
+    async def abort(self, rids: list[str]) -> None:
+        for rid in rids:
+            if rid in self.live:
+                await self.engine.abort(rid)
 
 
 def create_app(state: FakeState) -> FastAPI:
@@ -87,44 +257,55 @@ def create_app(state: FakeState) -> FastAPI:
         if request.url.path == "/fake/stats":
             return JSONResponse(state.stats())
         state.calls[f"{key[0]} {key[1]}"] += 1
-        if key not in IMPLEMENTED or key[1] in state.disabled:
+        if key not in ROUTES or key[1] in state.disabled:
             state.unknown.append(f"{key[0]} {key[1]}")
             return JSONResponse({"detail": "Not Found"}, status_code=404)
+        await state.abort(state.sessions.reap())
         return await call_next(request)
+
+    @app.exception_handler(Refused)
+    async def refused(request: Request, error: Refused) -> Response:
+        return JSONResponse({"error": {"message": str(error)}}, status_code=400)
 
     @app.get("/health")
     async def health() -> Response:
         return Response(status_code=200)
 
-    @app.get("/get_model_info")
+    @app.get("/model_info")
     async def model_info() -> dict[str, Any]:
         return {"model_path": state.model_path, "tokenizer_path": state.model_path, "is_generation": True,
                 "preferred_sampling_params": None, "weight_version": state.weight_version}
 
-    @app.get("/get_server_info")
+    @app.get("/server_info")
     async def server_info() -> dict[str, Any]:
         from relax_pipeline.engine.sglang import SGLANG_API_VERSION
 
         return {"model_path": state.model_path, "max_total_num_tokens": state.capacity,
-                "max_req_input_len": state.engine.max_context_len, "weight_version": state.weight_version,
-                "internal_states": [{}], "version": SGLANG_API_VERSION}
+                "max_req_input_len": state.engine.max_context_len, "internal_states": [{}],
+                "version": SGLANG_API_VERSION}
 
     @app.post("/generate")
     async def generate(request: Request) -> Response:
-        return await _generate(state, await request.json())
+        return await _generate(state, await state.body(request))
 
     @app.post("/abort_request")
     async def abort(request: Request) -> Response:
-        body = await request.json()
-        rids = list(state.live) if body.get("abort_all") else [body.get("rid")]
-        for rid in rids:
-            if rid in state.live:
-                await state.engine.abort(rid)
+        body = await state.body(request)
+        await state.abort(list(state.live) if body.get("abort_all") else [str(body.get("rid"))])
         return Response(status_code=200)
 
     @app.post("/update_weights_from_disk")
     async def update(request: Request) -> Response:
-        return await _update(state, await request.json())
+        return await _update(state, await state.body(request))
+
+    @app.post("/open_session")
+    async def open_session(request: Request) -> Response:
+        return JSONResponse(state.sessions.start(await state.body(request)))
+
+    @app.post("/close_session")
+    async def close_session(request: Request) -> Response:
+        await state.abort(state.sessions.close(str((await state.body(request)).get("session_id"))))
+        return Response(status_code=200)
 
     return app
 
@@ -132,26 +313,35 @@ def create_app(state: FakeState) -> FastAPI:
 async def _generate(state: FakeState, body: dict[str, Any]) -> Response:
     ids = body.get("input_ids")
     params = dict(body.get("sampling_params") or {})
-    unknown = sorted(set(params) - SAMPLING_KEYS)
-    if not isinstance(ids, list) or not ids or unknown or body.get("stream"):
-        why = f"unknown sampling params {unknown}" if unknown else "stream is not served" if body.get("stream") \
-            else "input_ids (a non-empty list of token ids) is required; this fake takes no text"
+    session = body.get("session_params")
+    unknown = sorted(set(params) - SAMPLING_KEYS) + sorted(set(session or {}) - SESSION_KEYS)
+    if not isinstance(ids, list) or unknown or body.get("stream") or (not ids and not session):
+        why = f"unknown sampling or session params {unknown}" if unknown else "stream is not served" \
+            if body.get("stream") else "input_ids (a non-empty list of token ids) is required; this fake takes no text"
         return JSONResponse({"error": {"message": why}}, status_code=400)
     rid = str(body.get("rid") or f"fake-{time.monotonic_ns()}")
     sampling = _sampling(params, state.ignore_stop)
+    kept = 0
+    if session:
+        ids, kept, aborted = state.sessions.assemble(session, ids, rid, state.engine.tokenizer.bos_token_id)
+        await state.abort(aborted)
     tokens = len(ids) + sampling.max_new_tokens
     state.live.add(rid)
     state.rids.append(rid)
     state.running_tokens += tokens
     state.peak_tokens = max(state.peak_tokens, state.running_tokens)
+    output: list[int] = []
     try:
         result = await state.engine.generate(ids, sampling, rid)
+        output = list(result.output_ids)
     except ValueError as error:
         return JSONResponse({"error": {"message": str(error)}}, status_code=400)
     finally:
         state.live.discard(rid)
         state.running_tokens -= tokens
-    return JSONResponse(_answer(state, rid, len(ids), result, bool(body.get("return_logprob"))))
+        if session:
+            state.sessions.finish(str(session.get("id")), rid, output)
+    return JSONResponse(_answer(state, rid, len(ids), kept, result, bool(body.get("return_logprob"))))
 
 
 def _sampling(params: dict[str, Any], ignore_stop: bool = False) -> SamplingParams:
@@ -163,7 +353,8 @@ def _sampling(params: dict[str, Any], ignore_stop: bool = False) -> SamplingPara
                           stop_ids, params.get("sampling_seed"))
 
 
-def _answer(state: FakeState, rid: str, prompt_len: int, result: GenerateResult, logprobs: bool) -> dict[str, Any]:
+def _answer(state: FakeState, rid: str, prompt_len: int, kept: int, result: GenerateResult,
+            logprobs: bool) -> dict[str, Any]:
     ids = list(result.output_ids)
     finish: dict[str, Any] = {"type": result.finish_reason}
     if result.finish_reason == "stop":
@@ -172,8 +363,8 @@ def _answer(state: FakeState, rid: str, prompt_len: int, result: GenerateResult,
         finish["length"] = len(ids)
     else:
         finish["message"] = "Abort in running batch"
-    meta: dict[str, Any] = {"id": rid, "finish_reason": finish, "prompt_tokens": prompt_len,
-                            "completion_tokens": len(ids), "cached_tokens": 0, "weight_version": state.weight_version}
+    meta: dict[str, Any] = {"id": rid, "finish_reason": finish, "prompt_tokens": prompt_len, "cached_tokens": kept,
+                            "completion_tokens": len(ids), "weight_version": state.weight_version}
     if logprobs:
         meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(result.logprobs, ids, strict=True)]
     return {"text": state.engine.tokenizer.decode(ids), "output_ids": ids, "meta_info": meta}

@@ -36,3 +36,8 @@ def advantage(slots: list[dict[str | None, Any]]) -> Any:
     if call == 2:
         return {"not": "a list"}
     return [{name: float(i) - 0.5 for name in slot} for i, slot in enumerate(slots)]
+
+
+def keep_after_first(samples: list[dict[str, Any]]) -> bool:
+    """`credit.filter_path`: filter the first group scored, keep the others."""
+    return _call("keep_after_first") > 1

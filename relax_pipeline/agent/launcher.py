@@ -1,22 +1,24 @@
 """Start one agent process per session and end its whole process group (docs/design.md §3.2).
 
-`AgentProcess.start` runs `bash -c <command>` in `cwd`, in a new session (so its own process group),
-with stdin from /dev/null and stdout and stderr appended to one file, `<io_dir>/agent.log`. The
-environment is the parent's, minus any inherited `RELAX_*` variable, plus `AgentSpec.env`, plus the
-session's `RELAX_*` variables passed by the caller, plus the variables real harnesses read for their
-endpoint (`harness_variables`: `OPENAI_BASE_URL`, `OPENAI_API_KEY`, `ANTHROPIC_BASE_URL`,
-`ANTHROPIC_API_KEY`, derived from `RELAX_BASE_URL` and `RELAX_API_KEY`, each unless `AgentSpec.env` sets
-it), so a harness configured by its own variables needs no wrapper and never reaches a real provider
-with a key inherited from the parent. The `RELAX_` prefix is reserved: `AgentSpec.env` may not use it
-and the session variables must.
+`AgentProcess.start` runs `bash -c <command>` in `cwd`, in a new session (so its own process group, and no
+controlling terminal: a Ctrl-C, which the terminal sends to its foreground process group, reaches the run but
+never the agents; the run's stop path terminates them), with stdin from /dev/null and stdout and stderr
+appended to one file, `<io_dir>/agent.log`. The environment is the parent's, minus any inherited `RELAX_*`
+variable, plus `AgentSpec.env`, plus the session's `RELAX_*` variables passed by the caller, plus the
+variables real harnesses read for their endpoint (`harness_variables`: `OPENAI_BASE_URL`, `OPENAI_API_KEY`,
+`ANTHROPIC_BASE_URL`, `ANTHROPIC_API_KEY`, derived from `RELAX_BASE_URL` and `RELAX_API_KEY`, each unless
+`AgentSpec.env` sets it), so a harness configured by its own variables needs no wrapper and never reaches a
+real provider with a key inherited from the parent. The `RELAX_` prefix is reserved: `AgentSpec.env` may not
+use it and the session variables must.
 
-`AgentProcess.wait` counts an `ActiveTimer`: time spent paused (for example while the agent's request
-waits for the engine) does not count against `AgentSpec.timeout`. When the budget runs out, or when the
-waiting task is cancelled (session dropped), the whole group gets SIGTERM, then SIGKILL after
-`grace_s`. After a normal exit of the main process, leftover processes of the group are ended the same
-way. A non-zero exit, a death by signal and a timeout raise `AgentFailure` carrying the exit code and
-the tail of the log. `wait_active` is that active-time wait on its own, shared with `agent/http_executor`
-(the same budget for a session run by an agent server); `kill` is the no-wait SIGKILL of a run's last resort.
+`AgentProcess.wait` counts an `ActiveTimer`: time spent paused (for example while the agent's request waits
+for the engine) does not count against `AgentSpec.timeout`. When the budget runs out, or when the waiting task
+is cancelled (session dropped), the whole group gets SIGTERM, then SIGKILL after `grace_s`. After a normal
+exit of the main process, leftover processes of the group are ended the same way. A non-zero exit, a death by
+signal and a timeout raise `AgentFailure` carrying the exit code, the tail of the log and its kind
+(`FAILURE_KINDS`: the agent's error, a timeout, or an infrastructure failure). `wait_active` is that
+active-time wait on its own, shared with `agent/http_executor` (the same budget for a session run by an agent
+server); `kill` is the no-wait SIGKILL of a run's last resort.
 
 Not done here: processes that leave the group (`setsid`, double-forking daemons) are not followed;
 writing the input file and reading the output file live in `session_io`.
@@ -199,17 +201,39 @@ def harness_variables(session_env: Mapping[str, str]) -> dict[str, str]:
             "ANTHROPIC_BASE_URL": base.rstrip("/"), "ANTHROPIC_API_KEY": key}
 
 
+FAILURE_KINDS = ("agent_error", "timeout", "infra_error")
+"""What an `AgentFailure` was (the session outcomes of the same names, `stages/group.py`): the agent's own failure
+(a non-zero exit, a death by signal, a bad answer from its server), its active-time budget ran out, or the
+machinery around it failed (it could not be started, its server or node could not be reached or was lost)."""
+_INFRA_PREFIXES = ("could not start", "could not reach", "could not read the input file", "agent server answered",
+                   "lost:", "failed on node", "no node of", "the node's runner")
+"""Reasons of the executors' infrastructure failures (`http_executor`, `ray_executor`, `ray_node`)."""
+
+
+def failure_kind(reason: str) -> str:
+    """The kind of a failure from its reason, for executors that do not name it (`FAILURE_KINDS`)."""
+    if reason.startswith("timed out"):
+        return "timeout"
+    return "infra_error" if reason.startswith(_INFRA_PREFIXES) else "agent_error"
+
+
 class AgentFailure(Exception):
-    """The agent exited non-zero, died by a signal, or ran out of active time."""
+    """The agent exited non-zero, died by a signal, or ran out of active time; or it could not be run at all.
+
+    `kind` is one of `FAILURE_KINDS` (named by the raiser, else read from the reason by `failure_kind`)."""
 
     def __init__(
-        self, reason: str, exit_code: int | None, log_tail: str, log_path: Path | None = None
+        self, reason: str, exit_code: int | None, log_tail: str, log_path: Path | None = None,
+        kind: str | None = None,
     ) -> None:
         super().__init__(reason, exit_code, log_tail)
         self.reason = reason
         self.exit_code = exit_code
         self.log_tail = log_tail
         self.log_path = log_path
+        self.kind = kind or failure_kind(reason)
+        if self.kind not in FAILURE_KINDS:
+            raise ValueError(f"AgentFailure kind={self.kind!r}; choose one of {list(FAILURE_KINDS)}")
 
     def __str__(self) -> str:
         where = f" (full log: {self.log_path})" if self.log_path else ""
@@ -275,7 +299,7 @@ class AgentProcess:
             return ChildProcess(popen)  # type: ignore[return-value]  # the part of Process used here
         except OSError as error:
             raise AgentFailure(f"could not start ({error}); check agent.cwd and agent.command", None,
-                               "", self._log_path) from error
+                               "", self._log_path, "infra_error") from error
 
     async def wait(self) -> AgentExit:
         """Wait for exit under the active timer; raise `AgentFailure` unless it exits 0."""
@@ -287,7 +311,7 @@ class AgentProcess:
             raise
         if not finished:
             await self.terminate()
-            raise self._failure(f"timed out after {self.timer.budget:g} s of active time", None)
+            raise self._failure(f"timed out after {self.timer.budget:g} s of active time", None, "timeout")
         await self.terminate()
         return self._result(proc)
 
@@ -344,9 +368,9 @@ class AgentProcess:
         """The last `log_tail_bytes` of agent.log, decoded with replacement characters."""
         return log_tail(self._log_path, self.spec.log_tail_bytes)
 
-    def _failure(self, reason: str, exit_code: int | None) -> AgentFailure:
+    def _failure(self, reason: str, exit_code: int | None, kind: str = "agent_error") -> AgentFailure:
         """An `AgentFailure` carrying the log tail."""
-        return AgentFailure(reason, exit_code, self.tail(), self._log_path)
+        return AgentFailure(reason, exit_code, self.tail(), self._log_path, kind)
 
     def _require_started(self) -> asyncio.subprocess.Process:
         """The running process, or a RuntimeError naming the missing call."""

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from relax_pipeline.engine.base import Engine
 from relax_pipeline.forest.export import Exported
-from relax_pipeline.stages.group import Group, drop_group
+from relax_pipeline.stages.group import INFRA_ERROR, Group, drop_group
 from relax_pipeline.stages.pipeline import Pipeline
 from relax_pipeline.turn.leases import GroupLease
 
@@ -106,7 +106,7 @@ class GroupPool:
             log.error("group %s failed inside the pipeline", entry.group.id if entry.group else "?", exc_info=error)
             if entry.group is not None:  # record it as dropped, with the reason, rather than lose it
                 reason = f"internal error: {type(error).__name__}: {error}"
-                drop_group(self.pipeline.prepare.store, entry.group, reason)  # before anyone collects it
+                drop_group(self.pipeline.prepare.store, entry.group, reason, outcome=INFRA_ERROR)  # before collection
                 asyncio.ensure_future(self.pipeline.cancel_group(entry.group, reason))
                 self._ready.append((entry.group, {}))
         self._wake.set()

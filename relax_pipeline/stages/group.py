@@ -3,7 +3,12 @@
 A group is the unit of scheduling and of credit: its `n_samples_per_prompt` sessions start together,
 are scored together, and are dropped together when one of them fails. Stages fill its fields in order;
 the runtime strategy decides when each stage runs. `drop_group` is the one rule for dropping a group,
-whoever drops it (a failed agent, a bad reward, a surplus or stale group, an internal error).
+whoever drops it (a failed agent, a bad reward, a surplus or stale group, an internal error, the run's stop).
+
+Every session ends in exactly one of `OUTCOMES` (`session_outcome`; the dump row's `outcome`, the step's
+`rollout/outcome/<name>` counts). Only `completed` and `truncated` sessions yield samples; every other outcome
+is a dump row without tokens, so a failure, an infrastructure failure included, never becomes a sample with
+reward 0. The session's `status` stays the coarser lifecycle value (`failed`, `dropped`, ...).
 """
 
 from __future__ import annotations
@@ -20,6 +25,20 @@ from relax_pipeline.turn.service import ForestStore, Session, Status
 
 log = logging.getLogger(__name__)
 
+COMPLETED, TRUNCATED, FILTERED = "completed", "truncated", "filtered"
+AGENT_ERROR, TIMEOUT, INFRA_ERROR = "agent_error", "timeout", "infra_error"
+REWARD_ERROR, SIBLING_FAILED, ABORTED, INTERRUPTED = "reward_error", "sibling_failed", "aborted", "interrupted"
+OUTCOMES = (COMPLETED, TRUNCATED, AGENT_ERROR, TIMEOUT, INFRA_ERROR, REWARD_ERROR, SIBLING_FAILED, FILTERED,
+            ABORTED, INTERRUPTED)
+"""How a session ended, one each. completed: its contexts were scored; truncated: its last turn was cut by the
+pipeline's budget (`rollout.max_response_len` or the context limit), whether the agent then exited 0 or failed;
+agent_error: the agent exited non-zero, died by a signal, wrote no or a bad output, or its exports did not
+match; timeout: `agent.timeout` ran out; infra_error: the agent could not be started or reached, its node was
+lost, or the pipeline failed internally; reward_error: its reward could not be read, or the credit's user
+function failed; sibling_failed: another session of its group failed (the group is dropped whole); filtered:
+the credit filtered its group; aborted: its group was dropped unscored (surplus at the step's end, stale
+weights, the run's end); interrupted: the run's stop (SIGINT/SIGTERM) ended it."""
+
 
 @dataclass
 class Group:
@@ -35,7 +54,12 @@ class Group:
     """Each session's agent (`agent.executor`: a local process group or a session on an agent server)."""
     outputs: dict[str, AgentOutput] = field(default_factory=dict)
     truncated: dict[str, str] = field(default_factory=dict)
-    """Sessions whose agent failed after our length limit cut its last turn: session id → the failure."""
+    """Sessions whose agent failed after the pipeline's budget cut its last turn: session id → the failure
+    (kept in the dump row's `error`)."""
+    outcomes: dict[str, str] = field(default_factory=dict)
+    """The outcome of the session whose failure dropped the group (session id → one of `OUTCOMES`)."""
+    drop_outcome: str | None = None
+    """The outcome of the dropped group's other sessions (`sibling_failed`, `aborted`, `interrupted`, ...)."""
     contexts: list[CreditContext] = field(default_factory=list)
     """The scored contexts (session order, then export order), filled by the Reward stage."""
     dropped: str | None = None
@@ -52,17 +76,26 @@ class Group:
         return self.io_dir / f"{self.id}-{session.index}"
 
 
-def drop_group(store: ForestStore, group: Group, reason: str, failed: Session | None = None) -> str:
+def drop_group(store: ForestStore, group: Group, reason: str, failed: Session | None = None,
+               outcome: str = ABORTED) -> str:
     """Drop `group` (the first reason wins) and end its live sessions; returns the group's reason.
 
-    `failed`, when given and still live, ends `failed` with `reason` (the group's reason names it); every
+    `failed`, when given and still live, ends `failed` with `reason` (the group's reason names it) and with
+    `outcome`, its siblings `sibling_failed`; without `failed` every live session ends with `outcome`. Every
     other live session ends `dropped` with the group's reason. Requests held at the group's barrier or
     lease are released (they answer 404). The agents are not terminated here: that is the async caller's
-    job (`Runtime`, `Pipeline.cancel_group`); the group's slot is freed when its task ends.
+    job (`Runtime`, `Pipeline.cancel_group`); the group's slot is freed when its task ends. A drop by the
+    run's stop (`interrupted`) is logged at debug level: the step loop logs one line for all of them.
     """
+    if outcome not in OUTCOMES:
+        raise ValueError(f"drop_group outcome={outcome!r}; choose one of {list(OUTCOMES)}")
     if group.dropped is None:
         group.dropped = _group_reason(store, reason, failed)
-        log.warning("group %s dropped: %s", group.id, reason if failed is None else f"session {failed.id}: {reason}")
+        group.drop_outcome = outcome if failed is None else SIBLING_FAILED
+        if failed is not None:
+            group.outcomes[failed.id] = outcome
+        level = logging.DEBUG if outcome == INTERRUPTED else logging.WARNING
+        log.log(level, "group %s dropped: %s", group.id, reason if failed is None else f"session {failed.id}: {reason}")
     for session in group.sessions:
         store.set_status(session, Status.DROPPED, group.dropped)
     for lease in {id(s.lease): s.lease for s in group.sessions if s.lease is not None}.values():
@@ -77,3 +110,10 @@ def _group_reason(store: ForestStore, reason: str, failed: Session | None) -> st
         return f"session {failed.id} {failed.status.value}: {failed.error}"
     store.set_status(failed, Status.FAILED, reason)
     return f"session {failed.id} failed: {reason.splitlines()[0] if reason else reason}"
+
+
+def session_outcome(group: Group, session: Session) -> str:
+    """The one outcome of an ended session (`OUTCOMES`), from its status and how its group ended."""
+    if session.status.value in (COMPLETED, TRUNCATED, FILTERED):
+        return session.status.value
+    return group.outcomes.get(session.id) or group.drop_outcome or ABORTED

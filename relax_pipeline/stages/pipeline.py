@@ -10,8 +10,9 @@ are not here: the step loop (`loop.py`) calls the trainer between steps.
 
 The pipeline knows which groups still have agents running (started, not yet through `await_group`).
 `interrupt(reason)` (the run's first SIGINT/SIGTERM) drops every one of them (`cancel_group`: sessions
-recorded `dropped` with the reason, agents terminated) and sets `stopped`, after which strategies and the
-evaluator start no group; `kill_agents` is the second signal's last resort (SIGKILL or DELETE, no bookkeeping).
+recorded `dropped` with the reason and the outcome `interrupted`, agents terminated) and sets `stopped`, after
+which strategies and the evaluator start no group; `kill_agents` is the second signal's last resort (SIGKILL or
+DELETE, no bookkeeping).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any
 
 from relax_pipeline.data.dataset import DataSource, Prompt
 from relax_pipeline.forest.export import Exported
-from relax_pipeline.stages.group import Group, drop_group
+from relax_pipeline.stages.group import ABORTED, INTERRUPTED, OUTCOMES, Group, drop_group
 from relax_pipeline.stages.prepare import Prepare
 from relax_pipeline.stages.reward import Reward
 from relax_pipeline.stages.runtime import Runtime
@@ -105,17 +106,17 @@ class Pipeline:
         self.on_scored(len(group.sessions))
         return rows
 
-    async def cancel_group(self, group: Group, reason: str) -> None:
-        """Drop a group that is no longer needed: its sessions end `dropped` with `reason`, its agents are
-        terminated, and scoring it later writes its dropped rows and returns its prompt."""
-        drop_group(self.prepare.store, group, reason)
+    async def cancel_group(self, group: Group, reason: str, outcome: str = ABORTED) -> None:
+        """Drop a group that is no longer needed: its sessions end `dropped` with `reason` and `outcome`, its
+        agents are terminated, and scoring it later writes its dropped rows and returns its prompt."""
+        drop_group(self.prepare.store, group, reason, outcome=outcome)
         await asyncio.gather(*(process.terminate() for process in group.processes.values()))
 
     def interrupt(self, reason: str) -> int:
         """Stop: start no more groups, drop every group whose agents still run; returns how many."""
         self.stopped = reason
         for group in list(self._running.values()):
-            task = asyncio.ensure_future(self.cancel_group(group, reason))
+            task = asyncio.ensure_future(self.cancel_group(group, reason, INTERRUPTED))
             self._cancels.add(task)
             task.add_done_callback(self._cancels.discard)
         return len(self._running)
@@ -130,6 +131,8 @@ class Pipeline:
     def close_step(self, result: StepResult, started: float) -> StepResult:
         path = self.dump.write(result.rollout_id, result.rows)
         result.metrics = rollout_metrics(result.rows, result.groups, self.reward.credit.log_passrate)
+        for outcome in OUTCOMES:
+            result.metrics.setdefault(f"rollout/outcome/{outcome}", 0.0)
         wasted = [g for g in result.groups if g.filtered or g.dropped == SURPLUS]
         result.metrics["rollout/wasted_tokens"] = float(generated_tokens(wasted))
         result.metrics["perf/rollout_time"] = time.time() - started

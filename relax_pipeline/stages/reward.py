@@ -1,17 +1,16 @@
 """Reward stage: per exported context, the reward and the group's base credit.
 
-Runs outside the resident capacity. It turns each session's exports into `CreditContext` records holding
-the token-exact sample, the final export metadata and the reward the agent exported (`reward_object`),
-then awaits the configured credit (`credit.base.Credit.score`) on a `CreditGroup`, which fills the primary
-reward and the advantage and may filter the group; the scored contexts go back onto the `Group`.
-A reward that cannot be read fails the session, and so drops the group, like any other session
-failure; so does a train session that exports several contexts when the run lacks what that needs
-(`credit=custom_advantage` and dynamic batching, `config.multi_context_missing`): the failure names the keys.
-A reward model, advantage hook or group filter that raises or returns the wrong shape drops the group with
-the error (naming the `credit.*` key) instead of stopping the run: the pipeline starts a replacement group
-like for any other drop. Filtered groups are logged here with the reason. What it does not do: read or write
-dump rows (Transfer) or give prompts back (Pipeline).
-"""
+Runs outside the resident capacity. It turns each session's exports into `CreditContext` records holding the
+token-exact sample, the final export metadata and the reward the agent exported (`reward_object`), then awaits
+the configured credit (`credit.base.Credit.score`) on a `CreditGroup`, which fills the primary reward and the
+advantage and may filter the group; the scored contexts go back onto the `Group`. A reward that cannot be read
+fails the session, and so drops the group, like any other session failure (outcome `reward_error`); so does a
+train session that exports several contexts when the run lacks what that needs (`credit=custom_advantage` and
+dynamic batching, `config.multi_context_missing`): the failure names the keys. A reward model, advantage hook
+or group filter that raises or returns the wrong shape drops the group with the error (naming the `credit.*`
+key; outcome `reward_error`) instead of stopping the run: the pipeline starts a replacement group like for any
+other drop. Filtered groups are logged here with the reason. What it does not do: read or write dump rows
+(Transfer) or give prompts back (Pipeline)."""
 
 from __future__ import annotations
 
@@ -22,7 +21,7 @@ from relax_pipeline.credit.base import Credit, RewardError, filter_group
 from relax_pipeline.credit.records import CreditContext, CreditGroup
 from relax_pipeline.forest.export import Exported
 from relax_pipeline.forest.sample import build_sample
-from relax_pipeline.stages.group import Group, drop_group
+from relax_pipeline.stages.group import AGENT_ERROR, REWARD_ERROR, Group, drop_group
 from relax_pipeline.turn.service import ForestStore, Session
 
 log = logging.getLogger(__name__)
@@ -49,12 +48,12 @@ class Reward:
             if not scored.filtered and not await self.credit.keep(scored):
                 filter_group(scored, "credit.filter_path rejected the group")
         except RewardError as error:
-            self._fail(group, error.session_id, str(error))
+            self._fail(group, error.session_id, str(error), REWARD_ERROR)
             return
         except Exception as error:  # noqa: BLE001 - user code (reward model, advantage hook, filter): drop, go on
             reason = f"{self._user_keys()}: {type(error).__name__}: {error}"
             log.warning("group %s dropped: the credit failed: %s", group.id, reason)
-            drop_group(self.store, group, reason)
+            drop_group(self.store, group, reason, outcome=REWARD_ERROR)
             return
         group.contexts, group.filtered = scored.contexts, scored.filtered
         if group.filtered:
@@ -67,9 +66,10 @@ class Reward:
         for session in group.sessions:
             names = list(dict.fromkeys(e.name for e in exports.get(session.id, [])))  # chains share a name
             if len(names) > 1:
-                self._fail(group, session.id, f"the session exported {len(names)} contexts {names}; several "
-                           f"contexts per session need {' and '.join(self.multi_context_missing)} (declare such "
-                           "agents with agent.multi_context=true)")
+                missing = " and ".join(self.multi_context_missing)
+                reason = (f"the session exported {len(names)} contexts {names}; several contexts per session need "
+                          f"{missing} (declare such agents with agent.multi_context=true)")
+                self._fail(group, session.id, reason, AGENT_ERROR)
                 return True
         return False
 
@@ -91,6 +91,7 @@ class Reward:
                 if (value := getattr(self.credit, key, None))]
         return ", ".join(keys) or "credit"
 
-    def _fail(self, group: Group, session_id: str | None, reason: str) -> None:
+    def _fail(self, group: Group, session_id: str | None, reason: str, outcome: str) -> None:
+        """Fail the session (`outcome`; without it the whole group ends with `outcome`) and drop the group."""
         failed = next((s for s in group.sessions if s.id == session_id), None)
-        drop_group(self.store, group, reason, failed)
+        drop_group(self.store, group, reason, failed, outcome)

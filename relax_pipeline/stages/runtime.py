@@ -3,35 +3,56 @@
 Each agent runs under its active-time budget while the gateway serves its model calls. When an agent
 exits, its output file is parsed and its exports are matched to committed states (implicit: the one
 leaf of a linear history, or every chain of a forked one; explicit: every record). The first failure
-(non-zero exit, timeout, bad output, export mismatch) marks that session `failed` with the reason,
-terminates the group's other agents and drops the group (`dropped`, naming the failed session); nothing
-is raised to the caller. An agent that fails right after our length limit cut its last turn is not a
-failure: the session is exported implicitly and ends `truncated` (`Group.truncated` keeps the reason).
+(non-zero exit, timeout, bad output, export mismatch) marks that session `failed` with the reason and its
+outcome (`agent_error`, `timeout`, `infra_error`: `stages/group.py`), terminates the group's other agents and
+drops the group (`dropped`, naming the failed session); nothing is raised to the caller.
+
+An agent that fails right after the pipeline's own budget cut its last turn (the turn used all of
+`rollout.max_response_len`, or of `eval.max_response_len`, or of the room the context limit left) is not a
+failure: the session is exported implicitly and ends `truncated`, the failure kept in `Group.truncated` (and
+so in the dump row's `error`). Not when the agent's own request `max_tokens` cut the turn (its failure is its
+own), not after a timeout, and not in a group already dropped (an interrupted run's agents fail as they end).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 from relax_pipeline.agent.launcher import AgentFailure
 from relax_pipeline.agent.session_io import AgentOutputError, parse_output
 from relax_pipeline.forest.export import IMPLICIT_MODES, Exported, ExportError, explicit_exports, implicit_exports
-from relax_pipeline.stages.group import Group, drop_group
+from relax_pipeline.forest.store import Node, SessionForest
+from relax_pipeline.stages.group import AGENT_ERROR, INFRA_ERROR, Group, drop_group
+from relax_pipeline.turn.records import SamplingDefaults
 from relax_pipeline.turn.service import ForestStore, Session, Status
 
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class SessionFailure:
+    """Why a session failed and its outcome; connects `Runtime._finish` to `drop_group`."""
+
+    reason: str
+    outcome: str = AGENT_ERROR
+
+
 class Runtime:
     """Waits for every agent of a group and turns their outputs into exported states."""
 
-    def __init__(self, store: ForestStore, implicit: str = "leaves") -> None:
+    def __init__(self, store: ForestStore, implicit: str = "leaves",
+                 budgets: Mapping[str, SamplingDefaults] | None = None) -> None:
         self.store = store
         if implicit not in IMPLICIT_MODES:
             raise ValueError(f"export.implicit={implicit!r}; choose one of {list(IMPLICIT_MODES)}")
         self.implicit = implicit
         """`export.implicit`: `leaves` exports every chain of a forked session, `strict` refuses it."""
+        self.budgets = dict(budgets or {})
+        """The turn budget per session mode (`train`, `eval`): what tells the pipeline's length cut from the agent's
+        own `max_tokens`. Without one for a mode, no failure after a cut turn is recorded as truncated."""
 
     async def run(self, group: Group) -> dict[str, list[Exported]]:
         """Exports per session id; empty when the group was dropped (see `group.dropped`)."""
@@ -39,16 +60,16 @@ class Runtime:
         exports: dict[str, list[Exported]] = {}
         for future in asyncio.as_completed(list(tasks.values())):
             session, result = await future
-            if isinstance(result, str):
+            if isinstance(result, SessionFailure):
                 await self._drop(group, session, result)
             else:
                 exports[session.id] = result
         await asyncio.gather(*tasks.values(), return_exceptions=True)
         return {} if group.dropped else exports
 
-    async def _finish(self, group: Group, session: Session) -> tuple[Session, list[Exported] | str]:
-        if session.status.terminal:
-            return session, session.error or f"session {session.status.value}"
+    async def _finish(self, group: Group, session: Session) -> tuple[Session, list[Exported] | SessionFailure]:
+        if session.status.terminal:  # failed at start (Prepare), or dropped before its agent ended
+            return session, SessionFailure(session.error or f"session {session.status.value}", INFRA_ERROR)
         try:
             await group.processes[session.id].wait()
             self.store.set_status(session, Status.EXITED)
@@ -59,30 +80,49 @@ class Runtime:
             if not output.implicit:
                 return session, explicit_exports(session.forest, output.records)
             return session, implicit_exports(session.forest, self.implicit)
-        except (AgentFailure, AgentOutputError) as error:
-            return session, self._after_truncation(group, session, str(error))
+        except AgentFailure as error:
+            return session, self._after_truncation(group, session, SessionFailure(str(error), error.kind))
+        except AgentOutputError as error:
+            return session, self._after_truncation(group, session, SessionFailure(str(error)))
         except ExportError as error:
-            return session, str(error)
+            return session, SessionFailure(str(error))
         except asyncio.CancelledError:
-            return session, "cancelled"
+            return session, SessionFailure("cancelled", INFRA_ERROR)
 
-    def _after_truncation(self, group: Group, session: Session, reason: str) -> list[Exported] | str:
-        """An agent that failed after our length limit cut its last turn (Claude Code, Codex and others stop
+    def _after_truncation(self, group: Group, session: Session,
+                          failure: SessionFailure) -> list[Exported] | SessionFailure:
+        """An agent that failed after the pipeline's budget cut its last turn (Claude Code, Codex and others stop
         with an error on `length`) ends `truncated`, not failed: its committed history is exported implicitly
         and scored by the reward model or `credit.truncated_reward`. Any other failure stays a failure."""
-        last = next((n for n in reversed(session.forest.nodes) if n.kind == "response"), None)
-        if last is None or last.finish_reason != "length":
-            return reason
+        if failure.outcome != AGENT_ERROR or group.dropped or not self._budget_cut(session):
+            return failure
         try:
             exported = implicit_exports(session.forest, self.implicit)
         except ExportError as error:
-            return f"{reason}; and its history cannot be exported: {error}"
-        group.truncated[session.id] = reason
-        log.info("session %s: the agent failed after its turn %d hit the length limit; recorded as truncated (%s)",
-                 session.id, session.forest.turn_count, reason.splitlines()[0] if reason else "")
+            return SessionFailure(f"{failure.reason}; and its history cannot be exported: {error}")
+        group.truncated[session.id] = failure.reason
+        log.info("session %s: the agent failed after its turn %d was cut by rollout.max_response_len or the "
+                 "context limit; recorded as truncated (%s)", session.id, session.forest.turn_count,
+                 failure.reason.splitlines()[0] if failure.reason else "")
         return exported
 
-    async def _drop(self, group: Group, session: Session, reason: str) -> None:
+    def _budget_cut(self, session: Session) -> bool:
+        """True when the session's last turn ended on `length` having used the pipeline's whole budget."""
+        last = next((n for n in reversed(session.forest.nodes) if n.kind == "response"), None)
+        budget = self.budgets.get(session.mode)
+        if last is None or last.finish_reason != "length" or budget is None:
+            return False
+        limit = last.sampling.max_new_tokens if last.sampling is not None else len(last.token_ids)
+        return limit >= pipeline_budget(session.forest, last, budget)
+
+    async def _drop(self, group: Group, session: Session, failure: SessionFailure) -> None:
         """The first failure fails its session and drops the group; the group's agents are terminated."""
-        drop_group(self.store, group, reason, session if group.dropped is None else None)
+        drop_group(self.store, group, failure.reason, session if group.dropped is None else None, failure.outcome)
         await asyncio.gather(*(p.terminate() for p in group.processes.values()))
+
+
+def pipeline_budget(forest: SessionForest, response: Node, budget: SamplingDefaults) -> int:
+    """The most tokens the pipeline let `response`'s turn generate: the response length limit, or the room the
+    context limit left after its prompt (the expanded training ids, as the turn service counts them)."""
+    prompt = sum(len(node.training_ids) for node in forest.lineage(response)[:-1])
+    return min(budget.max_response_len, budget.max_context_len - prompt)

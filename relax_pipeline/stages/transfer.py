@@ -4,8 +4,9 @@ A healthy group yields one row per exported context, with status `completed` (or
 last turn hit the length limit); a dropped group yields one row per session saying why (`failed` for
 the session that failed, `dropped` for its siblings), and a group its credit filtered (`credit.base.filter_group`)
 one row per session with status `filtered`, `error` null (the reason is in the log), the `reward` its first
-scored context got (what the filter saw) and `advantage` null, so nothing is lost silently. Rows follow the
-dump schema exactly; writing them is `tracking/dump.py`'s job.
+scored context got (what the filter saw) and `advantage` null, so nothing is lost silently. Every row names its
+session's one `outcome` (`stages/group.py`); a truncated row whose agent failed after the cut keeps that
+failure in `error`. Rows follow the dump schema exactly; writing them is `tracking/dump.py`'s job.
 
 Rows of samples with images keep the schema (`tokens` are the processor-expanded training ids) and add
 `multimodal: {"image_grid_thw", "image_tokens"}`; their messages carry image parts whose data URIs are
@@ -21,7 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from relax_pipeline.credit.records import CreditContext
-from relax_pipeline.stages.group import Group
+from relax_pipeline.stages.group import Group, session_outcome
 from relax_pipeline.turn.service import ForestStore, Session, Status
 
 
@@ -36,13 +37,13 @@ class Transfer:
             return [self._failed_row(group, s) for s in group.sessions]
         rows = [self._row(group, c) for c in group.contexts]
         for session in group.sessions:
-            truncated = any(c.sample.truncated for c in group.contexts if c.session_id == session.id)
-            self.store.set_status(session, Status.TRUNCATED if truncated else Status.COMPLETED)
+            self.store.set_status(session, Status.TRUNCATED if _truncated(group, session) else Status.COMPLETED)
         return rows
 
     def _row(self, group: Group, context: CreditContext) -> dict[str, Any]:
         sample, session = context.sample, group.sessions[context.slot]
-        row = _base(group, session, "truncated" if sample.truncated else "completed", None)
+        row = _base(group, session, "truncated" if sample.truncated else "completed", group.truncated.get(session.id),
+                    "truncated" if _truncated(group, session) else "completed")
         row.update(
             name=context.name, branch=context.branch, reward=context.reward, advantage=context.advantage,
             metadata=context.metadata,
@@ -65,7 +66,7 @@ class Transfer:
             status = Status.FILTERED if group.filtered else Status.DROPPED
             self.store.set_status(session, status, group.excluded)
         error = None if session.status is Status.FILTERED else session.error or group.excluded
-        row = _base(group, session, session.status.value, error)
+        row = _base(group, session, session.status.value, error, session_outcome(group, session))
         row.update(
             name=None, branch=None, reward=_scored_reward(group, session), advantage=None,
             metadata=group.prompt.metadata, messages=[],
@@ -84,10 +85,16 @@ def _scored_reward(group: Group, session: Session) -> Any:
     return next((c.reward for c in group.contexts if c.session_id == session.id), None)
 
 
-def _base(group: Group, session: Session, status: str, error: str | None) -> dict[str, Any]:
+def _truncated(group: Group, session: Session) -> bool:
+    """A context of the session ends on a turn cut by the length limit (the session ends `truncated`)."""
+    return any(c.sample.truncated for c in group.contexts if c.session_id == session.id)
+
+
+def _base(group: Group, session: Session, status: str, error: str | None, outcome: str) -> dict[str, Any]:
     return {
         "rollout_id": group.rollout_id, "group_id": group.id, "session_id": session.id, "index": session.index,
-        "mode": group.mode, "status": status, "error": error, "timing": _timing(session),
+        "mode": group.mode, "status": status, "outcome": outcome, "error": error,
+        "timing": _timing(session),
     }
 
 

@@ -14,8 +14,10 @@ late (all-one groups are dropped). Beside them, over every scored group, kept or
 `credit.log_passrate`) and `rollout/kept_fraction` (kept groups / scored groups). `generated_tokens`
 counts what a set of groups generated; the pipeline logs it as `rollout/wasted_tokens` for the groups
 that were filtered or aborted as surplus. Eval datasets get the kept-group metrics under
-`eval/<name>/...` (eval never filters, so the sampled and filter figures are left out). Pure functions
-over dump rows and groups; no I/O.
+`eval/<name>/...` (eval never filters, so the sampled and filter figures are left out).
+`rollout/outcome/<name>` counts the step's sessions by their one outcome (the rows' `outcome`; the names are
+`stages/group.py`'s `OUTCOMES`, the pipeline adds the absent ones as 0). Pure functions over dump rows and
+groups; no I/O.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ def rollout_metrics(rows: Sequence[dict[str, Any]], groups: Sequence[Any], log_p
     if rewards:
         metrics["rollout/raw_reward"] = statistics.fmean(rewards)
     metrics.update(sampled_metrics(groups, log_passrate))
+    metrics.update(outcome_counts(rows))
     if scored:
         metrics["rollout/num_turns/mean"] = statistics.fmean(r["turn_count"] for r in scored)
         metrics["rollout/num_turns/max"] = float(max(r["turn_count"] for r in scored))
@@ -77,6 +80,15 @@ def sampled_metrics(groups: Sequence[Any], log_passrate: bool = False) -> dict[s
     if log_passrate and (rate := _passrate(scored)) is not None:
         metrics["rollout/sampled_passrate"] = rate
     return metrics
+
+
+def outcome_counts(rows: Iterable[dict[str, Any]]) -> dict[str, float]:
+    """`rollout/outcome/<name>`: how many sessions (not rows: a session may export several contexts) ended so."""
+    sessions = {(r["group_id"], r["index"]): r.get("outcome", r["status"]) for r in rows}
+    counts: dict[str, float] = {}
+    for outcome in sessions.values():
+        counts[f"rollout/outcome/{outcome}"] = counts.get(f"rollout/outcome/{outcome}", 0.0) + 1.0
+    return dict(sorted(counts.items()))
 
 
 def generated_tokens(groups: Iterable[Any]) -> int:

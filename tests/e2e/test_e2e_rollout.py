@@ -19,8 +19,8 @@ from relax_pipeline.run import run
 from relax_pipeline.testing.engines import RecordingHFEngine
 
 FIELDS = {
-    "rollout_id", "group_id", "session_id", "index", "name", "branch", "mode", "status", "error", "reward", "advantage",
-    "metadata", "messages", "tools", "chat_template_kwargs", "state_hash", "tokens", "loss_mask",
+    "rollout_id", "group_id", "session_id", "index", "name", "branch", "mode", "status", "outcome", "error", "reward",
+    "advantage", "metadata", "messages", "tools", "chat_template_kwargs", "state_hash", "tokens", "loss_mask",
     "rollout_logprobs", "weight_versions", "prompt_length", "response_length", "turn_count", "abort_count",
     "timing",
 }

@@ -22,7 +22,9 @@ def test_an_agent_failing_after_a_length_cut_is_truncated_not_failed(tmp_path: P
     metrics = run(cfg)
     rows = read_dump(tmp_path / "dump" / "r_0.jsonl")
     assert len(rows) == 4 and {r["status"] for r in rows} == {"truncated"}
-    assert all(r["error"] is None and r["reward"] == 0.25 and r["response_length"] == 3 for r in rows)
+    assert all(r["reward"] == 0.25 and r["response_length"] == 3 and r["outcome"] == "truncated" for r in rows)
+    assert all("exited with code 3" in r["error"] and "finish_reason=length" in r["error"] for r in rows), \
+        "the failure after the cut stays in the row"
     assert metrics["rollout/truncated_ratio"] == 1.0 and metrics["rollout/dropped_groups"] == 0
     assert "recorded as truncated" in (tmp_path / "run.log").read_text()
 

@@ -17,14 +17,18 @@ connection (it does so only for sockets whose protocol is TCP, and an accepted s
 listener's). With protocol 0, uvicorn's separate header and body writes left the body waiting for the
 client's delayed ACK: about 40 ms per keep-alive request instead of about 1 ms. This module does not
 pick the event loop (the run's `asyncio.run` loop serves), does not terminate TLS (put a proxy in front
-and name it in `gateway.public_url`) and does not authenticate (the app does).
+and name it in `gateway.public_url`) and does not authenticate (the app does). Nor does it handle signals:
+uvicorn's own SIGINT/SIGTERM handlers are left out (`_Server`), so a Ctrl-C reaches the run's stop path
+(which drops the running groups first) instead of closing the gateway under the agents.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import socket
+from collections.abc import Iterator
 from urllib.parse import urlsplit
 
 import uvicorn
@@ -35,6 +39,14 @@ WILDCARD_HOSTS = ("", "0.0.0.0", "::")
 _PROBE = ("198.51.100.1", 9)
 """A documentation address (TEST-NET-2): connecting a UDP socket to it picks the source address of the
 default route without sending a packet."""
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its signal handlers: the run's (`run.StopSignals`) keep SIGINT and SIGTERM."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
 
 
 class GatewayServer:
@@ -58,7 +70,7 @@ class GatewayServer:
         self.port = sock.getsockname()[1]
         config = uvicorn.Config(self.app, log_level="warning", lifespan="off", access_log=False,
                                 timeout_keep_alive=30, backlog=2048)
-        self._server = uvicorn.Server(config)
+        self._server = _Server(config)
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]))
         while not self._server.started:
             if self._task.done():

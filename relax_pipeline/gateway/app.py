@@ -211,6 +211,7 @@ class _Gateway:
             raise ProtocolError.from_canonical(error) from None
         except Exception as error:  # noqa: BLE001 - every failure answers in protocol shape
             log.exception("turn failed")
+            session.mark("turn_failed")  # the session's outcome is then infra_error (stages/runtime.py)
             raise ProtocolError(500, f"internal error: {type(error).__name__}: {error}") from None
 
     async def _sse(self, frontend: Frontend, session: Session, prepared: PreparedTurn, meta: TurnMeta,

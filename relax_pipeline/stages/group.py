@@ -34,10 +34,10 @@ OUTCOMES = (COMPLETED, TRUNCATED, AGENT_ERROR, TIMEOUT, INFRA_ERROR, REWARD_ERRO
 pipeline's budget (`rollout.max_response_len` or the context limit), whether the agent then exited 0 or failed;
 agent_error: the agent exited non-zero, died by a signal, wrote no or a bad output, or its exports did not
 match; timeout: `agent.timeout` ran out; infra_error: the agent could not be started or reached, its node was
-lost, or the pipeline failed internally; reward_error: its reward could not be read, or the credit's user
-function failed; sibling_failed: another session of its group failed (the group is dropped whole); filtered:
-the credit filtered its group; aborted: its group was dropped unscored (surplus at the step's end, stale
-weights, the run's end); interrupted: the run's stop (SIGINT/SIGTERM) ended it."""
+lost, the pipeline failed internally, or a turn of it failed (HTTP 500); reward_error: its reward could not be
+read, or the credit's user function failed; sibling_failed: another session of its group failed (the group is
+dropped whole); filtered: the credit filtered its group; aborted: its group was dropped unscored (surplus at the
+step's end, stale weights, the run's end); interrupted: the run's stop (SIGINT/SIGTERM) ended it."""
 
 
 @dataclass

@@ -4,7 +4,8 @@ Each agent runs under its active-time budget while the gateway serves its model 
 exits, its output file is parsed and its exports are matched to committed states (implicit: the one
 leaf of a linear history, or every chain of a forked one; explicit: every record). The first failure
 (non-zero exit, timeout, bad output, export mismatch) marks that session `failed` with the reason and its
-outcome (`agent_error`, `timeout`, `infra_error`: `stages/group.py`), terminates the group's other agents and
+outcome (`agent_error`, `timeout`, `infra_error`: `stages/group.py`; an agent that fails after the gateway
+answered one of its turns with a 500 is an `infra_error`), terminates the group's other agents and
 drops the group (`dropped`, naming the failed session); nothing is raised to the caller.
 
 An agent that fails right after the pipeline's own budget cut its last turn (the turn used all of
@@ -81,7 +82,7 @@ class Runtime:
                 return session, explicit_exports(session.forest, output.records)
             return session, implicit_exports(session.forest, self.implicit)
         except AgentFailure as error:
-            return session, self._after_truncation(group, session, SessionFailure(str(error), error.kind))
+            return session, self._after_truncation(group, session, _failure(session, error))
         except AgentOutputError as error:
             return session, self._after_truncation(group, session, SessionFailure(str(error)))
         except ExportError as error:
@@ -119,6 +120,15 @@ class Runtime:
         """The first failure fails its session and drops the group; the group's agents are terminated."""
         drop_group(self.store, group, failure.reason, session if group.dropped is None else None, failure.outcome)
         await asyncio.gather(*(p.terminate() for p in group.processes.values()))
+
+
+def _failure(session: Session, error: AgentFailure) -> SessionFailure:
+    """The agent's failure; an `infra_error` when the pipeline failed one of its turns first (an HTTP 500: the
+    gateway marks the session `turn_failed`), so an engine failure is never counted as the agent's."""
+    if error.kind == AGENT_ERROR and "turn_failed" in session.timing:
+        return SessionFailure(f"{error}\n(the pipeline failed one of its turns first: HTTP 500, see run.log)",
+                              INFRA_ERROR)
+    return SessionFailure(str(error), error.kind)
 
 
 def pipeline_budget(forest: SessionForest, response: Node, budget: SamplingDefaults) -> int:

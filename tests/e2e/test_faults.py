@@ -121,7 +121,7 @@ def test_the_engine_raising_mid_generation_fails_that_session_only(tmp_path: Pat
     monkeypatch.setenv("FAULTY_ENGINE_MAX_FAILURES", "4")  # at most 4 groups dropped: 16 starts always suffice
     _, rows = faulty_run(tmp_path, tiny_path, "none")
     failed = [r for r in rows if r["status"] == "failed"]
-    assert failed and all("HTTP Error 500" in r["error"] for r in failed), \
+    assert failed and all("HTTP Error 500" in r["error"] and r["outcome"] == "infra_error" for r in failed), \
         [r["error"] for r in failed]
     assert_replaced(rows)
     assert_no_session_lost(tmp_path, rows)

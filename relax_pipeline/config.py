@@ -6,7 +6,7 @@ record. Every node is one dataclass declared once, next to the class that takes 
 train/settings.py, `HFEngineSettings` in engine/settings.py, ...), with its defaults in one place; a group
 whose class varies names it in `_target_`, and groups with several kinds of node (`engine`, `trainer`,
 `dataset`) register one schema per kind (`<kind>_schema` in the option's defaults). The few nodes no single
-class takes whole (`rollout`, `eval`, `export`, `debug`, `view`, `gateway`, `ray`) are declared here.
+class takes whole (`rollout`, `eval`, `export`, `debug`, `view`, `check`, `gateway`, `ray`) are declared here.
 
 `records(cfg)` turns a composed config into those records (each checks its own keys as it is made) and
 `validate` checks what spans several nodes, naming the key and the allowed values. Only `run.py` builds
@@ -160,6 +160,19 @@ class ExportConfig:
 
 
 @dataclass
+class CheckConfig:
+    """`job=check`: how many real sessions the certificate examines (`relax_pipeline/certify/`)."""
+
+    sessions: int = 4
+    """Sessions of the configured agent run through the configured engine and examined turn by turn (template
+    round trip, forks, parsers, export, runtime); 0 checks the config only."""
+
+    def __post_init__(self) -> None:
+        if self.sessions < 0:
+            raise ValueError(f"check.sessions={self.sessions} must be 0 (the config only) or more")
+
+
+@dataclass
 class RayConfig:
     """The Ray cluster of `agent.executor=ray` and `engine.placement=ray` (`infra/ray_runtime.py`): connected once,
     on first use, and left at the end of the run."""
@@ -211,6 +224,7 @@ class Config:
     ray: RayConfig = field(default_factory=RayConfig)
     """The Ray cluster (agent.executor=ray, engine.placement=ray, trainer.rank_placement=ray)."""
     view: ViewConfig = field(default_factory=ViewConfig)
+    check: CheckConfig = field(default_factory=CheckConfig)
     output_dir: str | None = None
     """Where run.log and dumps go; None means Hydra's output folder (or ./outputs/<time> in-process)."""
 

@@ -38,6 +38,9 @@ from omegaconf import DictConfig, OmegaConf
 from relax_pipeline.agent.launcher import AgentSpec
 from relax_pipeline.agent.ray_executor import warm_up
 from relax_pipeline.agent.services import Services, service_problems
+from relax_pipeline.certify.certificate import Cause, Stage
+from relax_pipeline.certify.check import CheckKeys, certify_sessions, conclude, config_stage, start_failed
+from relax_pipeline.certify.evidence import RuntimeKeys
 from relax_pipeline.config import Config, check_context_len, multi_context_missing, records, register, validate
 from relax_pipeline.data.dataset import DataSource
 from relax_pipeline.data.settings import with_source
@@ -93,7 +96,7 @@ async def _run_job(config: Config, resolved: Any, output_dir: Path, signals: Sto
     parts = await _Parts.create(config, resolved, output_dir)
     try:
         if config.job == "check":
-            return parts.check()
+            return await parts.check()
         await parts.services.start()
         loop = parts.loop()
         signals.attach(asyncio.get_running_loop(), loop.request_stop,
@@ -263,8 +266,10 @@ class _Parts:
             return SlotPlan(0, evals, False)
         return SlotPlan(self.capacity.sessions, evals, self.strategy.retains_train_sessions)
 
-    def check(self) -> dict[str, float]:
-        """Findings of job=check: what would run, and anything that would stop it."""
+    async def check(self) -> dict[str, float]:
+        """Findings of job=check: what would run, and anything that would stop it (raised); then `check.sessions`
+        real sessions certified (`certify/check.py`): `check/certificate.json` and `.md`, the verdict's exit status
+        as `check/exit_status`."""
         findings = {
             "model": str(self.model_path), "dataset_rows": len(self.dataset),
             "agent_command": self.agent.command, "agent_services": [s.name for s in self.services.specs],
@@ -282,9 +287,32 @@ class _Parts:
         if problems:
             raise ValueError(problems[0])
         log.info("check: OK")
+        stages, causes = [config_stage(findings, self.slot_plan().lines())], []
+        if self.config.check.sessions > 0:
+            found, causes = await self._certify_sessions()
+            stages += found
+        c = self.config
+        setup = {"model": str(self.model_path), "agent": self.agent.command, "engine": c.engine._target_,
+                 "reasoning_parser": c.protocol.reasoning_parser, "tool_call_parser": c.protocol.tool_call_parser,
+                 "rollout.history": c.rollout.history, "export.implicit": c.export.implicit,
+                 "check.sessions": c.check.sessions}
+        cert = conclude(stages, causes, setup, self.output_dir)
         return {"check/problems": 0.0, "check/dataset_rows": float(len(self.dataset)),
                 "check/resident_sessions": float(findings["resident_sessions"]),
-                "check/required_slots": float(self.slot_plan().required)}
+                "check/required_slots": float(self.slot_plan().required), "check/exit_status": float(cert.exit_status)}
+
+    async def _certify_sessions(self) -> tuple[list[Stage], list[Cause]]:
+        """`check.sessions` sessions through the run's engine, gateway, services and pipeline (`certify/`)."""
+        c = self.config
+        try:
+            await self._serve()
+            await self.services.start()
+        except Exception as error:  # noqa: BLE001 - an engine that cannot start is the check's verdict
+            return [start_failed(error)], []
+        template = ChatTemplate(self.engine.tokenizer, self.model.end_of_turn)
+        runtime = RuntimeKeys(c.agent.timeout, type(self.strategy).__name__, c.credit.rm_path is not None)
+        keys = CheckKeys(c.check.sessions, c.rollout.history, c.export.implicit, runtime)
+        return await certify_sessions(self.pipeline(), template, self.protocol.parser(), keys)
 
     async def close(self) -> None:
         try:

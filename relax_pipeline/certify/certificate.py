@@ -6,11 +6,11 @@ Files, in the run's output folder: `check/certificate.json` (this schema, `versi
 
 Overall verdict (`verdict_of`): `broken` when a stage failed (the agent never called the model, the template
 cannot render its messages, a parser name does not exist, the engine cannot be reached, nothing exportable);
-`degraded` when a cause costs tokens (a fork re-processes a shared prefix or, under `export.implicit=strict`,
-loses a session), when a drift has no known cause, or when the agent re-sends malformed tool arguments;
-`training-grade` otherwise (every drift explained and absorbed, no token lost). Exit status 0, 1, 2 for the
-three (`EXIT_STATUS`), which `python -m relax_pipeline job=check` exits with. This module runs no session and
-reads no forest (`certify/examine.py` does).
+`degraded` when a drift forked a session (a fork re-processes a shared prefix or, under `export.implicit=strict`,
+loses the session), or when the agent re-sends malformed tool arguments; `training-grade` otherwise (no fork, no
+token lost: drift the forest absorbed is listed with its cause, and leaves the data exactly what the model saw).
+Exit status 0, 1, 2 for the three (`EXIT_STATUS`), which `python -m relax_pipeline job=check` exits with. This
+module runs no session and reads no forest (`certify/examine.py` does).
 """
 
 from __future__ import annotations
@@ -103,11 +103,11 @@ class Certificate:
 
 
 def verdict_of(stages: tuple[Stage, ...], causes: tuple[Cause, ...]) -> str:
-    """broken when a stage failed; degraded when a cause costs tokens or is unknown or malformed arguments;
-    training-grade otherwise."""
+    """broken when a stage failed; degraded when a cause forked a session (whatever it costs) or is malformed tool
+    arguments; training-grade otherwise (drift the forest absorbed, known or not, leaves the data exact)."""
     if any(s.verdict == FAIL for s in stages):
         return BROKEN
-    if any(c.costly or c.cause in ("unknown", "tool_arguments_malformed") for c in causes):
+    if any(c.costly or c.forks or c.cause == "tool_arguments_malformed" for c in causes):
         return DEGRADED
     return TRAINING_GRADE
 

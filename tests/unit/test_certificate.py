@@ -41,7 +41,8 @@ def test_another_version_is_refused() -> None:
     ([c.Stage("config", c.PASS, ""), c.Stage("parsers", c.WARN, "")], [], c.TRAINING_GRADE),
     ([c.Stage("config", c.PASS, "")], [cause("reasoning_dropped", duplicated=10)], c.DEGRADED),
     ([c.Stage("config", c.PASS, "")], [cause("system_prompt_changed", lost=10)], c.DEGRADED),
-    ([c.Stage("config", c.PASS, "")], [cause("unknown")], c.DEGRADED),
+    ([c.Stage("config", c.PASS, "")], [cause("unknown")], c.TRAINING_GRADE),
+    ([c.Stage("config", c.PASS, "")], [c.Cause("unknown", 1, 1, 0, 0, 0.0, "")], c.DEGRADED),
     ([c.Stage("config", c.PASS, "")], [cause("tool_arguments_malformed")], c.DEGRADED),
     ([c.Stage("config", c.PASS, ""), c.Stage("sessions", c.FAIL, "no model call")], [cause("unknown")], c.BROKEN),
 ])

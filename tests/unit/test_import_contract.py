@@ -31,9 +31,9 @@ TESTING = "testing"
 
 ALLOWED: dict[str, set[str]] = {
     "__main__": {"config", "loop", "run"},
-    "run": {"agent", "config", "data", "engine", "gateway", "infra", "loop", "models", "scheduling", "stages",
-            "tracking", "train", "turn", "view"},
-    "certify": {"canonical", "engine"},
+    "run": {"agent", "certify", "config", "data", "engine", "gateway", "infra", "loop", "models", "scheduling",
+            "stages", "tracking", "train", "turn", "view"},
+    "certify": {"canonical", "engine", "forest", "stages", "turn"},
     "view": {"models", "tracking"},
     "loop": {"engine", "forest", "scheduling", "stages", "tracking"},
     "config": {"agent", "credit", "data", "engine", "gateway", "infra", "models", "protocol", "scheduling", "tracking",

@@ -70,7 +70,7 @@ def test_eval_with_two_datasets_next_to_a_multi_context_train_run(tmp_path: Path
         tmp_path, "job=train", f"model.cache_dir={tiny_path.parent}", f"agent.command='{sys.executable} agent.py'",
         f"agent.cwd={tmp_path}", "agent.multi_context=true", "credit=custom_advantage",
         "credit.advantage_path=credit_hooks.advantage_recording", "credit.log_passrate=true",
-        "trainer.use_dynamic_batch_size=true", "eval.interval=1", "eval.n_samples_per_prompt=3",
+        "trainer.batching.use_dynamic_batch_size=true", "eval.interval=1", "eval.n_samples_per_prompt=3",
         f"eval.datasets=[{{name:alpha,path:{alpha},n_samples_per_prompt:1}},{{name:beta,path:{beta}}}]"))
     assert len(credit_hooks.CALLS) == 1, "one train group, no eval group reaches the advantage function"
     assert [sorted(slot, key=str) for slot in credit_hooks.CALLS[0]] == [["main", "searcher"]] * 2

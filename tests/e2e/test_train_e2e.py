@@ -19,7 +19,7 @@ from hydra import compose, initialize_config_dir
 from relax_pipeline.config import CONF_DIR, quote_placeholders, register
 from relax_pipeline.run import run
 
-SMALL = ["rollout.batch_size=2", "rollout.n_samples_per_prompt=4", "rollout.max_response_len=8", "trainer.lr=5e-3"]
+SMALL = ["rollout.batch_size=2", "rollout.n_samples_per_prompt=4", "rollout.max_response_len=8", "trainer.optim.lr=5e-3"]
 
 
 def train_config(out: Path, tiny_path: Path, *overrides: str):  # noqa: ANN201
@@ -85,7 +85,7 @@ def test_wandb_logs_offline_into_the_output_folder(tmp_path: Path, tiny_path: Pa
 
 def test_learning_rate_sweep_runs_each_job_in_its_own_folder(tmp_path: Path, tiny_path: Path) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "relax_pipeline", "-m", "trainer.lr=1e-3,3e-3", "rollout.num_steps=2", *SMALL[:3],
+        [sys.executable, "-m", "relax_pipeline", "-m", "trainer.optim.lr=1e-3,3e-3", "rollout.num_steps=2", *SMALL[:3],
          f"model.cache_dir={tiny_path.parent}", f"hydra.sweep.dir={tmp_path}"],
         cwd=tmp_path, capture_output=True, text=True, timeout=900,
     )

@@ -19,7 +19,8 @@ from hydra import compose, initialize_config_dir
 from relax_pipeline.config import CONF_DIR, quote_placeholders, register
 from relax_pipeline.run import run
 
-SMALL = ["rollout.batch_size=2", "rollout.n_samples_per_prompt=4", "rollout.max_response_len=8", "trainer.optim.lr=5e-3"]
+SMALL = ["rollout.batch_size=2", "rollout.n_samples_per_prompt=4", "rollout.max_response_len=8",
+         "trainer.optim.lr=5e-3"]
 
 
 def train_config(out: Path, tiny_path: Path, *overrides: str):  # noqa: ANN201

@@ -9,7 +9,7 @@ hangs until `agent.timeout`) after a turn cut on `length`, by its own `max_token
 Every row's `outcome` is checked against its status, and the step's `rollout/outcome/<name>` counts against the
 rows. The agents are `tests/agents/fault_agent.py` and `cut_then_fail.py`; the engine is `testing/faults.py`'s
 `FaultyScriptEngine`; the user functions are `tests/fault_hooks.py`. The outcome `interrupted` is produced by
-`tests/e2e/test_outcomes.py` (a Ctrl-C through the CLI). Gateway-level faults (a client leaving mid-stream, a
+`tests/e2e/test_terminal_interrupt.py` (a Ctrl-C through the CLI). Gateway-level faults (a client leaving mid-stream, a
 closed session) are in `tests/integration/test_gateway_faults.py`.
 """
 

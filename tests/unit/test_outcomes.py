@@ -1,6 +1,6 @@
 """Session outcomes without a run: `drop_group` records them, `session_outcome` reads them, `outcome_counts` counts
 sessions (not rows), and `AgentFailure` names its kind. The faults that produce each outcome in a whole run are in
-tests/e2e/test_faults.py and tests/e2e/test_outcomes.py."""
+tests/e2e/test_faults.py and tests/e2e/test_terminal_interrupt.py."""
 
 from __future__ import annotations
 

@@ -295,8 +295,8 @@ class SglangEngine:
 
     async def _sent(self, flight: _Flight, prompt: list[int], sampling: SamplingParams, limit: int, key: str,
                     session: OpenSession | None) -> GenerateResult:
-        """Send the generation (a session turn when `session`); a turn the server refuses for its session node
-        is sent again as a new root of the session."""
+        """Send the generation (a session turn when `session`); a turn the server refuses for its session is sent
+        again as a new root of the reopened session."""
         if session is None:
             return (await self._admitted(flight, len(prompt) + limit, _payload(prompt, sampling, limit, flight.wire),
                                          key))[0]
@@ -305,11 +305,11 @@ class SglangEngine:
             result, meta = await self._admitted(flight, len(prompt) + limit,
                                                 _payload(prompt, sampling, limit, flight.wire, request), key)
         except SglangError as error:
-            if request.kept == 0 or "session" not in str(error):
+            if "session" not in str(error) or self.sessions is None:
                 raise
-            log.warning("sglang: session %s refused a turn (%s); sending it as a new root", request.params["id"],
-                        error)
-            session.tree.forget()
+            log.warning("sglang: session %s refused a turn (%s); reopening it, the turn goes as a new root",
+                        request.params["id"], error)
+            await self.sessions.reopen(session)
             request = session.tree.request(prompt)
             result, meta = await self._admitted(flight, len(prompt) + limit,
                                                 _payload(prompt, sampling, limit, flight.wire, request), key)

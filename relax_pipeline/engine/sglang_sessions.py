@@ -18,7 +18,9 @@ the prompt's length as well.
 behind sglang-router on every worker, since the router picks the worker and does not forward `/open_session`),
 closes it on `close`, and reports `engine/sessions_open`, `engine/sessions_closed`, `engine/session_close_s`
 (mean seconds of a close), `engine/session_turns` and `engine/session_cached_tokens` (tokens per turn that the
-session kept, from `meta_info.cached_tokens`). A session whose open failed is served without one (logged).
+session kept, from `meta_info.cached_tokens`). A session whose open failed is served without one (logged); a
+turn the server refuses for its session (a node it no longer holds, a session its timeout closed) reopens the
+session and is sent again as a root.
 
 Not done here: the turn service calling `close` when an agent session ends (its hook), streaming sessions.
 """
@@ -144,6 +146,17 @@ class Sessions:
         session = OpenSession(SessionTree(session_id, self.bos), opened, worker, key)
         self.open[session_id] = session
         return session
+
+    async def reopen(self, session: OpenSession) -> None:
+        """Open `session` again where the server dropped it (its timeout) and forget its nodes: its next turn is a
+        root. An open that fails because the session is still open is fine."""
+        session.tree.forget()
+        body = {"capacity_of_str_len": self.capacity, "session_id": session.tree.session_id, "timeout": self.timeout_s}
+        for url in session.urls:
+            try:
+                await self.call("POST", url, "/open_session", body)
+            except RuntimeError as error:
+                log.info("sglang: reopening session %s on %s: %s", session.tree.session_id, url, error)
 
     def turn(self, cached_tokens: int) -> None:
         """Count one session turn and the prompt tokens the session kept for it."""

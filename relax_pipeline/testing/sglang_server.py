@@ -142,7 +142,7 @@ class FakeSessions:
         """The whole input of a session request, the tokens the session kept, and rids to abort (`replace`)."""
         session = self.open.get(str(params.get("id")))
         if session is None:
-            raise Refused(f"session id {params.get('id')} does not exist")
+            raise Refused(f"Invalid request: session id {params.get('id')} does not exist")
         session.last_active = time.monotonic()
         parent, aborted = self._parent(session, params)
         if parent is None:

@@ -6,6 +6,7 @@ agent that never calls the model, an engine that cannot be reached or cannot ans
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -94,6 +95,17 @@ def test_an_agent_that_never_calls_the_model_is_broken(tmp_path: Path, tiny_path
     assert found.stage("template").verdict == cert.SKIPPED
 
 
+def test_a_template_that_cannot_render_the_agents_messages_is_broken(tmp_path: Path, tiny_path: Path) -> None:
+    model = tmp_path / "model"
+    shutil.copytree(tiny_path, model)
+    refuse = "{%- for m in messages %}{%- if m.role == 'tool' %}{{ raise_exception('no tool role here') }}{%- endif %}"
+    template = model / "chat_template.jinja"
+    template.write_text(refuse + "{%- endfor %}\n" + template.read_text())
+    found = checked(tmp_path, tiny_path, "verbatim", f"model.path={model}")
+    assert found.verdict == cert.BROKEN and found.stage("template").verdict == cert.FAIL
+    assert "no tool role here" in found.stage("template").summary
+
+
 def test_an_unreachable_engine_is_broken(tmp_path: Path, tiny_path: Path) -> None:
     found = checked(tmp_path, tiny_path, "verbatim", "engine=sglang", "engine.urls=[http://127.0.0.1:9]")
     assert found.verdict == cert.BROKEN and "could not start" in found.stage("sessions").summary
@@ -113,3 +125,14 @@ def test_the_cli_exits_with_the_verdict(tmp_path: Path, tiny_path: Path, mode: s
                           capture_output=True, text=True, timeout=240, cwd=tmp_path)
     assert done.returncode == status, done.stderr[-2000:]
     assert "check: verdict" in (tmp_path / "run.log").read_text()
+
+
+def test_an_unknown_parser_name_is_broken_before_any_session(tmp_path: Path, tiny_path: Path) -> None:
+    """A parser name that does not exist is refused when the config is read (naming the key), so no certificate
+    is written: the check exits with the broken status and the run log's last line says why."""
+    done = subprocess.run([sys.executable, "-m", "relax_pipeline",
+                           *overrides(tmp_path, tiny_path, "verbatim", "protocol.tool_call_parser=nope")],
+                          capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert done.returncode == cert.EXIT_STATUS[cert.BROKEN], done.stderr[-2000:]
+    last = (tmp_path / "run.log").read_text().strip().splitlines()[-1]
+    assert "protocol.tool_call_parser='nope' is not built in" in last

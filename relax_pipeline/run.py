@@ -216,6 +216,7 @@ class _Parts:
         e = cfg.eval
         eval_defaults = SamplingDefaults(e.max_response_len or r.max_response_len, self.context_len, e.temperature)
         self.store = ForestStore()
+        self.budgets = {"train": defaults, "eval": eval_defaults}  # Runtime tells the pipeline's length cut by them
         turns = TurnService(template, self.engine, self.protocol.parser(), defaults, r.history, eval_defaults)
         g = cfg.gateway  # a loopback gateway also takes a session's id as its credential (docs/design.md §3.3)
         app = create_app(self.store, turns, self.protocol.service_prefix, self.model.name,
@@ -233,8 +234,9 @@ class _Parts:
                           dict(cfg.rollout.chat_template_kwargs), cfg.seed, self.model.name)
         dump = RolloutDump(cfg.debug.save_rollout_data, self.output_dir)
         reward = Reward(store, self.credit, multi_context_missing(cfg, self.credit.several_contexts))
-        return Pipeline(DataSource(self.dataset, cfg.seed), prepare, Runtime(store, cfg.export.implicit), reward,
-                        Transfer(store), dump, cfg.rollout.batch_size)
+        runtime = Runtime(store, cfg.export.implicit, self.budgets)
+        return Pipeline(DataSource(self.dataset, cfg.seed), prepare, runtime, reward, Transfer(store), dump,
+                        cfg.rollout.batch_size)
 
     def loop(self) -> StepLoop:
         r, t = self.config.rollout, self.config.trainer.checkpoint_part

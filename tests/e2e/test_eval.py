@@ -14,7 +14,7 @@ from pathlib import Path
 import credit_hooks
 from hydra import compose, initialize_config_dir
 
-from relax_pipeline.config import CONF_DIR, quote_placeholders, register
+from relax_pipeline.config import CONF_DIR, quote_placeholders, records, register
 from relax_pipeline.run import capacity_of, eval_sets, run
 
 AGENT = '''
@@ -119,10 +119,12 @@ def test_eval_sets_resolve_group_size_and_concurrency(tmp_path: Path) -> None:
     entries = f"eval.datasets=[{{name:one,path:{data},n_samples_per_prompt:5}},{{name:two,path:{data}}}]"
     base = ("runtime.concurrency=3", "rollout.n_samples_per_prompt=4", entries)
     cfg = compose_config(tmp_path, *base)
-    sets = eval_sets(cfg, capacity_of(cfg))
+    config = records(cfg)
+    sets = eval_sets(config, capacity_of(config))
     assert [(s.name, len(s.dataset), s.n_samples, s.concurrency) for s in sets] == [("one", 3, 5, 3), ("two", 3, 1, 12)]
     cfg = compose_config(tmp_path, *base, "runtime.eval_concurrency=2")
-    capped = eval_sets(cfg, capacity_of(cfg))
+    config = records(cfg)
+    capped = eval_sets(config, capacity_of(config))
     assert [s.concurrency for s in capped] == [2, 2]
     assert [p.index for p in sets[0].dataset.prompts] == [0, 1, 2]
 

@@ -24,7 +24,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from safetensors.torch import load_file
 
-from relax_pipeline.config import CONF_DIR, quote_placeholders, register
+from relax_pipeline.config import CONF_DIR, quote_placeholders, records, register
 from relax_pipeline.run import capacity_of, eval_sets, run
 
 DIGITS_AGENT = Path(__file__).resolve().parents[1] / "agents" / "digits_agent.py"
@@ -151,4 +151,5 @@ def test_job_eval_concurrency_defaults_to_the_engine_batch(tmp_path: Path, tiny_
                      f"eval.datasets=[{{name:toy,path:{tmp_path}/data.jsonl}}]")
     for extra, concurrency in (([], 3), (["runtime.eval_concurrency=2"], 2), (["job=train"], 1)):
         cfg = compose_config([*base, *extra])
-        assert eval_sets(cfg, capacity_of(cfg))[0].concurrency == concurrency, extra
+        config = records(cfg)
+        assert eval_sets(config, capacity_of(config))[0].concurrency == concurrency, extra

@@ -95,12 +95,12 @@ async def replay(http: httpx.AsyncClient, url: str, calls: list[tuple[list[int],
                  key: str) -> list[float]:
     """The recorded generations of one session, in order, straight to `url`/generate (routing key `key`, which
     a router keeps on the worker it chose for ours); seconds per turn."""
-    from relax_pipeline.engine.sglang import _payload
+    from relax_pipeline.engine.sglang_wire import payload
 
     took = []
     for i, (ids, sampling) in enumerate(calls):
         started = time.perf_counter()
-        answer = await http.post(url + "/generate", json=_payload(ids, sampling, sampling.max_new_tokens, f"{tag}-{i}"),
+        answer = await http.post(url + "/generate", json=payload(ids, sampling, sampling.max_new_tokens, f"{tag}-{i}"),
                                  headers={"x-smg-routing-key": key})
         took.append(time.perf_counter() - started)
         answer.raise_for_status()

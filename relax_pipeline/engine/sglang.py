@@ -42,6 +42,9 @@ when the agent session ends, fails, is dropped or times out (`engine.session_tim
 nobody closes). Without `session_id`, or with `engine.sessions=false`, SGLang's radix cache evicts unused
 prefixes least recently used. KV-aware admission (`engine.admission=kv`) is in `sglang_routing.KvAdmission`.
 
+Stop strings: SGLang matches them in a request's own output, so for a resumed generation (`stop_context`, the
+output before the abort) `stopped_across` cuts the result after a stop string split by the abort.
+
 Not supported: images (`media`), streaming, LoRA.
 """
 
@@ -64,18 +67,14 @@ from relax_pipeline.engine.settings import EngineRun, SglangEngineSettings
 from relax_pipeline.engine.sglang_launch import Processes, gpu_env, router_command, server_command
 from relax_pipeline.engine.sglang_ray import RayServers
 from relax_pipeline.engine.sglang_routing import ROUTING_KEY_HEADER, Affinity, KvAdmission, WorkerLoad, WorkerPool
-from relax_pipeline.engine.sglang_sessions import OpenSession, SessionRequest, Sessions
+from relax_pipeline.engine.sglang_sessions import OpenSession, Sessions
 from relax_pipeline.engine.sglang_weights import write_weights
+from relax_pipeline.engine.sglang_wire import SglangError, parse_generate, payload, stopped_across
 from relax_pipeline.infra.ports import free_port
 
 log = logging.getLogger(__name__)
 SGLANG_API_VERSION = "0.5.23"
 """The SGLang release whose HTTP API this client (and the fake server) follows."""
-FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
-
-
-class SglangError(RuntimeError):
-    """An SGLang server or the router answered something the client cannot use; the message names the URL."""
 
 
 @dataclass
@@ -206,7 +205,7 @@ class SglangEngine:
                 flight.answered.set_result(None)  # failed or cancelled: an abort waiting on it gets None
         if result.finish_reason != "abort":
             self.affinity.finished(prompt, result.output_ids, key)
-        return result
+        return stopped_across(self.tokenizer, sampling, result)
 
     async def close_session(self, session_id: str) -> None:
         """Release the SGLang session of agent session `session_id` (its KV); nothing when it has none. The turn
@@ -298,12 +297,12 @@ class SglangEngine:
         """Send the generation (a session turn when `session`); a turn the server refuses for its session is sent
         again as a new root of the reopened session."""
         if session is None:
-            return (await self._admitted(flight, len(prompt) + limit, _payload(prompt, sampling, limit, flight.wire),
+            return (await self._admitted(flight, len(prompt) + limit, payload(prompt, sampling, limit, flight.wire),
                                          key))[0]
         request = session.tree.request(prompt)
         try:
             result, meta = await self._admitted(flight, len(prompt) + limit,
-                                                _payload(prompt, sampling, limit, flight.wire, request), key)
+                                                payload(prompt, sampling, limit, flight.wire, request), key)
         except SglangError as error:
             if "session" not in str(error) or self.sessions is None:
                 raise
@@ -312,7 +311,7 @@ class SglangEngine:
             await self.sessions.reopen(session)
             request = session.tree.request(prompt)
             result, meta = await self._admitted(flight, len(prompt) + limit,
-                                                _payload(prompt, sampling, limit, flight.wire, request), key)
+                                                payload(prompt, sampling, limit, flight.wire, request), key)
         self._session_turn(session, flight.wire, prompt, result, meta)
         return result
 
@@ -439,41 +438,3 @@ class SglangEngine:
                 return url
             await asyncio.sleep(0.2)
         raise SglangError(f"sglang-router at {url} did not report {len(urls)} healthy workers; log {router.log_path}")
-
-
-def _payload(prompt: list[int], sampling: SamplingParams, limit: int, rid: str,
-             session: SessionRequest | None = None) -> dict[str, Any]:
-    """The /generate body (token ids in, logprobs of the output tokens out); a session turn sends only the ids
-    its session does not hold, with its `session_params`."""
-    params: dict[str, Any] = {"max_new_tokens": limit, "temperature": sampling.temperature, "top_p": sampling.top_p,
-                              "top_k": sampling.top_k, "stop_token_ids": list(sampling.stop_token_ids),
-                              "no_stop_trim": True, "skip_special_tokens": False}
-    if sampling.stop:
-        params["stop"] = list(sampling.stop)
-    if sampling.seed is not None:
-        params["sampling_seed"] = sampling.seed
-    body = {"input_ids": prompt, "sampling_params": params, "return_logprob": True, "logprob_start_len": -1,
-            "rid": rid, "stream": False}
-    if session is not None:
-        body |= {"input_ids": session.input_ids, "session_params": session.params}
-    return body
-
-
-def parse_generate(body: dict[str, Any], version: int, url: str = "") -> GenerateResult:
-    """A `/generate` answer as a `GenerateResult`; `version` when the server reports none that is a number."""
-    meta = body.get("meta_info") or {}
-    pairs = meta.get("output_token_logprobs")
-    if pairs is None:
-        raise SglangError(f"SGLang server {url}: /generate answered without meta_info.output_token_logprobs "
-                          "(the client asks for return_logprob=true)")
-    ids = tuple(int(p[1]) for p in pairs)
-    if "output_ids" in body and tuple(body["output_ids"]) != ids:
-        raise SglangError(f"SGLang server {url}: output_ids and output_token_logprobs disagree")
-    reason = meta.get("finish_reason") or {"type": "abort"}
-    finish = FINISH.get(reason.get("type"))
-    if finish is None:
-        raise SglangError(f"SGLang server {url}: unknown finish_reason {reason!r}")
-    matched = reason.get("matched") if finish == "stop" else None
-    served = str(meta.get("weight_version", ""))
-    return GenerateResult(ids, tuple(float(p[0]) for p in pairs), finish,  # type: ignore[arg-type]
-                          int(served) if served.isdigit() else version, matched)

@@ -38,7 +38,8 @@ from relax_pipeline.testing.sglang_server import FakeSglangServer
 
 pytestmark = pytest.mark.integration
 SOURCES = ("sglang/srt/entrypoints/http_server.py", "sglang/srt/managers/io_struct.py", "sglang/api/v1/api_types.py")
-CLIENT_MODULES = ("sglang.py", "sglang_weights.py", "sglang_routing.py", "sglang_launch.py", "sglang_sessions.py")
+CLIENT_MODULES = ("sglang.py", "sglang_wire.py", "sglang_weights.py", "sglang_routing.py", "sglang_launch.py",
+                  "sglang_sessions.py")
 ROUTER_ROUTES = {"/workers"}
 """Routes the client calls on sglang-router, not on an SGLang server (the router is a Rust binary: no source)."""
 NESTED = {"sampling_params": "SamplingParams", "session_params": "SessionParams"}

@@ -249,3 +249,21 @@ def test_engine_sglang_composes_typed_and_binds_its_class(tiny_path: Path) -> No
     engine = build(settings, EngineRun(str(tiny_path), output_dir=str(tiny_path)))
     assert isinstance(engine, SglangEngine) and engine.admission is not None
     assert engine.log_dir == tiny_path / "sglang"
+
+
+def test_a_stop_string_split_by_an_abort_still_stops(tiny_path: Path, tmp_path: Path) -> None:
+    async def go() -> None:
+        async with fakes(tiny_path, ignore_stop=False) as [server], client(tiny_path, [server], tmp_path) as engine:
+            prompt = list(range(3, 30))
+            out = list((await engine.generate(prompt, SamplingParams(12, temperature=0.0), "whole")).output_ids)
+            decode = engine.tokenizer.decode
+            k = next(k for k in range(2, 10) if decode(out[:k]) and len(decode(out[:k + 1])) > len(decode(out[:k])))
+            stop = decode(out[:k])[-1] + decode(out[:k + 1])[len(decode(out[:k]))]
+            resumed = SamplingParams(8, temperature=0.0, stop=(stop,), stop_context=tuple(out[:k]))
+            result = await engine.generate(prompt + out[:k], resumed, "resumed")
+            assert result.output_ids == (out[k],) and result.finish_reason == "stop" and result.matched_stop == stop
+            assert len(result.logprobs) == 1
+            plain = await engine.generate(prompt + out[:k], SamplingParams(8, temperature=0.0, stop=(stop,)), "p")
+            assert len(plain.output_ids) > 1, "without the context SGLang (the fake) does not see the split stop"
+
+    asyncio.run(go())

@@ -1,0 +1,84 @@
+"""The `/generate` wire of `engine=sglang`: the request body, the answer as a `GenerateResult`, and stop strings
+split by an abort.
+
+`payload` builds the body (token ids in, never text; logprobs of the output tokens out; `session_params` and only
+the new ids for a turn of an SGLang session). `parse_generate` reads `meta_info.output_token_logprobs`
+(`[logprob, token_id, text]` per token; `output_ids` must agree), `finish_reason` (`stop` with `matched`,
+`length`, `abort`) and `weight_version`. `stopped_across` cuts a resumed generation's result after a stop string
+that began in its `stop_context` (SGLang matches stop strings in a request's own output only).
+
+What it does not do: HTTP (`sglang.py` sends the body), sessions' bookkeeping (`sglang_sessions.py`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from relax_pipeline.engine.base import GenerateResult, SamplingParams, varying
+from relax_pipeline.engine.sampling import StopStringMatcher
+from relax_pipeline.engine.sglang_sessions import SessionRequest
+
+FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
+"""SGLang's `finish_reason.type` → ours."""
+
+
+class SglangError(RuntimeError):
+    """An SGLang server or the router answered something the client cannot use; the message names the URL."""
+
+
+def payload(prompt: list[int], sampling: SamplingParams, limit: int, rid: str,
+             session: SessionRequest | None = None) -> dict[str, Any]:
+    """The /generate body (token ids in, logprobs of the output tokens out); a session turn sends only the ids
+    its session does not hold, with its `session_params`."""
+    params: dict[str, Any] = {"max_new_tokens": limit, "temperature": sampling.temperature, "top_p": sampling.top_p,
+                              "top_k": sampling.top_k, "stop_token_ids": list(sampling.stop_token_ids),
+                              "no_stop_trim": True, "skip_special_tokens": False}
+    if sampling.stop:
+        params["stop"] = list(sampling.stop)
+    if sampling.seed is not None:
+        params["sampling_seed"] = sampling.seed
+    body = {"input_ids": prompt, "sampling_params": params, "return_logprob": True, "logprob_start_len": -1,
+            "rid": rid, "stream": False}
+    if session is not None:
+        body |= {"input_ids": session.input_ids, "session_params": session.params}
+    return body
+
+
+def stopped_across(tokenizer: Any, sampling: SamplingParams, result: GenerateResult) -> GenerateResult:
+    """`result` cut after the first stop string that starts in `sampling.stop_context` (a resumed generation's
+    earlier output) and ends in `result`'s tokens, finish "stop": SGLang matches stop strings in a request's own
+    output only. The tokens SGLang generated past it are dropped (a session's node still holds them)."""
+    if not sampling.stop or not sampling.stop_context or not result.output_ids:
+        return result
+    matcher = StopStringMatcher(tokenizer, sampling.stop)
+    matcher.prime(sampling.stop_context)
+    for i, token in enumerate(result.output_ids):
+        hit = matcher.push(token)
+        if hit is not None:
+            if i + 1 == len(result.output_ids) and result.finish_reason == "stop":
+                return result  # SGLang stopped there itself
+            return replace(result, output_ids=result.output_ids[:i + 1], logprobs=result.logprobs[:i + 1],
+                           finish_reason="stop", matched_stop=hit,
+                           weight_versions=varying(result.token_versions[:i + 1]))
+    return result
+
+
+def parse_generate(body: dict[str, Any], version: int, url: str = "") -> GenerateResult:
+    """A `/generate` answer as a `GenerateResult`; `version` when the server reports none that is a number."""
+    meta = body.get("meta_info") or {}
+    pairs = meta.get("output_token_logprobs")
+    if pairs is None:
+        raise SglangError(f"SGLang server {url}: /generate answered without meta_info.output_token_logprobs "
+                          "(the client asks for return_logprob=true)")
+    ids = tuple(int(p[1]) for p in pairs)
+    if "output_ids" in body and tuple(body["output_ids"]) != ids:
+        raise SglangError(f"SGLang server {url}: output_ids and output_token_logprobs disagree")
+    reason = meta.get("finish_reason") or {"type": "abort"}
+    finish = FINISH.get(reason.get("type"))
+    if finish is None:
+        raise SglangError(f"SGLang server {url}: unknown finish_reason {reason!r}")
+    matched = reason.get("matched") if finish == "stop" else None
+    served = str(meta.get("weight_version", ""))
+    return GenerateResult(ids, tuple(float(p[0]) for p in pairs), finish,  # type: ignore[arg-type]
+                          int(served) if served.isdigit() else version, matched)

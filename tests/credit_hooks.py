@@ -105,3 +105,27 @@ def reject_all(samples: list[dict]) -> bool:
 def rm_none(sample: dict[str, Any]) -> None:
     """A reward model that scores nothing."""
     return None
+
+
+def metrics_of_rows(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """`credit.metrics_path`: how many rows and how many completed; rows are copies, so the edit is harmless."""
+    CALLS.append(rows)
+    metrics = {"rows": len(rows), "completed": sum(r["status"] == "completed" for r in rows)}
+    rows[0]["status"] = "edited"
+    return metrics
+
+
+async def metrics_async(rows: list[dict[str, Any]]) -> dict[str, float]:
+    return {"rows": float(len(rows))}
+
+
+def metrics_not_a_dict(rows: list[dict[str, Any]]) -> list[float]:
+    return [1.0]
+
+
+def metrics_nan(rows: list[dict[str, Any]]) -> dict[str, float]:
+    return {"bad": float("nan")}
+
+
+def metrics_raises(rows: list[dict[str, Any]]) -> dict[str, float]:
+    raise RuntimeError("boom")

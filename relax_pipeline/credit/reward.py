@@ -22,6 +22,7 @@ from relax_pipeline.credit.advantage import base_advantages
 from relax_pipeline.credit.base import RewardError, call_user, load_function
 from relax_pipeline.credit.records import CreditContext, CreditGroup
 from relax_pipeline.credit.settings import CreditSettings
+from relax_pipeline.credit.user_metrics import UserMetrics
 
 __all__ = ["RewardCredit", "RewardError"]
 
@@ -52,6 +53,8 @@ class RewardCredit:
         self.advantage_hook = self._load_optional("advantage_path")
         """The optional advantage function (`optional`), None when the option has none or it is unset."""
         self.group_filter = load_function(settings.filter_path, "credit.filter_path") if settings.filter_path else None
+        self.user_metrics = UserMetrics(settings.metrics_path)
+        """`credit.metrics_path`: the user's metrics of each train step's rows (empty without it)."""
 
     def _load_user_function(self) -> Callable[..., Any] | None:
         """The function named by the one path key this option uses, None for `credit=reward`."""

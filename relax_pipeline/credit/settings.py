@@ -39,6 +39,9 @@ class CreditSettings:
     """Log `passrate` (primary reward == 1)."""
     filter_path: str | None = None
     """module.function(samples) -> bool: keep a scored train group; False filters it and its prompt returns."""
+    metrics_path: str | None = None
+    """module.function(rows) -> dict[str, float]: the user's own metrics of each train step's dump rows, logged as
+    `rollout/user/<name>` (credit/user_metrics.py)."""
     truncated_reward: float = 0.0
     """Reward of a session recorded as truncated by our length limit when the agent then failed (no reward
     exported); a reward model, when configured, scores it first."""

@@ -63,7 +63,7 @@ class FullyAsyncRuntime(SyncRuntime):
         if accepted < self._need:
             log.warning("rollout %d: only %d of %d groups finished", rollout_id, accepted, self._need)
         result.groups.sort(key=lambda g: g.id)
-        closed = pipeline.close_step(result, started)
+        closed = await pipeline.close_step(result, started)
         closed.metrics["rollout/stale_groups"] = float(stale)
         return closed
 

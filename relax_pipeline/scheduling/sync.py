@@ -75,7 +75,7 @@ class SyncRuntime:
                         "filtered); the step goes on short", rollout_id, accepted, need, starts)
         extra = await self._close_step(pool, result, rollout_id, need)
         result.groups.sort(key=lambda g: g.id)
-        closed = pipeline.close_step(result, started)
+        closed = await pipeline.close_step(result, started)
         closed.metrics.update(extra)
         return closed
 

@@ -4,8 +4,9 @@
 them (`start_group`, `await_group`, `score_group`); it does not decide when or how many: a runtime strategy
 (`relax_pipeline.scheduling`) calls these methods and keeps groups resident under the capacity. A dropped
 or filtered train group gives its prompt back to the data source. `close_step` ends a rollout step: it
-writes the dump, takes the rollout metrics (`rollout/wasted_tokens`: tokens of filtered or surplus groups)
-and logs the one-line `AGENTIC ROLLOUT event=accounting_end` record. Training, weight sync and checkpoints
+writes the dump, takes the rollout metrics (`rollout/wasted_tokens`: tokens of filtered or surplus groups; the
+user's `credit.metrics_path` hook's `rollout/user/*`) and logs the one-line `AGENTIC ROLLOUT event=accounting_end`
+record. Training, weight sync and checkpoints
 are not here: the step loop (`loop.py`) calls the trainer between steps.
 
 The pipeline knows which groups still have agents running (started, not yet through `await_group`).
@@ -128,9 +129,10 @@ class Pipeline:
             for process in group.processes.values():
                 process.kill()
 
-    def close_step(self, result: StepResult, started: float) -> StepResult:
+    async def close_step(self, result: StepResult, started: float) -> StepResult:
         path = self.dump.write(result.rollout_id, result.rows)
         result.metrics = rollout_metrics(result.rows, result.groups, self.reward.credit.log_passrate)
+        result.metrics.update(await self.reward.credit.user_metrics(result.rows))
         for outcome in OUTCOMES:
             result.metrics.setdefault(f"rollout/outcome/{outcome}", 0.0)
         wasted = [g for g in result.groups if g.filtered or g.dropped == SURPLUS]

@@ -70,6 +70,7 @@ def test_eval_with_two_datasets_next_to_a_multi_context_train_run(tmp_path: Path
         tmp_path, "job=train", f"model.cache_dir={tiny_path.parent}", f"agent.command='{sys.executable} agent.py'",
         f"agent.cwd={tmp_path}", "agent.multi_context=true", "credit=custom_advantage",
         "credit.advantage_path=credit_hooks.advantage_recording", "credit.log_passrate=true",
+        "credit.metrics_path=credit_hooks.metrics_async",
         "trainer.batching.use_dynamic_batch_size=true", "eval.interval=1", "eval.n_samples_per_prompt=3",
         f"eval.datasets=[{{name:alpha,path:{alpha},n_samples_per_prompt:1}},{{name:beta,path:{beta}}}]"))
     assert len(credit_hooks.CALLS) == 1, "one train group, no eval group reaches the advantage function"
@@ -84,6 +85,7 @@ def test_eval_with_two_datasets_next_to_a_multi_context_train_run(tmp_path: Path
     train = read(tmp_path / "dump" / "r_0.jsonl")
     assert sorted(r["name"] for r in train) == ["main", "main", "searcher", "searcher"]
     assert {r["advantage"] for r in train} == {1.0, 0.5}
+    assert metrics["rollout/user/rows"] == len(train) and "eval/alpha/user/rows" not in metrics
     for name in ("alpha", "beta"):
         assert metrics[f"eval/{name}/raw_reward"] == 1.0 and metrics[f"eval/{name}/passrate"] == 1.0
         assert f"eval/{name}/num_turns/mean" in metrics and f"eval/{name}/truncated_ratio" in metrics

@@ -76,13 +76,14 @@ from relax_pipeline.train.optim import adamw
 from relax_pipeline.train.rank_group import RankFailed, RankGroup
 from relax_pipeline.train.rank_ray import RayRankGroup
 from relax_pipeline.train.settings import DeepSpeedSettings, TrainerRun
-from relax_pipeline.train.step import share_step
+from relax_pipeline.train.step import Frozen, share_step
 from relax_pipeline.train.torch_backend import (
     TorchTrainer,
     cpu_state_dict,
     fresh_optimizer_warning,
     frozen_copy,
     load_policy,
+    load_teacher,
     load_weights,
     write_state,
 )
@@ -154,6 +155,7 @@ class DeepSpeedTrainer(TorchTrainer):
         self.device = torch.device(get_accelerator().device_name(int(os.environ["LOCAL_RANK"])))
         policy, self.pad_id = load_policy(self.model_path, self.seed, str(self.device), self.attn_implementation)
         self.reference = frozen_copy(policy) if needs_reference else None
+        self.teacher = load_teacher(self.trainer_settings.teacher, policy, self.device)
         optimizer = adamw(policy.parameters(), self.optim)
         if self.zero_stage == 3 and self.num_ranks > 1:
             restart_zero3_ids()
@@ -197,8 +199,9 @@ class DeepSpeedTrainer(TorchTrainer):
 
     def run_shares(self, shares: list[RankShare]) -> list[dict[str, float]]:
         """This rank's part of each optimizer step (every rank runs it with the same number of shares)."""
-        return [share_step(self.model, self.reference, self, share, self.settings, self.pad_id, self.device,
-                           self._all_sum) for share in shares]
+        frozen = Frozen(self.reference, self.teacher)
+        return [share_step(self.model, frozen, self, share, self.settings, self.pad_id, self.device, self._all_sum)
+                for share in shares]
 
     def _all_sum(self, values: torch.Tensor) -> torch.Tensor:
         """all-reduce SUM over every rank (on this rank's device: NCCL reduces only GPU tensors)."""

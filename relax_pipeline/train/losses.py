@@ -10,7 +10,8 @@ Order of operations in `policy_loss` (the contract the trainer backends rely on)
    min(exp(old - rollout), tis_cap); off-policy sequence masking (OPSM) drops whole sequences whose
    advantage (sum over mask-1 tokens) is negative AND whose mean rollout-minus-current logprob over
    mask-1 tokens exceeds opsm_delta. Dropped sequences still count in the normalizers.
-4. loss = reduce(pg) - entropy_coef * reduce(entropy) + kl_loss_coef * reduce(kl_estimate(...)).
+4. loss = reduce(pg) - entropy_coef * reduce(entropy) + kl_loss_coef * reduce(kl_estimate(...))
+   + distill_coef * reduce(k3 to the teacher) (the design's optional distillation term).
 
 Every tensor of a `LossBatch` is [B, T] on response positions. Mask-0 tokens (padding, observations)
 never reach the loss or the gradient: their inputs are replaced by zeros before any arithmetic, so even
@@ -57,6 +58,9 @@ class LossSettings:
     """Weight of the reference-KL loss."""
     kl_loss_type: str = "k3"
     """KL estimator: k1, k2 or k3."""
+    distill_coef: float = 0.0
+    """Weight of the distillation term: the reverse KL from the policy to `trainer.teacher` on the generated tokens
+    (k3 estimator on the sampled tokens' logprobs), logged as `train/distill_loss`; 0 turns it off."""
     loss_reduction: str = "token_mean"
     """token_mean, seq_mean_token_sum or seq_mean_token_mean."""
 
@@ -65,6 +69,7 @@ class LossSettings:
         _check_range("eps_clip_high", self.eps_clip_high, 0.0, math.inf, "a number >= 0")
         _check_range("entropy_coef", self.entropy_coef, 0.0, math.inf, "a number >= 0")
         _check_range("kl_loss_coef", self.kl_loss_coef, 0.0, math.inf, "a number >= 0")
+        _check_range("distill_coef", self.distill_coef, 0.0, math.inf, "a number >= 0 (0: no distillation)")
         if self.tis_cap is not None and not (math.isfinite(self.tis_cap) and self.tis_cap > 0):
             raise ValueError(f"trainer.loss.tis_cap={self.tis_cap}; use null (TIS off) or a number > 0")
         if self.opsm_delta is not None:
@@ -100,6 +105,7 @@ class LossBatch:
     loss_mask: torch.Tensor
     entropy: torch.Tensor | None = None
     ref_logprobs: torch.Tensor | None = None
+    teacher_logprobs: torch.Tensor | None = None
     token_normalizer: float
     seq_normalizer: float
 
@@ -107,7 +113,8 @@ class LossBatch:
         shape = self.loss_mask.shape
         if len(shape) != 2:
             raise ValueError(f"LossBatch.loss_mask must be [B, T], got {tuple(shape)}")
-        for name in ("logprobs", "old_logprobs", "rollout_logprobs", "advantages", "entropy", "ref_logprobs"):
+        for name in ("logprobs", "old_logprobs", "rollout_logprobs", "advantages", "entropy", "ref_logprobs",
+                     "teacher_logprobs"):
             tensor = getattr(self, name)
             if tensor is not None and tensor.shape != shape:
                 raise ValueError(f"LossBatch.{name} is {tuple(tensor.shape)}; it must match loss_mask {tuple(shape)}")
@@ -148,9 +155,10 @@ def reduce(values: torch.Tensor, mask: torch.Tensor, reduction: str, token_norma
 def policy_loss(batch: LossBatch, settings: LossSettings) -> tuple[torch.Tensor, dict[str, float]]:
     """The micro-batch loss (a scalar with gradient) and its metrics (floats, summable over micro-batches).
 
-    Metrics: pg_loss, entropy (when given) and kl (when use_kl_loss) use the loss reduction, so
-    loss == pg_loss - entropy_coef * entropy + kl_loss_coef * kl; ppo_kl, clipfrac and tis_clipfrac are
-    means over the mask-1 tokens (token_normalizer); opsm_masked is a fraction of sequences (seq_normalizer).
+    Metrics: pg_loss, entropy (when given), kl (when use_kl_loss) and distill_loss (when distill_coef > 0) use the
+    loss reduction, so loss == pg_loss - entropy_coef * entropy + kl_loss_coef * kl + distill_coef * distill_loss;
+    ppo_kl, clipfrac and tis_clipfrac are means over the mask-1 tokens (token_normalizer); opsm_masked is a
+    fraction of sequences (seq_normalizer).
     """
     _check_inputs(batch, settings)
     valid = batch.loss_mask > 0
@@ -165,12 +173,18 @@ def policy_loss(batch: LossBatch, settings: LossSettings) -> tuple[torch.Tensor,
         ref = _clean(batch.ref_logprobs.detach(), valid)
         kl = _add(metrics, "kl", _reduce(kl_estimate(logprobs, ref, settings.kl_loss_type), batch, settings))
         loss = loss + settings.kl_loss_coef * kl
+    if settings.distill_coef > 0 and batch.teacher_logprobs is not None:
+        teacher = _clean(batch.teacher_logprobs.detach(), valid)
+        distill = _add(metrics, "distill_loss", _reduce(kl_estimate(logprobs, teacher, "k3"), batch, settings))
+        loss = loss + settings.distill_coef * distill
     return loss, metrics
 
 
 def _check_inputs(batch: LossBatch, settings: LossSettings) -> None:
     if settings.use_kl_loss and batch.ref_logprobs is None:
         raise ValueError("trainer.loss.use_kl_loss=true needs LossBatch.ref_logprobs (the frozen reference's logprobs)")
+    if settings.distill_coef > 0 and batch.teacher_logprobs is None:
+        raise ValueError("trainer.loss.distill_coef > 0 needs LossBatch.teacher_logprobs (set trainer.teacher)")
     if settings.entropy_coef > 0 and batch.entropy is None:
         raise ValueError(f"trainer.loss.entropy_coef={settings.entropy_coef} needs LossBatch.entropy")
 

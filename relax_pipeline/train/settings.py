@@ -60,6 +60,9 @@ class TrainerSettings:
     """The policy's attention kernel: `eager`, `sdpa`, or `grouped` (models/attention.py: eager without copying
     the KV cache for each query head; on a CPU under bf16 autocast about 25% faster a step than sdpa); null keeps
     transformers' default (sdpa)."""
+    teacher: str | None = None
+    """Hugging Face folder of the distillation teacher (`trainer.loss.distill_coef` > 0): a frozen model sharing the
+    policy's tokenizer, whose logprobs of the generated tokens the loss pulls the policy toward (reverse KL)."""
     keep_freed_memory: bool | None = None
     """Keep freed CPU memory mapped for reuse (glibc mallopt, train/allocator.py): large training tensors then
     skip the page faults of fresh memory, and the process keeps its peak size. Null: on for a CPU device."""
@@ -73,6 +76,10 @@ class TrainerSettings:
     """Keep only the last N checkpoint folders (older ones are deleted after each save); None keeps all."""
 
     def __post_init__(self) -> None:
+        if (self.loss.distill_coef > 0) != (self.teacher is not None):
+            raise ValueError(f"trainer.loss.distill_coef={self.loss.distill_coef} and "
+                             f"trainer.teacher={self.teacher!r}: set both (a positive coefficient and the "
+                             "teacher's folder) or neither")
         for key in ("save_interval", "keep_checkpoints"):
             value = getattr(self, key)
             if value is not None and value < 1:

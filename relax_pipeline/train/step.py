@@ -264,12 +264,21 @@ class _Prepared:
     batch: Collated
     old: torch.Tensor
     ref: torch.Tensor | None
+    teacher: torch.Tensor | None
     advantages: torch.Tensor
+
+
+@dataclass(frozen=True)
+class Frozen:
+    """The models a step reads without training them: the KL reference and the distillation teacher."""
+
+    reference: Model | None = None
+    teacher: Model | None = None
 
 
 def optimizer_step(
     model: Model,
-    ref_model: Model | None,
+    frozen: Frozen,
     backend: Backend,
     samples: Sequence[Sample],
     settings: StepSettings,
@@ -278,12 +287,12 @@ def optimizer_step(
 ) -> dict[str, float]:
     """One optimizer step over `samples` (a global batch) in one process; returns its metrics (no `train/`)."""
     share = shard(samples, 1, settings.batching)[0]
-    return share_step(model, ref_model, backend, share, settings, pad_id, device)
+    return share_step(model, frozen, backend, share, settings, pad_id, device)
 
 
 def share_step(
     model: Model,
-    ref_model: Model | None,
+    frozen: Frozen,
     backend: Backend,
     share: RankShare,
     settings: StepSettings,
@@ -294,13 +303,13 @@ def share_step(
     """One optimizer step over this rank's `share` of a global batch; `all_sum` (None: one rank) makes the
     whitening and the metrics cover every rank (train/data_parallel.py). Metrics are the global batch's."""
     batches = [collate(g, pad_id, device) for g in share.micro_batches]
-    prepared = _prepare(model, ref_model, batches, settings, all_sum)
+    prepared = _prepare(model, frozen, batches, settings, all_sum)
     metrics: dict[str, float] = {}
     for i, item in enumerate(prepared):
         loss, values = _micro_loss(model, item, settings, share.tokens, share.sequences)
         backend.backward(loss, last=i == len(prepared) - 1)
         _accumulate(metrics, {"loss": float(loss.detach()), **values})
-    if ref_model is not None and not settings.loss.use_kl_loss:
+    if frozen.reference is not None and not settings.loss.use_kl_loss:
         metrics["kl"] = _shaping_kl(prepared, share.tokens)
     if all_sum is not None:
         metrics = sum_metrics(metrics, all_sum)
@@ -322,22 +331,29 @@ def _micro_loss(
         loss_mask=item.batch.loss_mask,
         entropy=entropy,
         ref_logprobs=item.ref,
+        teacher_logprobs=item.teacher,
         token_normalizer=tokens,
         seq_normalizer=seqs,
     )
     return policy_loss(loss_batch, settings.loss)
 
 
-def _prepare(model: Model, ref_model: Model | None, batches: list[Collated], settings: StepSettings,
+def _prepare(model: Model, frozen: Frozen, batches: list[Collated], settings: StepSettings,
              all_sum: AllSum | None = None) -> list[_Prepared]:
-    """Old and reference logprobs without gradient, then token advantages (whitened over the global batch)."""
+    """Old, reference and teacher logprobs without gradient, then token advantages (whitened over the global
+    batch)."""
     with torch.no_grad():
         olds = [_old_logprobs(model, b, settings) for b in batches]
-        refs = [_logprobs(ref_model, b, settings) if ref_model is not None else None for b in batches]
+        refs = [_frozen_logprobs(frozen.reference, b, settings) for b in batches]
+        teachers = [_frozen_logprobs(frozen.teacher, b, settings) for b in batches]
     advantages = [_token_advantages(b, o, r, settings) for b, o, r in zip(batches, olds, refs, strict=True)]
     if settings.advantages.normalize_advantages:
         advantages = _whiten_all(advantages, [b.loss_mask for b in batches], all_sum)
-    return [_Prepared(*parts) for parts in zip(batches, olds, refs, advantages, strict=True)]
+    return [_Prepared(*parts) for parts in zip(batches, olds, refs, teachers, advantages, strict=True)]
+
+
+def _frozen_logprobs(frozen: Model | None, batch: Collated, settings: StepSettings) -> torch.Tensor | None:
+    return _logprobs(frozen, batch, settings) if frozen is not None else None
 
 
 def _old_logprobs(model: Model, batch: Collated, settings: StepSettings) -> torch.Tensor:

@@ -47,7 +47,7 @@ from relax_pipeline.train.allocator import keep_freed_cpu_memory, wants_freed_me
 from relax_pipeline.train.batching import global_batches
 from relax_pipeline.train.optim import adamw, clip_and_step
 from relax_pipeline.train.settings import TrainerRun, TrainerSettings
-from relax_pipeline.train.step import StepSettings, mean_metrics, optimizer_step
+from relax_pipeline.train.step import Frozen, StepSettings, mean_metrics, optimizer_step
 
 log = logging.getLogger(__name__)
 OPTIMIZER_FILE = "optimizer.pt"
@@ -84,6 +84,7 @@ class TorchTrainer:
         self.policy, self.pad_id = load_policy(self.model_path, self.seed, device, self.attn_implementation)
         self.device = torch.device(device)
         self.reference = frozen_copy(self.policy) if needs_reference else None
+        self.teacher = load_teacher(self.trainer_settings.teacher, self.policy, self.device)
         self.optimizer = adamw(self.policy.parameters(), self.optim)
         self.model: Any = self.policy
 
@@ -103,8 +104,8 @@ class TorchTrainer:
 
     def _steps(self, batches: list[list[Sample]]) -> list[dict[str, float]]:
         """One `optimizer_step` per global batch; their metrics."""
-        return [optimizer_step(self.model, self.reference, self, b, self.settings, self.pad_id, self.device)
-                for b in batches]
+        frozen = Frozen(self.reference, self.teacher)
+        return [optimizer_step(self.model, frozen, self, b, self.settings, self.pad_id, self.device) for b in batches]
 
     def backward(self, loss: torch.Tensor, last: bool) -> None:
         """Accumulate gradients; the loss is already normalized by the global batch."""
@@ -161,6 +162,21 @@ def load_policy(model_path: str, seed: int, device: str, attention: str | None =
     model = load_pretrained(model_path, torch.float32, attention).to(device).eval()
     pad = getattr(model.config, "pad_token_id", None)
     return model, pad if isinstance(pad, int) else 0
+
+
+def load_teacher(path: str | None, policy: torch.nn.Module, device: torch.device) -> torch.nn.Module | None:
+    """`trainer.teacher`'s model, frozen on `device` (None without one); its vocabulary must be the policy's, since
+    it scores the policy's token ids."""
+    if path is None:
+        return None
+    if not (Path(path).expanduser() / "config.json").is_file():
+        raise ValueError(f"trainer.teacher={path!r} is not a Hugging Face folder (no config.json)")
+    teacher, _ = load_policy(str(Path(path).expanduser()), 0, str(device))
+    ours, theirs = policy.get_input_embeddings().num_embeddings, teacher.get_input_embeddings().num_embeddings
+    if ours != theirs:
+        raise ValueError(f"trainer.teacher={path!r} has a vocabulary of {theirs} tokens, the policy {ours}: the "
+                         "teacher must share the policy's tokenizer")
+    return frozen_copy(teacher)
 
 
 def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:

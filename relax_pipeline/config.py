@@ -314,7 +314,7 @@ def multi_context_missing(config: Config, several_contexts: bool) -> list[str]:
 def _check_multi_context(config: Config) -> None:
     if not config.agent.multi_context:
         return
-    missing = multi_context_missing(config, get_class(config.credit._target_).several_contexts)
+    missing = multi_context_missing(config, get_class(config.credit._target_).credits_several(config.credit))
     if missing:
         raise ValueError(f"agent.multi_context=true (sessions export several contexts) needs {' and '.join(missing)}; "
                          "set them, or agent.multi_context=false if each session exports one context")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 from relax_pipeline.credit.records import CreditGroup
@@ -34,6 +34,10 @@ class Credit(Protocol):
     """What the Reward stage needs from a `credit=` option."""
 
     log_passrate: bool
+    several_contexts: bool
+    """Whether it gives credit to sessions that export several contexts."""
+    user_metrics: Callable[[Sequence[dict[str, Any]]], Awaitable[dict[str, float]]]
+    """`credit.metrics_path`'s metrics of a train step's rows (an empty dict without the hook)."""
 
     async def keep(self, group: CreditGroup) -> bool:
         """Whether a scored group stays in the step (`credit.filter_path`)."""

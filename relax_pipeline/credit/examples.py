@@ -75,3 +75,9 @@ def exact_answer(sample: dict[str, Any]) -> float:
     answer = sample["prompt"].get("metadata", {}).get("answer")
     replies = [m.get("content") or "" for m in sample["messages"] if m["role"] == "assistant"]
     return answer_reward(replies[-1], answer) if replies and answer is not None else 0.0
+
+
+def main_exact_answer(samples: list[dict[str, Any]]) -> list[float | None]:
+    """`credit=group_rm` example for sessions with a main agent and sub-agents: reviews only the main contexts
+    (`exact_answer`), leaving the sub-agents' null for the advantage function to credit."""
+    return [exact_answer(s) if s["name"] in MAIN_NAMES else None for s in samples]

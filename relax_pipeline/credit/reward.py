@@ -37,7 +37,8 @@ class RewardCredit:
     optional: tuple[str, ...] = ()
     """Which of them this option may also take (`credit=group_rm` with an `advantage_path`: RM, then the hook)."""
     several_contexts: bool = False
-    """Whether this option gives credit to sessions that export several contexts (only custom_advantage)."""
+    """Whether this option gives credit to sessions that export several contexts (custom_advantage, and group_rm
+    with an advantage function: `credits_several`)."""
 
     def __init__(self, settings: CreditSettings) -> None:
         self._check_paths({"rm_path": settings.rm_path, "advantage_path": settings.advantage_path})
@@ -49,12 +50,18 @@ class RewardCredit:
         self.log_passrate = settings.log_passrate
         self.truncated_reward = settings.truncated_reward
         """Reward of a context whose agent failed after our length limit cut its last turn (none exported)."""
+        self.several_contexts = self.credits_several(settings)
         self.user_function = self._load_user_function()
         self.advantage_hook = self._load_optional("advantage_path")
         """The optional advantage function (`optional`), None when the option has none or it is unset."""
         self.group_filter = load_function(settings.filter_path, "credit.filter_path") if settings.filter_path else None
         self.user_metrics = UserMetrics(settings.metrics_path)
         """`credit.metrics_path`: the user's metrics of each train step's rows (empty without it)."""
+
+    @classmethod
+    def credits_several(cls, settings: CreditSettings) -> bool:
+        """Whether this option, so configured, gives credit to sessions that export several contexts."""
+        return cls.several_contexts
 
     def _load_user_function(self) -> Callable[..., Any] | None:
         """The function named by the one path key this option uses, None for `credit=reward`."""

@@ -9,7 +9,9 @@ once per context whose agent exported no reward, concurrently within a group; `g
 only fill contexts without one. An object's `credit.reward_key` field is the primary value and its other
 numeric fields become `rollout/<field>/*` metrics. Credit then follows `credit.estimator` as for
 `credit=reward`; `group_rm` with `credit.advantage_path` hands the scored group to that advantage function
-instead (RM scores, then the hook: `credit/custom_advantage.py`).
+instead (RM scores, then the hook: `credit/custom_advantage.py`). That pairing credits sessions that export
+several contexts (a main agent and its sub-agents): the RM may review only some contexts and leave the
+others null, and the advantage function gives every context its credit.
 
 A value that is not a number, an object or null fails its session (like a bad exported reward); a group
 RM result that is not a list of the group's length drops the group with an error naming `credit.rm_path`.
@@ -25,6 +27,7 @@ from relax_pipeline.credit.base import call_user
 from relax_pipeline.credit.custom_advantage import hook_advantages
 from relax_pipeline.credit.records import CreditContext, CreditGroup
 from relax_pipeline.credit.reward import RewardCredit
+from relax_pipeline.credit.settings import CreditSettings
 
 
 class CustomRMCredit(RewardCredit):
@@ -49,6 +52,17 @@ class GroupRMCredit(RewardCredit):
     option = "group_rm"
     uses = ("rm_path",)
     optional = ("advantage_path",)
+
+    def __init__(self, settings: CreditSettings) -> None:
+        super().__init__(settings)
+        self.needs_reward = self.advantage_hook is None
+        """With an advantage function the RM rewards only what it reviews (metrics, filters): a context it leaves
+        null (a sub-agent's) still gets its credit from the function."""
+
+    @classmethod
+    def credits_several(cls, settings: CreditSettings) -> bool:
+        """With an advantage function, several contexts per session get their credit from it."""
+        return settings.advantage_path is not None
 
     async def score(self, group: CreditGroup) -> None:
         if self.advantage_hook is None:

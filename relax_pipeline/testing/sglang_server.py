@@ -1,31 +1,25 @@
 """A fake SGLang server: SGLang's native HTTP wire, backed by the embedded engine so tokens are real.
 
-It follows the `http_server.py` and `io_struct.py` of the SGLang release `SGLANG_API_VERSION` (engine/sglang.py)
-and serves exactly the routes `engine=sglang` calls, with exactly the body fields in `ROUTES` (each one a field
-that release has: `tests/integration/test_sglang_conformance.py` reads them from its wheel): `GET /health`,
-`GET /model_info`, `GET /server_info`, `POST /generate` (`input_ids` only, `return_logprob`, `rid`,
-`session_params`), `POST /abort_request`, `POST /update_weights_from_disk`, `POST /open_session` and
-`POST /close_session`. Any other path answers 404 and is recorded, so a test fails when the client calls a
-route this fake (and so the release it follows) does not have; a body field or sampling parameter outside
-its table is refused (400) for the same reason (SGLang itself ignores unknown top-level `/generate` fields:
-the fake is stricter). `GET /fake/stats` (not SGLang) reports the calls, the unknown ones, the fields the
-client sent (`sent`), the open sessions and the peak of concurrently running prompt + max_new_tokens (what KV
-admission bounds).
+It follows the `http_server.py` and `io_struct.py` of the SGLang release `SGLANG_API_VERSION` (engine/sglang.py) and
+serves exactly the routes `engine=sglang` calls, with exactly the body fields in `ROUTES` (each one a field that
+release has: `tests/integration/test_sglang_conformance.py` reads them from its wheel): `GET /health`, `GET
+/model_info`, `GET /server_info`, `POST /generate` (`input_ids` only, `return_logprob`, `rid`, `session_params`),
+`POST /abort_request`, `POST /update_weights_from_disk`, `POST /pause_generation` (in place only), `POST
+/continue_generation`, `POST /open_session` and `POST /close_session`. Any other path answers 404 and is recorded,
+so a test fails when the client calls a route this fake (and so the release it follows) does not have; a body field
+or sampling parameter outside its table is refused (400) for the same reason (SGLang itself ignores unknown
+top-level `/generate` fields: the fake is stricter). `GET /fake/stats` (not SGLang) reports the calls, the unknown
+ones, the fields the client sent (`sent`), the open sessions and the peak of concurrently running prompt +
+max_new_tokens (what KV admission bounds).
 
 Behaviour as SGLang's: a `/generate` of an aborted rid answers with the tokens and logprobs generated so
 far and `finish_reason {"type": "abort"}`; an abort of an unknown rid is ignored; stop tokens stay in
 `output_ids`; `weight_version` starts as "default" and becomes the update's `weight_version`; a weight
-update loads every `*.safetensors` of the folder (and clears the prefix cache).
+update loads every `*.safetensors` of the folder (and clears the prefix cache); while generation is paused in
+place every decode step waits, an update loads between two of them, and a generation that spans updates
+reports `meta_info.weight_versions` spans (`{version, start, end}`).
 
-Sessions as SGLang's non-streaming sessions (`session/session_controller.py`): `/open_session
-{capacity_of_str_len, session_id, timeout}` answers the id (400 when it is open already), `/close_session
-{session_id}` drops the session (an unknown id is ignored), a session idle longer than its `timeout` is
-closed. A `/generate` with `session_params {id, rid, offset, replace}` is a node of the session's tree,
-keyed by its own `rid`: with `rid` it continues the node's context (its input and output) with the new
-`input_ids` (a leading BOS dropped), or splices them at token `offset`; `replace` first aborts the node and
-drops its children (without `rid`: every node); without `rid` it is a new root. A `rid` the session does not
-hold, or one still generating, is refused (400, SGLang's message). `meta_info.cached_tokens` is the context
-the session kept; `prompt_tokens` is the whole assembled input.
+Sessions as SGLang's non-streaming sessions: `testing/sglang_sessions.py`.
 
 Options: `--decode-delay-s` sleeps before each forward pass so tests can abort a generation mid-way;
 `--ignore-stop` generates to `max_new_tokens` whatever the stop tokens (exact lengths); `--kv-cache-mb 0`
@@ -44,9 +38,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +51,7 @@ from relax_pipeline.engine.base import GenerateResult, SamplingParams
 from relax_pipeline.engine.hf import HFEngine
 from relax_pipeline.engine.settings import EngineRun, HFEngineSettings
 from relax_pipeline.gateway.server import GatewayServer
+from relax_pipeline.testing.sglang_sessions import FakeSessions, Refused
 
 log = logging.getLogger(__name__)
 SAMPLING_KEYS = frozenset({"max_new_tokens", "temperature", "top_p", "top_k", "stop", "stop_token_ids",
@@ -69,7 +64,8 @@ ROUTES: dict[tuple[str, str], frozenset[str]] = {
     ("POST", "/generate"): frozenset({"input_ids", "sampling_params", "return_logprob", "logprob_start_len", "rid",
                                       "stream", "session_params"}),
     ("POST", "/abort_request"): frozenset({"rid", "abort_all"}),
-    ("POST", "/update_weights_from_disk"): frozenset({"model_path", "weight_version"}),
+    ("POST", "/update_weights_from_disk"): frozenset({"model_path", "weight_version", "flush_cache"}),
+    ("POST", "/pause_generation"): frozenset({"mode"}), ("POST", "/continue_generation"): frozenset(),
     ("POST", "/open_session"): frozenset({"capacity_of_str_len", "session_id", "timeout"}),
     ("POST", "/close_session"): frozenset({"session_id"})}
 """The SGLang routes this fake serves (exactly those the client uses) and the body fields each accepts."""
@@ -77,123 +73,6 @@ ROUTER_FIELDS = frozenset({"background", "log_metrics", "model", "no_logs", "ret
                            "return_hidden_states", "return_text_in_logprobs"})
 """Top-level `/generate` fields sglang-router 0.3.2 adds to what it forwards: accepted and ignored, as SGLang's
 `/generate` ignores top-level fields it does not know (the fake refuses every other unknown one)."""
-
-
-class Refused(Exception):
-    """A request SGLang would refuse: answered 400 with SGLang's error shape."""
-
-
-@dataclass
-class FakeNode:
-    """One request of a session: its whole context once finished (assembled input + output)."""
-
-    tokens: list[int]
-    parent: str | None
-    finished: bool = False
-    children: list[str] = field(default_factory=list)
-
-
-@dataclass
-class FakeSession:
-    """One open session (SGLang's `Session`, non-streaming)."""
-
-    capacity_of_str_len: int
-    timeout: float | None
-    last_active: float = field(default_factory=time.monotonic)
-    nodes: dict[str, FakeNode] = field(default_factory=dict)
-
-    def timed_out(self, now: float) -> bool:
-        return self.timeout is not None and now - self.last_active > self.timeout
-
-
-class FakeSessions:
-    """The open sessions of one fake server and their request trees (see the module)."""
-
-    def __init__(self) -> None:
-        self.open: dict[str, FakeSession] = {}
-        self.closed = 0
-        """Sessions closed so far (by `/close_session` or by their timeout)."""
-
-    def start(self, body: dict[str, Any]) -> str:
-        self.reap()
-        sid = body.get("session_id")
-        if not isinstance(sid, str) or sid in self.open:
-            raise Refused("Failed to open the session. Check if a session with the same id is still open.")
-        timeout = body.get("timeout")
-        self.open[sid] = FakeSession(int(body["capacity_of_str_len"]), None if timeout is None else float(timeout))
-        return sid
-
-    def close(self, sid: str) -> list[str]:
-        """Close `sid` (unknown: nothing); the rids of its nodes still generating (to abort)."""
-        session = self.open.pop(sid, None)
-        if session is None:
-            return []
-        self.closed += 1
-        return [rid for rid, node in session.nodes.items() if not node.finished]
-
-    def reap(self) -> list[str]:
-        """Close the sessions idle past their timeout; the rids still generating in them."""
-        now = time.monotonic()
-        return [rid for sid in [s for s, session in self.open.items() if session.timed_out(now)]
-                for rid in self.close(sid)]
-
-    def assemble(self, params: dict[str, Any], ids: list[int], rid: str, bos: int | None) -> tuple[list[int], int,
-                                                                                                     list[str]]:
-        """The whole input of a session request, the tokens the session kept, and rids to abort (`replace`)."""
-        session = self.open.get(str(params.get("id")))
-        if session is None:
-            raise Refused(f"Invalid request: session id {params.get('id')} does not exist")
-        session.last_active = time.monotonic()
-        parent, aborted = self._parent(session, params)
-        if parent is None:
-            context, kept = list(ids), 0
-        else:
-            new = ids[1:] if ids and bos is not None and ids[0] == bos else ids
-            offset = params.get("offset")
-            kept = offset if offset else len(session.nodes[parent].tokens)
-            context = session.nodes[parent].tokens[:kept] + new
-        if not context:
-            raise Refused("A session request must contain input tokens after restoring history.")
-        session.nodes[rid] = FakeNode(context, parent)
-        if parent is not None:
-            session.nodes[parent].children.append(rid)
-        return context, kept, aborted
-
-    def finish(self, sid: str, rid: str, output: list[int]) -> None:
-        """The node `rid` finished (or was aborted) with `output`: its context grows by it."""
-        session = self.open.get(sid)
-        node = session.nodes.get(rid) if session is not None else None
-        if node is not None and not node.finished:
-            node.tokens = node.tokens + output
-            node.finished = True
-
-    def _parent(self, session: FakeSession, params: dict[str, Any]) -> tuple[str | None, list[str]]:
-        rid = params.get("rid")
-        if params.get("replace"):
-            if rid is None:
-                return None, [r for root in list(session.nodes) for r in self._clear(session, root)]
-            if rid not in session.nodes:
-                raise Refused("Invalid request session id")
-            node = session.nodes[rid]
-            aborted = [] if node.finished else [rid]
-            node.finished = True
-            aborted += [r for child in list(node.children) for r in self._clear(session, child)]
-            node.children = []
-            return rid, aborted
-        if rid is None:
-            return None, []
-        if rid not in session.nodes:
-            raise Refused("Invalid request session id")
-        if not session.nodes[rid].finished:
-            raise Refused("Session request is appending to a request that hasn't finished.")
-        return rid, []
-
-    def _clear(self, session: FakeSession, rid: str) -> list[str]:
-        """Drop node `rid` and its subtree; the rids among them still generating."""
-        node = session.nodes.pop(rid, None)
-        if node is None:
-            return []
-        return ([] if node.finished else [rid]) + [r for child in node.children for r in self._clear(session, child)]
 
 
 class FakeState:
@@ -217,6 +96,9 @@ class FakeState:
         self.rids: list[str] = []
         """Every /generate rid, in arrival order (which worker served what)."""
         self.sessions = FakeSessions()
+        self.running = threading.Event()
+        """Cleared while generation is paused (`/pause_generation` in place): decode steps wait for it."""
+        self.running.set()
         self.running_tokens = 0
         self.peak_tokens = 0
 
@@ -298,6 +180,20 @@ def create_app(state: FakeState) -> FastAPI:
     async def update(request: Request) -> Response:
         return await _update(state, await state.body(request))
 
+    @app.post("/pause_generation")
+    async def pause(request: Request) -> Response:
+        mode = (await state.body(request)).get("mode", "abort")
+        if mode != "in_place":
+            raise Refused(f"this fake pauses in place only (mode {mode!r})")
+        state.running.clear()
+        return JSONResponse({"message": "Generation paused successfully.", "status": "ok"})
+
+    @app.post("/continue_generation")
+    async def resume(request: Request) -> Response:
+        await state.body(request)
+        state.running.set()
+        return JSONResponse({"message": "Generation continued successfully.", "status": "ok"})
+
     @app.post("/open_session")
     async def open_session(request: Request) -> Response:
         return JSONResponse(state.sessions.start(await state.body(request)))
@@ -365,9 +261,24 @@ def _answer(state: FakeState, rid: str, prompt_len: int, kept: int, result: Gene
         finish["message"] = "Abort in running batch"
     meta: dict[str, Any] = {"id": rid, "finish_reason": finish, "prompt_tokens": prompt_len, "cached_tokens": kept,
                             "completion_tokens": len(ids), "weight_version": state.weight_version}
+    if result.weight_versions:
+        meta["weight_versions"] = _spans(result.token_versions)
+        meta["weight_version"] = meta["weight_versions"][-1]["version"]
     if logprobs:
         meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(result.logprobs, ids, strict=True)]
     return {"text": state.engine.tokenizer.decode(ids), "output_ids": ids, "meta_info": meta}
+
+
+def _spans(versions: tuple[int, ...]) -> list[dict[str, Any]]:
+    """Per-token versions as SGLang's `meta_info.weight_versions` spans (`"default"` for version 0)."""
+    spans: list[dict[str, Any]] = []
+    for i, version in enumerate(versions):
+        name = str(version) if version else "default"
+        if spans and spans[-1]["version"] == name:
+            spans[-1]["end"] = i + 1
+        else:
+            spans.append({"version": name, "start": i, "end": i + 1})
+    return spans
 
 
 async def _update(state: FakeState, body: dict[str, Any]) -> Response:
@@ -382,10 +293,26 @@ async def _update(state: FakeState, body: dict[str, Any]) -> Response:
     for file in files:
         weights.update(await asyncio.to_thread(load_file, str(file)))
     version = str(body.get("weight_version") or state.weight_version)
-    await state.engine.update_weights(weights, int(version) if version.isdigit() else state.engine.weight_version + 1)
+    number = int(version) if version.isdigit() else state.engine.weight_version + 1
+    if state.running.is_set():
+        await state.engine.update_weights(weights, number)
+    else:  # paused: the engine's worker waits before its next forward pass, so load the weights from here
+        await asyncio.to_thread(state.engine._scheduler.load_weights, weights, number)  # type: ignore[union-attr]
     state.weight_version = version
     return JSONResponse({"success": True, "message": f"Succeeded to update model weights. Weight version updated to "
                          f"{version}.", "num_paused_requests": 0})
+
+
+def _gated(engine: HFEngine, running: threading.Event) -> None:
+    """Every forward pass of the engine's model waits while `running` is clear (generation paused)."""
+    model = engine.model
+    forward = model.forward
+
+    def gated(*args: Any, **kwargs: Any) -> Any:
+        running.wait()
+        return forward(*args, **kwargs)
+
+    model.forward = gated  # type: ignore[method-assign]
 
 
 def _slow_down(engine: HFEngine, delay_s: float) -> None:
@@ -423,9 +350,11 @@ class FakeSglangServer:
         self.engine.default_stop_token_ids = (eos,) if isinstance(eos, int) and not self.state.ignore_stop else ()
         if self.decode_delay_s > 0:
             _slow_down(self.engine, self.decode_delay_s)
+        _gated(self.engine, self.state.running)
         await self.server.start()
 
     async def stop(self) -> None:
+        self.state.running.set()
         await self.server.stop()
         await self.engine.close()
 

@@ -193,7 +193,7 @@ def test_the_fake_accepts_only_what_the_release_accepts(api: SglangApi) -> None:
 def test_the_client_sends_only_what_the_release_accepts(api: SglangApi, tiny_path: Path, tmp_path: Path) -> None:
     async def exercise() -> set[str]:
         async with FakeSglangServer(tiny_path, decode_delay_s=0.01) as server:
-            settings = SglangEngineSettings(urls=[server.url], admission="kv")
+            settings = SglangEngineSettings(urls=[server.url], admission="kv", weight_update="pause")
             engine = SglangEngine(settings, EngineRun(str(tiny_path), output_dir=str(tmp_path)))
             await engine.start()
             try:
@@ -205,12 +205,13 @@ def test_the_client_sends_only_what_the_release_accepts(api: SglangApi, tiny_pat
 
     sent = asyncio.run(exercise())
     assert {"POST /generate session_params.rid", "POST /open_session timeout", "POST /close_session session_id",
-            "POST /update_weights_from_disk model_path", "POST /abort_request rid"} <= sent, "every feature ran"
+            "POST /update_weights_from_disk model_path", "POST /abort_request rid",
+            "POST /pause_generation mode"} <= sent, "every feature ran"
     assert api.refusals(sent) == []
 
 
 async def _every_feature(engine: SglangEngine) -> None:
-    """Plain and session turns (continued, forked), an abort, a weight update, a session close."""
+    """Plain and session turns (continued, forked), an abort, a weight update (paused), a session close."""
     prompt, greedy = list(range(3, 30)), SamplingParams(6, temperature=0.0, stop=("x",), seed=1)
     await engine.generate(prompt, greedy, "plain")
     first = await engine.generate(prompt, greedy, "t1", session_id="s")

@@ -267,3 +267,24 @@ def test_a_stop_string_split_by_an_abort_still_stops(tiny_path: Path, tmp_path: 
             assert len(plain.output_ids) > 1, "without the context SGLang (the fake) does not see the split stop"
 
     asyncio.run(go())
+
+
+def test_weight_update_pause_keeps_running_generations_going(tiny_path: Path, tmp_path: Path) -> None:
+    async def go() -> None:
+        async with fakes(tiny_path, decode_delay_s=0.02, ignore_stop=True) as [server], \
+                client(tiny_path, [server], tmp_path, weight_update="pause") as engine:
+            assert engine.in_flight_updates
+            task = asyncio.create_task(engine.generate(list(range(3, 20)), SamplingParams(200, seed=1), "long"))
+            await asyncio.sleep(0.3)
+            await engine.update_weights(_moved_weights(tiny_path), 1)
+            result = await task
+            assert result.finish_reason == "length" and len(result.output_ids) == 200, "not aborted"
+            versions = result.token_versions
+            assert versions[0] == 0 and versions[-1] == 1 and list(versions) == sorted(versions), versions
+            assert result.weight_version == 1 and len(result.weight_versions) == 200
+            calls = server.state.calls
+            assert calls["POST /pause_generation"] == calls["POST /continue_generation"] == 1
+            assert calls["POST /abort_request"] == 0
+            assert "POST /update_weights_from_disk flush_cache" in server.state.sent
+
+    asyncio.run(go())

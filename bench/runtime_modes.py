@@ -87,8 +87,10 @@ def measure(mode: str, args: argparse.Namespace, data_args: tuple, train_s: floa
     begin, end = steps[0][0], steps[-1][0]
     busy = sum(max(0.0, min(b, end) - max(a, begin)) for a, b in engine.busy_spans)
     later = [m for _, m in steps[1:]]
+    mixed = [1.0 - m["train/version_lag/0"] for m in later if "train/version_lag/0" in m]
     return {"samples_per_s": sum(m.get("train/samples", 0.0) for m in later) / (end - begin),
-            "busy": busy / (end - begin), "rollout_s": sum(m["perf/rollout_time"] for m in later) / len(later)}
+            "busy": busy / (end - begin), "rollout_s": sum(m["perf/rollout_time"] for m in later) / len(later),
+            "mixed": sum(mixed) / len(mixed) if mixed else 0.0}
 
 
 def main() -> None:
@@ -112,10 +114,13 @@ def main() -> None:
     base = results["sync"]["samples_per_s"]
     print(f"long-tailed workload: {args.batch} groups x {args.n} sessions per step, {args.turns} turns, start-up "
           f"{args.startup_s:g} s, tool {args.tool_s:g} s, {args.mean_tokens:g} tokens mean, train {args.train_s:g} s")
-    print(f"{'mode':<12} {'samples/s':>10} {'engine busy':>12} {'rollout s/step':>15} {'vs sync':>8}")
+    print(f"{'mode':<12} {'samples/s':>10} {'engine busy':>12} {'rollout s/step':>15} {'vs sync':>8} "
+          f"{'older weights':>14}")
     for mode, r in results.items():
         print(f"{mode:<12} {r['samples_per_s']:>10.2f} {r['busy']:>11.0%} {r['rollout_s']:>15.2f} "
-              f"{r['samples_per_s'] / base:>7.2f}x")
+              f"{r['samples_per_s'] / base:>7.2f}x {r['mixed']:>13.0%}")
+    print("older weights: share of trained tokens sampled by a weight version behind the one trained "
+          "(1 - train/version_lag/0)")
     startup_removed(args)
 
 

@@ -46,6 +46,7 @@ from relax_pipeline.models.folder import WEIGHTS_FILE, copy_model_files, save_we
 from relax_pipeline.train.allocator import keep_freed_cpu_memory, wants_freed_memory_kept
 from relax_pipeline.train.batching import global_batches
 from relax_pipeline.train.optim import adamw, clip_and_step
+from relax_pipeline.train.provenance import version_lag
 from relax_pipeline.train.settings import TrainerRun, TrainerSettings
 from relax_pipeline.train.step import Frozen, StepSettings, mean_metrics, optimizer_step
 
@@ -95,12 +96,13 @@ class TorchTrainer:
         if not samples:
             return {}
         started = time.perf_counter()
+        lag = version_lag(samples, self.version)
         steps = self._steps(global_batches(samples, self.settings.batching))
         self.version += 1
         elapsed = time.perf_counter() - started
         metrics = {f"train/{k}": v for k, v in mean_metrics(steps).items()}
         tokens = sum(len(s.tokens) for s in samples)
-        return {**metrics, "perf/train_time": elapsed, "perf/tokens_per_s": tokens / max(elapsed, 1e-9)}
+        return {**metrics, **lag, "perf/train_time": elapsed, "perf/tokens_per_s": tokens / max(elapsed, 1e-9)}
 
     def _steps(self, batches: list[list[Sample]]) -> list[dict[str, float]]:
         """One `optimizer_step` per global batch; their metrics."""

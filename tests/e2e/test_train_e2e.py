@@ -49,6 +49,7 @@ def test_two_steps_push_weights_and_versions_reach_the_samples(tmp_path: Path, t
     assert all(set(r["weight_versions"]) == {0} for r in first if r["status"] == "completed")
     generated = [v for r in second for v, m in zip(r["weight_versions"], r["loss_mask"], strict=True) if m]
     assert generated and set(generated) == {1}
+    assert metrics["train/version_lag/0"] == 1.0 and metrics["train/version_lag/mean"] == 0.0, "sync: no lag"
     log = (tmp_path / "run.log").read_text()
     assert "rollout/raw_reward first step" in log and "checkpoint saved" in log
 

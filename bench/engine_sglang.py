@@ -25,7 +25,18 @@ ratios ours/server (gateway + client + router overhead; target ≤ 1.3×) and ou
 with their range: per-turn model time dominates and a shared 2-core machine is noisy, so pairs measured
 seconds apart within a round are compared, never whole runs.
 
-    python bench/engine_sglang.py [--sessions 8] [--turns 6] [--tokens 8] [--servers 2] [--repeats 3] [--smoke]
+Then, on the same servers, two clients side by side (`engine.sessions` and `engine.weight_update`):
+
+- sessions off vs on: one `--session-turns`-turn session (each turn `--tokens` tokens, then a 10-token
+  observation); printed: the prompt tokens the servers prefill per turn (off: the whole prompt, the fake having
+  no radix cache; on: the prompt less what the session kept, `meta_info.cached_tokens`) and the new tokens per
+  turn, which the on figure must equal. The fake's model time does not model the kept KV, so no times here.
+- abort vs pause: `--update-generations` generations of `--update-tokens` tokens, a weight update once they
+  run; abort aborts them, updates and resumes each with its partial tokens appended (as the turn service does),
+  pause updates in place. Printed: seconds until all finished and the tokens re-prefilled by resumes.
+
+    python bench/engine_sglang.py [--sessions 8] [--turns 6] [--tokens 8] [--servers 2] [--repeats 3]
+                                  [--session-turns 8] [--update-generations 4] [--update-tokens 96] [--smoke]
 """
 
 from __future__ import annotations
@@ -107,7 +118,7 @@ async def replay(http: httpx.AsyncClient, url: str, calls: list[tuple[list[int],
     return took
 
 
-async def measure(args: argparse.Namespace) -> dict[str, list[float]]:
+async def measure(args: argparse.Namespace) -> tuple[dict[str, list[float]], dict[str, float]]:
     from relax_pipeline.engine.parsers import OutputParser
     from relax_pipeline.engine.sglang import SglangEngine
     from relax_pipeline.engine.template import ChatTemplate
@@ -145,10 +156,95 @@ async def measure(args: argparse.Namespace) -> dict[str, list[float]]:
                     took = await asyncio.gather(*(replay(http, urls[i], calls, f"{kind}{round_}-{i}", keys[i])
                                                   for i, calls in enumerate(per_session)))
                     results[kind].append(statistics.mean(t for session in took for t in session))
+        figures = await side_by_side(engine._targets.urls, model, args)
     finally:
         await server.stop()
         await engine.close()
-    return {kind: values[1:] for kind, values in results.items()}
+    return {kind: values[1:] for kind, values in results.items()}, figures
+
+
+async def side_by_side(urls: list[str], model: str, args: argparse.Namespace) -> dict[str, float]:
+    """Sessions off vs on and weight updates by abort vs pause, two clients of the same servers."""
+    from relax_pipeline.engine.sglang import SglangEngine
+
+    clients = []
+    for options in ({"sessions": False, "weight_update": "abort"}, {"sessions": True, "weight_update": "pause"}):
+        client = SglangEngine(SglangEngineSettings(urls=urls, **options), EngineRun(model))
+        await client.start()
+        clients.append(client)
+    try:
+        off, on = [await session_prefill(c, args.session_turns, args.tokens) for c in clients]
+        weights = await asyncio.to_thread(_weights, model)
+        aborted = await updated_by_abort(clients[0], weights, args)
+        paused = await updated_by_pause(clients[1], weights, args)
+    finally:
+        for client in clients:
+            await client.close()
+    return {"prefill_off": off[0], "prefill_on": on[0], "new_tokens": on[1], "abort_s": aborted[0],
+            "abort_reprefill": aborted[1], "pause_s": paused[0], "pause_reprefill": paused[1]}
+
+
+async def session_prefill(client: Any, turns: int, tokens: int) -> tuple[float, float]:
+    """One session of `turns` turns; the mean prompt tokens prefilled per turn and the mean new tokens per turn."""
+    from relax_pipeline.engine.base import SamplingParams
+
+    prompt, prompts, new = list(range(3, 43)), [], []
+    client.step_metrics()
+    for turn in range(turns):
+        result = await client.generate(prompt, SamplingParams(tokens, seed=turn), f"sess-{turn}", session_id="bench")
+        prompts.append(len(prompt))
+        new.append(len(prompt) - (prompts[-2] + tokens if turn else 0))
+        prompt = prompt + list(result.output_ids) + list(range(50, 60))
+    cached = client.step_metrics().get("engine/session_cached_tokens", 0.0)
+    await client.close_session("bench")
+    return statistics.mean(prompts) - cached, statistics.mean(new)
+
+
+async def updated_by_abort(client: Any, weights: dict[str, Any], args: argparse.Namespace) -> tuple[float, int]:
+    """Generations aborted for a weight update and resumed after it; seconds and re-prefilled tokens."""
+    from relax_pipeline.engine.base import SamplingParams, joined, resume_input
+
+    updated, reprefilled = asyncio.Event(), [0]
+
+    async def one(i: int) -> None:
+        prompt, sampling, done = list(range(3 + i, 40 + i)), SamplingParams(args.update_tokens, seed=i), None
+        while True:
+            ids, rest = resume_input(prompt, sampling, done)
+            more = await client.generate(ids, rest, f"abort-{i}")
+            done = joined(done, more)
+            if more.finish_reason != "abort":
+                return
+            reprefilled[0] += len(prompt) + len(done.output_ids)
+            await updated.wait()
+
+    started = time.perf_counter()
+    tasks = [asyncio.create_task(one(i)) for i in range(args.update_generations)]
+    await asyncio.sleep(0.2)
+    await asyncio.gather(*(client.abort(f"abort-{i}") for i in range(args.update_generations)))
+    await client.update_weights(weights, 1)
+    updated.set()
+    await asyncio.gather(*tasks)
+    return time.perf_counter() - started, reprefilled[0]
+
+
+async def updated_by_pause(client: Any, weights: dict[str, Any], args: argparse.Namespace) -> tuple[float, int]:
+    """The same generations through a weight update paused in place; seconds and re-prefilled tokens (none)."""
+    from relax_pipeline.engine.base import SamplingParams
+
+    started = time.perf_counter()
+    tasks = [asyncio.create_task(client.generate(list(range(3 + i, 40 + i)), SamplingParams(args.update_tokens, seed=i),
+                                                 f"pause-{i}")) for i in range(args.update_generations)]
+    await asyncio.sleep(0.2)
+    await client.update_weights(weights, 2)
+    results = await asyncio.gather(*tasks)
+    assert all(r.finish_reason != "abort" for r in results)
+    return time.perf_counter() - started, 0
+
+
+def _weights(model: str) -> dict[str, Any]:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model).state_dict()
 
 
 async def _servers_of(http: httpx.AsyncClient, urls: list[str], recorder: Recorder,
@@ -207,8 +303,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--model", default=None, help="model folder (default: the tiny model)")
     parser.add_argument("--launch-command", default=None, help="default: the SGLang-wire fake")
-    args = parse_args(parser, sessions=2, turns=2, tokens=2, servers=1, repeats=1)
-    results = asyncio.run(measure(args))
+    parser.add_argument("--session-turns", type=int, default=8)
+    parser.add_argument("--update-generations", type=int, default=4)
+    parser.add_argument("--update-tokens", type=int, default=96)
+    args = parse_args(parser, sessions=2, turns=2, tokens=2, servers=1, repeats=1, session_turns=3,
+                      update_generations=2, update_tokens=16)
+    results, figures = asyncio.run(measure(args))
     ms = {k: statistics.median(v) * 1000 for k, v in results.items()}
     print(f"{args.sessions} sessions x {args.turns} turns, {args.tokens} tokens a turn, {args.servers} servers "
           f"behind sglang-router, {args.repeats} rounds after a warm-up (median of per-round means)")
@@ -218,6 +318,12 @@ def main() -> None:
         ratios = sorted(o / b for o, b in zip(results["ours"], results[base], strict=True))
         print(f"ratio ours/{base} {statistics.median(ratios):.3f}x (median of per-round ratios, range "
               f"{ratios[0]:.2f}-{ratios[-1]:.2f}; {what})")
+    f = figures
+    print(f"session of {args.session_turns} turns: prefill tokens per turn, sessions off {f['prefill_off']:.1f}, "
+          f"on {f['prefill_on']:.1f} (new tokens per turn {f['new_tokens']:.1f})")
+    print(f"weight update amid {args.update_generations} generations of {args.update_tokens} tokens: abort+resume "
+          f"{f['abort_s']:.2f} s, {f['abort_reprefill']:.0f} tokens re-prefilled; pause {f['pause_s']:.2f} s, "
+          f"{f['pause_reprefill']:.0f} re-prefilled; abort/pause {f['abort_s'] / f['pause_s']:.2f}x")
 
 if __name__ == "__main__":
     main()

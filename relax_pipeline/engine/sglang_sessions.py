@@ -27,6 +27,7 @@ Not done here: the turn service calling `close` when an agent session ends (its 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -125,13 +126,25 @@ class Sessions:
         self.capacity, self.timeout_s, self.bos = capacity, timeout_s, bos_token_id
         self.open: dict[str, OpenSession] = {}
         self._failed: set[str] = set()
+        self._opening: dict[str, asyncio.Future[None]] = {}
+        """Sessions whose `/open_session` is on its way (a concurrent first turn waits for it)."""
         self._metrics = {"closed": 0, "close_s": 0.0, "turns": 0, "cached": 0}
 
     async def get(self, session_id: str, urls: list[str], worker: Any, key: str) -> OpenSession | None:
-        """The open session `session_id`, opened on `urls` at its first turn; None when it could not be."""
+        """The open session `session_id`, opened on `urls` at its first turn (concurrent first turns wait for one
+        open); None when it could not be."""
+        while session_id in self._opening:
+            await asyncio.shield(self._opening[session_id])
         session = self.open.get(session_id)
         if session is not None or session_id in self._failed:
             return session
+        self._opening[session_id] = asyncio.get_running_loop().create_future()
+        try:
+            return await self._open(session_id, urls, worker, key)
+        finally:
+            self._opening.pop(session_id).set_result(None)
+
+    async def _open(self, session_id: str, urls: list[str], worker: Any, key: str) -> OpenSession | None:
         body = {"capacity_of_str_len": self.capacity, "session_id": session_id, "timeout": self.timeout_s}
         opened: list[str] = []
         try:

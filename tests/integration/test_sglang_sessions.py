@@ -147,3 +147,19 @@ def test_sessions_through_the_real_sglang_router(tiny_path: Path, tmp_path: Path
             await engine.close()
 
     asyncio.run(go())
+
+
+def test_concurrent_first_turns_open_the_session_once(tiny_path: Path, tmp_path: Path) -> None:
+    async def go() -> None:
+        async with FakeSglangServer(tiny_path) as server:
+            engine = await _engine(tiny_path, tmp_path, [server.url])
+            try:
+                results = await asyncio.gather(*(engine.generate(list(range(3 + i, 30)), GREEDY, f"c{i}",
+                                                                 session_id="both") for i in range(3)))
+                assert all(r.output_ids for r in results)
+                assert server.state.calls["POST /open_session"] == 1
+                assert sorted(server.state.sessions.open["both"].nodes) == ["c0", "c1", "c2"]
+            finally:
+                await engine.close()
+
+    asyncio.run(go())

@@ -77,8 +77,8 @@ def encode(tokenizer: object, messages: list[dict[str, str]]) -> list[int]:
 
 
 async def started(folder: Path, args: argparse.Namespace, kv_cache_mb: int) -> HFEngine:
-    settings = HFEngineSettings(max_batch_size=args.batch, threads=args.threads, kv_cache_mb=kv_cache_mb,
-                                dtype=args.dtype, attn_implementation=args.attention)
+    settings = HFEngineSettings(device=args.device, max_batch_size=args.batch, threads=args.threads,
+                                kv_cache_mb=kv_cache_mb, dtype=args.dtype, attn_implementation=args.attention)
     engine = HFEngine(settings, EngineRun(str(folder), max_context_len=8192))
     await engine.start()
     await engine.generate([1, 2, 3], SamplingParams(max_new_tokens=2), rid="warm-up")
@@ -222,6 +222,7 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--answer-tokens", type=int, default=16)
     parser.add_argument("--model", choices=("smollm2", "tiny"), default="smollm2")
+    parser.add_argument("--device", default="cpu", help="engine.device, e.g. cuda")
     return parse_args(parser, model="tiny", batch=4, kv_cache_mb=64, sessions=2, turns=2, new_tokens=4,
                       baseline_sessions=1, prompts=2, samples=2, answer_tokens=4)
 

@@ -48,11 +48,11 @@ def synthetic_samples(count: int, length: int, seed: int = 0) -> list[Sample]:
 class BareStep:
     """Forward, cross-entropy on the response tokens, backward, AdamW: the baseline's whole step."""
 
-    def __init__(self, model_path: Path, samples: list[Sample]) -> None:
+    def __init__(self, model_path: Path, samples: list[Sample], device: str = "cpu") -> None:
         torch.manual_seed(0)
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device).eval()
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-3)
-        self.ids, self.attention, self.labels = _padded(samples)
+        self.ids, self.attention, self.labels = (t.to(device) for t in _padded(samples))
 
     def __call__(self) -> float:
         logits = self.model(input_ids=self.ids, attention_mask=self.attention, use_cache=False).logits
@@ -87,12 +87,13 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--samples", type=int, default=16)
     parser.add_argument("--length", type=int, default=300)
+    parser.add_argument("--device", default="cpu", help="trainer.device (and the bare step's), e.g. cuda")
     args = parse_args(parser, reps=1, samples=2, length=32)
     path = build_tiny(seed=0)
     samples = synthetic_samples(args.samples, args.length)
     packing = BatchSettings(use_dynamic_batch_size=True, max_tokens_per_gpu=1 << 20)
-    trainer = TorchTrainer(TrainerSettings(batching=packing), TrainerRun(str(path)))
-    bare = BareStep(path, samples)
+    trainer = TorchTrainer(TrainerSettings(device=args.device, batching=packing), TrainerRun(str(path)))
+    bare = BareStep(path, samples, args.device)
     ours_times, bare_times = [], []
     for rep in range(args.reps + 2):  # two warm-up reps each
         ours, base = timed(lambda: trainer.train(samples)), timed(bare)

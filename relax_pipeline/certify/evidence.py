@@ -81,8 +81,11 @@ def parsers_stage(runs: list[SessionRun], template: ChatTemplate, parser: Output
                 "malformed_tool_calls": malformed[:MAX_LISTED]}
     if not differences and not malformed:
         return Stage("parsers", PASS, f"all {len(responses)} generated turns parse and render back exactly", evidence)
+    unread = sum(m["name"] is None for m in malformed)
+    hint = (f"; tool-call markup left in the text of {unread} turns: is protocol.tool_call_parser="
+            f"{parser.tool_call} the model's format?" if unread else "")
     return Stage("parsers", WARN, f"{len(differences)} of {len(responses)} generated turns render back differently "
-                 f"after parsing; {len(malformed)} tool calls malformed (reported as written, not rewritten)",
+                 f"after parsing; {len(malformed)} tool calls malformed (reported as written, not rewritten){hint}",
                  evidence)
 
 

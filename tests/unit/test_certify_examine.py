@@ -1,7 +1,8 @@
 """The template and fork stages (`certify/examine.py`) on a session recorded by a `RecordingForest` through the real
 turn service and a scripted engine: a turn re-sent without its reasoning forks under `rollout.history=render` (its
 cost: the shared prefix again under `export.implicit=leaves`, the whole session under `strict`) and is absorbed
-under `tokens`; the causes name the key that fixes them."""
+under `tokens`; the causes name the key that fixes them. The parsers stage reports tool calls it cannot read as the
+model wrote them."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 import pytest
 
 from relax_pipeline.certify import drift
+from relax_pipeline.certify.evidence import parsers_stage
 from relax_pipeline.certify.examine import Causes, session_drifts, template_and_forks
 from relax_pipeline.certify.sessions import RecordingForest, SessionRun
 from relax_pipeline.engine.parsers import OutputParser
@@ -78,3 +80,19 @@ async def test_the_causes_name_what_fixes_them(template: ChatTemplate, history: 
     (found,) = causes.causes()
     assert found.cause == drift.REASONING_DROPPED and found.fix == fix and found.turns == 1
     assert (found.forks == 1) == (history == "render") and 0 <= found.share < 1
+
+
+@pytest.mark.asyncio
+async def test_a_tool_call_whose_arguments_are_not_json_is_reported_as_written(template: ChatTemplate) -> None:
+    bad = '<tool_call>\n{"name": "calc", "arguments": "{a: 1"}\n</tool_call>'
+    unread = "<tool_call>\ncalc(a=1)\n</tool_call>"
+    service = TurnService(template, ScriptedEngine(template.tokenizer, [bad, unread]), OutputParser(),
+                          SamplingDefaults())
+    session = Session("sess-test", "g", 0, 0, "train", {}, forest=RecordingForest())
+    for _ in range(2):
+        await service.run(session.forest, parse_request({"messages": START, "tools": TOOLS}))
+    stage = parsers_stage([SessionRun(session, None)], template, OutputParser())  # type: ignore[arg-type]
+    listed = stage.evidence["malformed_tool_calls"]
+    assert stage.verdict == "warn" and [m["name"] for m in listed] == ["calc", None]
+    assert listed[0]["arguments"] == "{a: 1" and "calc(a=1)" in listed[1]["text"]
+    assert "is protocol.tool_call_parser=qwen25 the model's format?" in stage.summary

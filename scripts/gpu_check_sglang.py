@@ -10,13 +10,19 @@ logprob of a fixed prompt. Then it checks:
    from a generation), with the engine's logprobs as `rollout_logprobs`;
 2. the weight update was applied: the fixed prompt's logprob after the first update differs from before;
 3. partial rollout ran: the run's metrics report parked groups or aborted generations (printed; an abort
-   needs a step to end while a group is still generating, which the workload makes likely, not certain).
+   needs a step to end while a group is still generating, which the workload makes likely, not certain);
+4. sessions (`engine.sessions`): a fresh server on the run's model, a three-turn greedy session whose turns send
+   only their new tokens, the session keeping the rest (`engine/session_cached_tokens` > 0), closed at the end
+   (greedy equality with plain requests is printed: GPU numerics may differ between a kept and a recomputed KV);
+5. `engine.weight_update=pause`: a weight update amid a long generation, which is not aborted (its per-token
+   versions are printed).
 
-Prints one line per check and exits non-zero when check 1 or 2 fails.
+Prints one line per check and exits non-zero when check 1, 2 or 4 fails.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -39,8 +45,13 @@ class RecordingSglangEngine(SglangEngine):
         with open(os.environ["RELAX_GPU_CHECK_LOG"], "a", encoding="utf-8") as out:
             out.write(json.dumps(record) + "\n")
 
-    async def generate(self, input_ids: Any, sampling: SamplingParams, rid: str, media: Any = None) -> GenerateResult:
-        result = await super().generate(input_ids, sampling, rid, media)
+    async def start(self) -> None:
+        await super().start()
+        self._record({"kind": "start", "model": self.model_path})
+
+    async def generate(self, input_ids: Any, sampling: SamplingParams, rid: str, media: Any = None,
+                       session_id: str | None = None) -> GenerateResult:
+        result = await super().generate(input_ids, sampling, rid, media, session_id=session_id)
         self._record({"kind": "generate", "prompt": list(input_ids), "output": list(result.output_ids),
                       "logprobs": list(result.logprobs), "finish": result.finish_reason,
                       "version": result.weight_version})
@@ -123,6 +134,44 @@ def check_partial(out: Path) -> None:
           flush=True)
 
 
+async def check_sessions_and_pause(out: Path) -> bool:
+    """Checks 4 and 5 on a fresh server of the run's model (see the module)."""
+    from relax_pipeline.engine.settings import EngineRun, SglangEngineSettings
+
+    calls = [json.loads(line) for line in (out / "engine_calls.jsonl").read_text().splitlines()]
+    model = next(c["model"] for c in calls if c["kind"] == "start")
+    settings = SglangEngineSettings(launch=True, servers=1, weight_update="pause",
+                                    server_args={"mem_fraction_static": 0.4}, log_dir=str(out / "sglang-check"))
+    engine = SglangEngine(settings, EngineRun(model, output_dir=str(out)))
+    await engine.start()
+    try:
+        greedy, prompt, same = SamplingParams(16, temperature=0.0), list(PROBE), True
+        for turn in range(3):
+            served = await engine.generate(prompt, greedy, f"s{turn}", session_id="check")
+            plain = await engine.generate(prompt, greedy, f"p{turn}")
+            same &= served.output_ids == plain.output_ids
+            prompt = prompt + list(served.output_ids) + PROBE
+        await engine.close_session("check")
+        metrics = engine.step_metrics()
+        ok = metrics["engine/session_cached_tokens"] > 0 and metrics["engine/sessions_open"] == 0
+        print(f"check 4 sessions: {metrics}, greedy equal to plain requests: {same}", flush=True)
+        task = asyncio.create_task(engine.generate(PROBE, SamplingParams(512, temperature=1.0, seed=1), "long"))
+        await asyncio.sleep(0.2)
+        await engine.update_weights(await asyncio.to_thread(_weights, model), 1)
+        result = await task
+        print(f"check 5 pause: finish {result.finish_reason}, {len(result.output_ids)} tokens, versions "
+              f"{sorted(set(result.token_versions))}", flush=True)
+        return ok and result.finish_reason != "abort"
+    finally:
+        await engine.close()
+
+
+def _weights(model: str) -> dict[str, Any]:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model).state_dict()
+
+
 def main() -> int:
     out = Path(sys.argv[1]).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -132,6 +181,7 @@ def main() -> int:
         return status
     ok = check_tokens(out) & check_update(out)
     check_partial(out)
+    ok &= asyncio.run(check_sessions_and_pause(out))
     print("GPU CHECK", "PASSED" if ok else "FAILED", flush=True)
     return 0 if ok else 1
 

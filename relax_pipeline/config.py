@@ -129,6 +129,10 @@ class EvalConfig:
     """Eval sampling temperature, independent of rollout.temperature; 0 is greedy (pass@1)."""
     max_response_len: int | None = None
     """Most tokens generated per eval turn; None: rollout.max_response_len."""
+    agent: dict[str, Any] = field(default_factory=dict)
+    """Eval sessions' own agent pool: `agent.*` keys that differ for eval (`executor`, `server_url`, `resources`,
+    `command`, ...) plus `slots` (that pool's agent slots, checked like runtime.external_slots); empty: eval
+    sessions run on the train agents' pool. With a pool of its own, eval slots are counted apart from train's."""
 
 
 @dataclass

@@ -55,7 +55,7 @@ from relax_pipeline.scheduling.base import Binding
 from relax_pipeline.stages.capacity import Capacity, EvalLoad, SlotPlan, check_slots
 from relax_pipeline.stages.evaluate import EvalSet, Evaluator
 from relax_pipeline.stages.pipeline import Pipeline
-from relax_pipeline.stages.prepare import Prepare
+from relax_pipeline.stages.prepare import AgentPools, Prepare
 from relax_pipeline.stages.reward import Reward
 from relax_pipeline.stages.runtime import Runtime
 from relax_pipeline.stages.transfer import Transfer
@@ -175,6 +175,7 @@ class _Parts:
         check_context_len(config.rollout.max_response_len, self.context_len)
         self.protocol = config.protocol
         self.agent = AgentSpec.of(config.agent, asdict(config.sandbox), asdict(config.ray))
+        self.eval_agent, self.eval_slots = eval_pool(self.agent, dict(config.eval.agent))
         self.services = Services(self.agent.services, output_dir)  # started by _run_job, never for job=check
         self.dataset = build(config.dataset)
         self.credit = build(config.credit)
@@ -182,7 +183,7 @@ class _Parts:
         self.eval_sets = eval_sets(config, self.capacity)
         self.is_eval = config.job == "eval"
         self.strategy = build(config.runtime)
-        check_slots(self.slot_plan(), config.runtime.external_slots)
+        check_slots(self.slot_plan(), config.runtime.external_slots, self.eval_slots)
         self.tracker = MetricsFile(build(config.tracking, str(output_dir)), output_dir)
         self.engine = build(config.engine, EngineRun(str(self.model_path), config.seed, self.context_len,
                                                      self.model.end_of_turn, str(output_dir), asdict(config.ray)))
@@ -230,7 +231,8 @@ class _Parts:
     def pipeline(self) -> Pipeline:
         cfg, store = self.config, self.store
         io_root = self.output_dir / "sessions"
-        prepare = Prepare(store, self.agent, io_root, self.server.base_url, cfg.rollout.n_samples_per_prompt,
+        agents = AgentPools(self.agent, self.eval_agent)
+        prepare = Prepare(store, agents, io_root, self.server.base_url, cfg.rollout.n_samples_per_prompt,
                           dict(cfg.rollout.chat_template_kwargs), cfg.seed, self.model.name)
         dump = RolloutDump(cfg.debug.save_rollout_data, self.output_dir)
         reward = Reward(store, self.credit, multi_context_missing(cfg, self.credit.several_contexts))
@@ -264,9 +266,10 @@ class _Parts:
     def slot_plan(self) -> SlotPlan:
         """Agent slots this run needs at its peak (`stages/capacity.py`)."""
         evals = tuple(EvalLoad(s.name, s.n_samples, s.concurrency) for s in self.eval_sets)
+        separate = self.eval_agent is not None
         if self.is_eval:
-            return SlotPlan(0, evals, False)
-        return SlotPlan(self.capacity.sessions, evals, self.strategy.retains_train_sessions)
+            return SlotPlan(0, evals, False, separate)
+        return SlotPlan(self.capacity.sessions, evals, self.strategy.retains_train_sessions, separate)
 
     async def check(self) -> dict[str, float]:
         """Findings of job=check: what would run, and anything that would stop it (raised); then `check.sessions`
@@ -328,6 +331,17 @@ class _Parts:
                 self.trainer.close()  # before Ray goes: ranks placed on Ray close their trainers first
             ray_runtime.shutdown()  # the agent runners and Ray itself when this run started it; no-op without Ray
             self.tracker.finish()
+
+
+def eval_pool(train: AgentSpec, keys: dict[str, Any]) -> tuple[AgentSpec | None, int | None]:
+    """`eval.agent`: eval sessions' own agent spec (the train spec with these keys replaced) and that pool's slots;
+    (None, None) without one."""
+    slots = keys.pop("slots", None)
+    if slots is not None and (isinstance(slots, bool) or not isinstance(slots, int) or slots < 1):
+        raise ValueError(f"eval.agent.slots={slots!r} must be a positive integer (the eval pool's agent slots)")
+    if not keys and slots is None:
+        return None, None
+    return train.with_keys(keys, "eval.agent"), slots
 
 
 def capacity_of(config: Config) -> Capacity:

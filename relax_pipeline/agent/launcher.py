@@ -33,7 +33,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -178,6 +178,14 @@ class AgentSpec(AgentSettings):
     def of(cls, settings: AgentSettings, sandbox: dict[str, Any], ray: dict[str, Any]) -> AgentSpec:
         """The spec of an `agent` node, with the run's sandbox limits and Ray keys."""
         return cls(**{f.name: getattr(settings, f.name) for f in fields(AgentSettings)}, sandbox=sandbox, ray=ray)
+
+    def with_keys(self, keys: dict[str, Any], where: str) -> AgentSpec:
+        """This spec with some `agent.*` keys replaced (an eval pool's); an unknown key fails naming `where`."""
+        known = {f.name for f in fields(AgentSettings)}
+        for key in keys:
+            if key not in known:
+                raise ValueError(f"{where}.{key} is not an agent key; use one of {sorted(known)} (and slots)")
+        return replace(self, **keys)
 
 
 @dataclass(frozen=True)

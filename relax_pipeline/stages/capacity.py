@@ -81,6 +81,8 @@ class SlotPlan:
     evals: tuple[EvalLoad, ...]
     retains: bool
     """The runtime mode keeps train sessions alive while eval runs."""
+    eval_pool: bool = False
+    """Eval sessions run on a pool of their own (`eval.agent`): each pool needs its own slots."""
 
     @property
     def eval_peak(self) -> int:
@@ -89,7 +91,8 @@ class SlotPlan:
 
     @property
     def required(self) -> int:
-        if not self.evals:
+        """Slots of the train pool (the only pool without `eval_pool`)."""
+        if not self.evals or self.eval_pool:
             return self.train_sessions
         if self.retains:
             return self.train_sessions + self.eval_peak
@@ -100,7 +103,10 @@ class SlotPlan:
         out = [f"T = {self.train_sessions} train sessions"]
         out += [f"eval {e.name}: G_d = {e.group_size}, C_d = {e.groups}, E_d = {e.sessions}" for e in self.evals]
         rule = "T + E_peak (train sessions retained)" if self.retains else "max(T, E_peak)"
-        if self.evals:
+        if self.evals and self.eval_pool:
+            out.append(f"train pool: required slots = T = {self.required}; eval pool (eval.agent): required slots = "
+                       f"E_peak = {self.eval_peak}")
+        elif self.evals:
             out.append(f"E_peak = {self.eval_peak}; required slots = {rule} = {self.required}")
         else:
             out.append(f"required slots = T = {self.required}")
@@ -112,8 +118,13 @@ def eval_groups(train_sessions: int, group_size: int, eval_concurrency: int | No
     return eval_concurrency or math.ceil(train_sessions / group_size)
 
 
-def check_slots(plan: SlotPlan, external_slots: int | None) -> None:
-    """Refuse, with the numbers, when the external platform has fewer slots than the run needs."""
+def check_slots(plan: SlotPlan, external_slots: int | None, eval_slots: int | None = None) -> None:
+    """Refuse, with the numbers, when the external platform (or the eval pool, `eval.agent.slots`) has fewer slots
+    than the run needs."""
+    if plan.eval_pool and eval_slots is not None and eval_slots < plan.eval_peak:
+        raise ValueError(f"eval.agent.slots={eval_slots} is too few: eval needs {plan.eval_peak} agent slots ("
+                         + "; ".join(plan.lines()) + "). Raise eval.agent.slots, or lower runtime.eval_concurrency "
+                         "or the eval n_samples_per_prompt")
     if external_slots is None or external_slots >= plan.required:
         return
     raise ValueError(

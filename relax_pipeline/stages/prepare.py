@@ -9,6 +9,7 @@ agents.
 from __future__ import annotations
 
 import secrets
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,14 +21,25 @@ from relax_pipeline.stages.group import Group
 from relax_pipeline.turn.service import ForestStore, Session, Status, derive_seed
 
 
+@dataclass(frozen=True)
+class AgentPools:
+    """The agents sessions run on: the train pool (`agent.*`) and, when `eval.agent` sets one, eval's own."""
+
+    train: AgentSpec
+    eval: AgentSpec | None = None
+
+    def for_mode(self, mode: str) -> AgentSpec:
+        return self.eval if mode == "eval" and self.eval is not None else self.train
+
+
 class Prepare:
     """Creates sessions and launches one agent per session (`agent.executor`: a local process or an agent server)."""
 
-    def __init__(self, store: ForestStore, agent: AgentSpec, io_root: Path, base_url: str,
+    def __init__(self, store: ForestStore, agents: AgentPools, io_root: Path, base_url: str,
                  n_samples: int, chat_template_kwargs: dict[str, Any] | None = None, seed: int = 0,
                  model_name: str = "relax") -> None:
         self.store = store
-        self.agent = agent
+        self.agents = agents
         self.io_root = io_root
         self.base_url = base_url
         self.n_samples = n_samples
@@ -52,7 +64,7 @@ class Prepare:
             folder = group.session_dir(session)
             folder.mkdir(parents=True, exist_ok=True)
             write_input(folder / "input.json", self._input(session))
-            process = new_agent(self.agent)
+            process = new_agent(self.agents.for_mode(group.mode))
             group.processes[session.id] = process
             self.store.set_status(session, Status.WAITING if _held(session) else Status.RUNNING)
             try:

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import credit_hooks
+import pytest
 from hydra import compose, initialize_config_dir
 
 from relax_pipeline.config import CONF_DIR, quote_placeholders, records, register
@@ -153,3 +154,30 @@ def test_a_sampling_run_evaluates_greedily(tmp_path: Path) -> None:
         for r in rows:
             by_group.setdefault(r["group_id"], set()).add(tuple(r["tokens"][r["prompt_length"]:]))
         assert all(len(answers) == 1 for answers in by_group.values())
+
+
+def test_eval_sessions_run_on_their_own_agent_pool(tmp_path: Path, tiny_path: Path) -> None:
+    """`eval.agent` replaces agent keys for eval sessions only (here the command: an agent that exports reward 0.25
+    and the env it sees); the slot table counts the two pools apart and refuses an eval pool with too few slots."""
+    one_context = AGENT.replace('if mode == "train":', "if False:")
+    (tmp_path / "agent.py").write_text(one_context)
+    (tmp_path / "eval_agent.py").write_text(one_context.replace('1.0 if mode == "eval" else 0.5', "0.25"))
+    data = write_jsonl(tmp_path / "e.jsonl", prompts(2))
+    keys = (f"agent.command='{sys.executable} agent.py'", f"agent.cwd={tmp_path}", "eval.interval=1",
+            f"eval.datasets=[{{name:own,path:{data}}}]", f"+eval.agent.command='{sys.executable} eval_agent.py'",
+            "+eval.agent.slots=2", f"model.cache_dir={tiny_path.parent}")
+    metrics = run(compose_config(tmp_path, "job=rollout", *keys))
+    assert metrics["eval/own/raw_reward"] == 0.25 and metrics["rollout/raw_reward"] == 0.5
+    for sub in ("check", "few", "typo"):
+        (tmp_path / sub).mkdir()
+    checked = compose_config(tmp_path / "check", "job=check", *keys)
+    run(checked)
+    log = (tmp_path / "check" / "run.log").read_text()
+    assert "train pool: required slots = T = 2; eval pool (eval.agent): required slots = E_peak = 2" in log
+    too_few = compose_config(tmp_path / "few", "job=check", *keys[:-2], "+eval.agent.slots=1",
+                             f"model.cache_dir={tiny_path.parent}")
+    with pytest.raises(ValueError, match=r"eval.agent.slots=1 is too few: eval needs 2 agent slots"):
+        run(too_few)
+    with pytest.raises(ValueError, match=r"eval.agent.comand is not an agent key"):
+        run(compose_config(tmp_path / "typo", "job=check", *keys[:4], "+eval.agent.comand=x",
+                           f"model.cache_dir={tiny_path.parent}"))

@@ -206,7 +206,9 @@ class Config:
     """One seed for data order, sampling and init."""
     protocol: ProtocolSuite = field(default_factory=ProtocolSuite)
     gateway: GatewayConfig = field(default_factory=GatewayConfig)
-    runtime: RuntimeSettings = field(default_factory=RuntimeSettings)
+    runtime: RuntimeSettings = MISSING
+    """Typed by `RuntimeSettings`; every `runtime=` preset sets its switches (its class follows from them when the
+    record is made)."""
     credit: CreditSettings = field(default_factory=CreditSettings)
     engine: Any = None
     """Typed by the chosen option's schema (`SCHEMAS["engine"]`)."""

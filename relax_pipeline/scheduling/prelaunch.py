@@ -6,12 +6,15 @@ start-up cost during the optimizer step, the weight update and eval), their sess
 active-time clocks, and their first requests are held by the group lease. The next step leases them
 first and launches only what is still missing. Nothing is prelaunched after the last step; groups still
 held when the run ends are terminated, recorded as dropped, and their prompts go back to the source.
+With `runtime.partial_rollout` too (`PrelaunchPartialRuntime`), step close parks the unfinished groups first and
+prelaunches only into the capacity they leave.
 """
 
 from __future__ import annotations
 
 import logging
 
+from relax_pipeline.scheduling.partial import PartialRuntime
 from relax_pipeline.scheduling.pool import GroupPool
 from relax_pipeline.scheduling.sync import SyncRuntime
 from relax_pipeline.stages.pipeline import StepResult
@@ -33,8 +36,14 @@ class PrelaunchRuntime(SyncRuntime):
         extra = await super()._close_step(pool, result, rollout_id, need)
         if self._is_last(rollout_id) or pool.pipeline.stopped:
             return extra
-        count = min(self._wanted(need), pool.capacity)
+        count = max(0, min(self._wanted(need), pool.capacity) - pool.pending)  # parked groups (partial) count
         for _ in range(count):
             pool.launch(rollout_id + 1, leased=False)
         log.info("rollout %d: prelaunched %d groups for the next step", rollout_id, count)
         return {**extra, "rollout/prelaunched_groups": float(count)}
+
+
+class PrelaunchPartialRuntime(PrelaunchRuntime, PartialRuntime):
+    """`runtime.prelaunch=true runtime.partial_rollout=true`: unfinished groups are parked at step close, and the
+    next step's agents fill the rest of the resident capacity while the trainer works; the next step resumes the
+    parked groups and leases the prelaunched ones first."""

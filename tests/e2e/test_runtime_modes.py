@@ -163,10 +163,16 @@ def test_fully_async_drops_and_counts_stale_groups(tmp_path: Path, tiny_path: Pa
     assert metrics["rollout/stale_groups"] >= 1, "the last step counts what it dropped"
 
 
-@pytest.mark.parametrize("mode", ["sync", "prelaunch", "partial", "fully_async"])
-def test_no_mode_loses_a_session(tmp_path: Path, tiny_path: Path, mode: str) -> None:
+COMBINED = ("runtime=prelaunch", "runtime.partial_rollout=true")
+"""The switches combined: prelaunch and partial rollout together (`PrelaunchPartialRuntime`)."""
+
+
+@pytest.mark.parametrize("mode", [("runtime=sync",), ("runtime=prelaunch",), ("runtime=partial",),
+                                  ("runtime=fully_async",), COMBINED, ("runtime=fully_async",
+                                                                       "runtime.partial_rollout=true")])
+def test_no_mode_loses_a_session(tmp_path: Path, tiny_path: Path, mode: tuple[str, ...]) -> None:
     data = _dataset(tmp_path, [{"turns": 2, "tool_mean_s": 0.2, "max_tokens": 64}] * 6)
-    run(_cfg(tmp_path, tiny_path, data, f"runtime={mode}", "rollout.num_steps=3", "rollout.batch_size=2",
+    run(_cfg(tmp_path, tiny_path, data, *mode, "rollout.num_steps=3", "rollout.batch_size=2",
              "rollout.over_sampling_batch_size=3", "rollout.n_samples_per_prompt=2", "engine.token_s=0.003"))
     rows = _rows(tmp_path)
     sessions = {p.name for p in (tmp_path / "sessions").iterdir()}
@@ -197,3 +203,34 @@ def test_a_group_that_fails_inside_the_pipeline_is_recorded_and_replaced(
     assert [r["status"] for r in failed] == ["dropped", "dropped"]
     assert all(r["error"] == "internal error: RuntimeError: boom" for r in failed)
     assert metrics["rollout/dropped_groups"] == 1 and sum(r["status"] in DONE for r in rows) == 2
+
+
+def test_prelaunch_with_partial_rollout_parks_then_fills_the_capacity_left(tmp_path: Path, tiny_path: Path) -> None:
+    """Step close parks the unfinished (long) group, then prelaunches the next step's groups into the capacity it
+    leaves (wanted 2, 1 parked: 1 prelaunched); the parked generation is resumed next step; nothing is lost."""
+    long_then_short = [{"max_tokens": 300, "turns": 1}] + [{"max_tokens": 8, "turns": 1}] * 5
+    data = _dataset(tmp_path, long_then_short)
+    metrics = run(_cfg(tmp_path, tiny_path, data, *COMBINED, "job=train", "rollout.num_steps=2",
+                       "rollout.batch_size=1", "rollout.over_sampling_batch_size=2", "runtime.concurrency=3",
+                       "rollout.n_samples_per_prompt=1", "engine.token_s=0.004", "engine.mean_tokens=5000",
+                       "engine.sigma=0.01"))
+    first = next(line for line in (tmp_path / "run.log").read_text().splitlines() if "step 0 metrics" in line)
+    assert "rollout/parked_groups=1 " in first and "rollout/prelaunched_groups=1 " in first
+    rows = _rows(tmp_path)
+    long = [r for r in rows if r["group_id"].startswith("g0-0-")]
+    assert len(long) == 1 and long[0]["abort_count"] >= 1, "parked at step 0's close, resumed in step 1"
+    sessions = {p.name for p in (tmp_path / "sessions").iterdir()}
+    assert {f"{r['group_id']}-{r['index']}" for r in rows} == sessions
+    assert metrics["train/weight_version"] == 2
+
+
+@pytest.mark.parametrize("overrides, fragment", [
+    (("runtime=fully_async", "runtime.prelaunch=true"), "runtime.fully_async=true with runtime.prelaunch=true"),
+    (("runtime=sync", "runtime.max_staleness=3"), "runtime.max_staleness=3 is not used by SyncRuntime"),
+])
+def test_a_combination_that_cannot_work_is_refused_at_start(tmp_path: Path, tiny_path: Path,
+                                                            overrides: tuple[str, ...], fragment: str) -> None:
+    data = _dataset(tmp_path, [{"max_tokens": 8, "turns": 1}])
+    with pytest.raises(ValueError, match=fragment.replace(".", r"\.")):
+        run(_cfg(tmp_path, tiny_path, data, "job=check", *overrides))
+

@@ -100,4 +100,4 @@ def test_experiment_smollm2_arith_composes_to_grpo_with_a_greedy_heldout_eval() 
     assert (cfg.rollout.batch_size, cfg.rollout.n_samples_per_prompt, cfg.rollout.max_response_len) == (8, 8, 16)
     assert cfg.rollout.over_sampling_batch_size > cfg.rollout.batch_size and cfg.trainer.optim.lr == 8e-6
     assert cfg.eval.temperature == 0 and [d.path for d in cfg.eval.datasets] == ["arith:heldout"]
-    assert cfg.runtime._target_ == "relax_pipeline.scheduling.prelaunch.PrelaunchRuntime"
+    assert cfg.runtime.prelaunch and not cfg.runtime.partial_rollout and not cfg.runtime.fully_async

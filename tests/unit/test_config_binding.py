@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 import relax_pipeline
+from relax_pipeline.scheduling.settings import MODES
 
 ROOT = Path(relax_pipeline.__file__).parent
 MAX_PARAMETERS = 8
@@ -33,7 +34,8 @@ def modules() -> dict[str, Path]:
 
 
 def configured_classes() -> set[str]:
-    """Dotted paths of the classes a `_target_` names (record defaults in the code and the yaml groups)."""
+    """Dotted paths of the classes a `_target_` names (record defaults in the code and the yaml groups, and the
+    runtime modes the switches choose)."""
     targets = set(re.findall(r"^_target_:\s*(\S+)", "\n".join(p.read_text() for p in (ROOT / "conf").rglob("*.yaml")),
                              re.M))
     for path in ROOT.rglob("*.py"):
@@ -41,7 +43,7 @@ def configured_classes() -> set[str]:
             if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", "") == "_target_" and \
                     isinstance(node.value, ast.Constant):
                 targets.add(node.value.value)
-    return targets | built_by_run()
+    return targets | set(MODES.values()) | built_by_run()
 
 
 def built_by_run() -> set[str]:

@@ -41,7 +41,7 @@ def configured_classes() -> set[str]:
     for path in ROOT.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", "") == "_target_" and \
-                    isinstance(node.value, ast.Constant):
+                    isinstance(node.value, ast.Constant) and node.value.value:
                 targets.add(node.value.value)
     return targets | set(MODES.values()) | built_by_run()
 

@@ -287,9 +287,21 @@ def validate(config: Config) -> None:
     if config.agent.executor == "ray" and importlib.util.find_spec("ray") is None:
         raise ValueError("agent.executor=ray needs Ray: pip install 'relax_pipeline[ray]' (ray[default]==2.60.0); "
                          "or use agent.executor=local")
+    _check_sglang_sessions(config)
     check_bind(config.gateway.host, config.gateway.port, config.gateway.allow_remote)
     if config.gateway.public_url is not None:
         check_public_url(config.gateway.public_url, config.protocol.service_prefix)
+
+
+def _check_sglang_sessions(config: Config) -> None:
+    """An SGLang session must outlive its agent session's active time, or SGLang drops its KV mid-session."""
+    engine, timeout = config.engine, config.agent.timeout
+    if not isinstance(engine, SglangEngineSettings) or not engine.sessions or timeout is None:
+        return
+    if engine.session_timeout_s is not None and engine.session_timeout_s < timeout:
+        raise ValueError(f"engine.session_timeout_s={engine.session_timeout_s} is shorter than "
+                         f"agent.timeout={timeout}: SGLang would close a session while its agent still runs; raise "
+                         "engine.session_timeout_s (or null: no timeout)")
 
 
 def _check_rollout(config: Config) -> None:

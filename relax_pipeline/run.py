@@ -216,9 +216,9 @@ class _Parts:
         defaults = SamplingDefaults(r.max_response_len, self.context_len, r.temperature, r.top_p, r.top_k)
         e = cfg.eval
         eval_defaults = SamplingDefaults(e.max_response_len or r.max_response_len, self.context_len, e.temperature)
-        self.store = ForestStore()
         self.budgets = {"train": defaults, "eval": eval_defaults}  # Runtime tells the pipeline's length cut by them
         turns = TurnService(template, self.engine, self.protocol.parser(), defaults, r.history, eval_defaults)
+        self.store = ForestStore(on_end=turns.end_session)  # an ended session's engine KV is released at once
         g = cfg.gateway  # a loopback gateway also takes a session's id as its credential (docs/design.md §3.3)
         app = create_app(self.store, turns, self.protocol.service_prefix, self.model.name,
                          self.protocol.frontends(), self.protocol.sse_heartbeat_s, session_ids=not g.allow_remote)

@@ -180,10 +180,19 @@ class Engine(Protocol):
     async def start(self) -> None:
         """Load weights and start any worker; called once before the first generate."""
 
+    @property
+    def in_flight_updates(self) -> bool:
+        """Whether running generations go on through `update_weights` (paused in place, engine=sglang with
+        engine.weight_update=pause), so a runtime need not abort them first."""
+
     async def generate(self, input_ids: Sequence[int], sampling: SamplingParams, rid: str,
-                       media: Sequence[ImageFeatures] | None = None) -> GenerateResult:
+                       media: Sequence[ImageFeatures] | None = None, session_id: str | None = None) -> GenerateResult:
         """Generate a continuation of `input_ids` (with the prompt's images, if any); concurrent calls are
-        batched by the engine."""
+        batched by the engine. `session_id` names the agent session the turn belongs to (an engine that keeps a
+        session's KV, engine=sglang with engine.sessions, continues it; the others ignore it)."""
+
+    async def close_session(self, session_id: str) -> None:
+        """The agent session `session_id` ended: release what the engine keeps for it (nothing for most)."""
 
     async def abort(self, rid: str) -> GenerateResult | None:
         """Stop generation `rid` now; its `generate` call returns the partial output with "abort"."""

@@ -373,7 +373,7 @@ class HFEngine:
         self._thread.start()
 
     async def generate(self, input_ids: Sequence[int], sampling: SamplingParams, rid: str,
-                       media: Sequence[ImageFeatures] | None = None) -> GenerateResult:
+                       media: Sequence[ImageFeatures] | None = None, session_id: str | None = None) -> GenerateResult:
         """Generate a continuation of `input_ids` (placeholders unexpanded, one per image of `media`);
         batched with every other request in flight."""
         request = self._request(input_ids, sampling, rid, tuple(media or ()))
@@ -393,6 +393,12 @@ class HFEngine:
         future: asyncio.Future[GenerateResult | None] = loop.create_future()
         self._post(lambda s: s.abort(rid, lambda r: _resolve(loop, future, r)))
         return await future
+
+    in_flight_updates = False
+    """Generations are aborted around a weight update (`Engine.in_flight_updates`)."""
+
+    async def close_session(self, session_id: str) -> None:
+        """Nothing is kept per agent session (`Engine.close_session`)."""
 
     def step_metrics(self) -> dict[str, float]:
         """The work since the last call, as `engine/...` metrics: worker seconds in prefill and decode, prompt

@@ -87,13 +87,18 @@ class FullyAsyncRuntime(SyncRuntime):
         return 1
 
     async def before_weight_update(self) -> None:
-        """Preempt every in-flight generation; it resumes on the new weights."""
+        """Preempt every in-flight generation; it resumes on the new weights (unless the engine keeps generations
+        running through the update, `Engine.in_flight_updates`: engine=sglang engine.weight_update=pause)."""
+        if self.binding is not None and self.binding.engine.in_flight_updates:
+            return
         self._leased = False
         if self.pool is not None:
             aborted = await self.pool.revoke_all()
             log.info("weight update: %d in-flight generations preempted", aborted)
 
     async def after_weight_update(self) -> None:
+        if self.binding is not None and self.binding.engine.in_flight_updates:
+            return
         self._leased = True
         if self.pool is not None:
             self.pool.grant_all()

@@ -44,6 +44,12 @@ class FakeLifecycle:
     vision: Any = None
     """Text-only unless the fake sets an image processor (`ScriptedEngine(vision=...)`)."""
 
+    in_flight_updates = False
+    """Generations are aborted around a weight update (`Engine.in_flight_updates`)."""
+
+    async def close_session(self, session_id: str) -> None:
+        """Nothing is kept per agent session (`Engine.close_session`)."""
+
     def step_metrics(self) -> dict[str, float]:
         return {}
 
@@ -83,7 +89,7 @@ class ScriptedEngine(FakeLifecycle):
         self._encoded: dict[str, list[int]] = {}
 
     async def generate(self, input_ids: Sequence[int], sampling: SamplingParams, rid: str,
-                       media: Sequence[ImageFeatures] | None = None) -> GenerateResult:
+                       media: Sequence[ImageFeatures] | None = None, session_id: str | None = None) -> GenerateResult:
         if self.record_prompts:
             self.prompts.append(list(input_ids))
             self.media.append(tuple(media or ()))
@@ -110,7 +116,7 @@ class AbortingEngine(ScriptedEngine):
         self.abort_at = abort_at
 
     async def generate(self, input_ids: Sequence[int], sampling: SamplingParams, rid: str,
-                       media: Sequence[ImageFeatures] | None = None) -> GenerateResult:
+                       media: Sequence[ImageFeatures] | None = None, session_id: str | None = None) -> GenerateResult:
         result = await super().generate(input_ids, sampling, rid, media)
         if len(self.prompts) - 1 == self.abort_at:
             return dataclasses.replace(result, output_ids=result.output_ids[:1], logprobs=result.logprobs[:1],
@@ -122,7 +128,7 @@ class StopStringEngine(ScriptedEngine):
     """Ends each answer on the request's first stop string, as an engine that matched it would."""
 
     async def generate(self, input_ids: Sequence[int], sampling: SamplingParams, rid: str,
-                       media: Sequence[ImageFeatures] | None = None) -> GenerateResult:
+                       media: Sequence[ImageFeatures] | None = None, session_id: str | None = None) -> GenerateResult:
         result = await super().generate(input_ids, sampling, rid, media)
         return dataclasses.replace(result, output_ids=result.output_ids[:-1], logprobs=result.logprobs[:-1],
                                    matched_stop=sampling.stop[0])
@@ -132,7 +138,7 @@ class FailingEngine(ScriptedEngine):
     """Raises on every generate call, like a crashed engine worker."""
 
     async def generate(self, input_ids: Sequence[int], sampling: SamplingParams, rid: str,
-                       media: Sequence[ImageFeatures] | None = None) -> GenerateResult:
+                       media: Sequence[ImageFeatures] | None = None, session_id: str | None = None) -> GenerateResult:
         self.prompts.append(list(input_ids))
         raise RuntimeError("engine worker died")
 
@@ -149,7 +155,7 @@ class RecordingHFEngine(HFEngine):
         RecordingHFEngine.last = self
 
     async def generate(self, input_ids: Sequence[int], sampling: SamplingParams, rid: str,
-                       media: Sequence[ImageFeatures] | None = None) -> GenerateResult:
+                       media: Sequence[ImageFeatures] | None = None, session_id: str | None = None) -> GenerateResult:
         result = await super().generate(input_ids, sampling, rid, media)
         self.calls.append((list(input_ids), list(result.output_ids)))
         self.media.append(tuple(media or ()))
@@ -252,7 +258,7 @@ class PacedEngine:
         return max(1, round(rng.lognormvariate(mu, self.sigma)))
 
     async def generate(self, input_ids: Sequence[int], sampling: SamplingParams, rid: str,
-                       media: Any = None) -> GenerateResult:
+                       media: Any = None, session_id: str | None = None) -> GenerateResult:
         owed, offset = self._owed.pop(rid, None) or (self._length(sampling), 0)
         loop = asyncio.get_running_loop()
         request = _Paced(rid, owed, sampling.max_new_tokens, offset, loop.create_future())
@@ -308,6 +314,12 @@ class PacedEngine:
 
     async def update_weights(self, state_dict: dict[str, Any], version: int) -> None:
         self.weight_version = version
+
+    in_flight_updates = False
+    """Generations are aborted around a weight update (`Engine.in_flight_updates`)."""
+
+    async def close_session(self, session_id: str) -> None:
+        """Nothing is kept per agent session (`Engine.close_session`)."""
 
     def step_metrics(self) -> dict[str, float]:
         return {}

@@ -40,7 +40,7 @@ class FaultyScriptEngine(ScriptEngine):
         self.failures = 0
 
     async def generate(self, input_ids: Sequence[int], sampling: SamplingParams, rid: str,
-                       media: Sequence[ImageFeatures] | None = None) -> GenerateResult:
+                       media: Sequence[ImageFeatures] | None = None, session_id: str | None = None) -> GenerateResult:
         self.calls += 1
         await asyncio.sleep(self.delay_s)
         if self.fail_every and self.calls % self.fail_every == 0 and self.failures != self.max_failures:

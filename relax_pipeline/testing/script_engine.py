@@ -91,7 +91,7 @@ class ScriptEngine(FakeLifecycle):
         return max(count - 1, 0)
 
     async def generate(self, input_ids: Sequence[int], sampling: SamplingParams, rid: str,
-                       media: Sequence[ImageFeatures] | None = None) -> GenerateResult:
+                       media: Sequence[ImageFeatures] | None = None, session_id: str | None = None) -> GenerateResult:
         ids, ended = self._turns[min(self.turn_of(input_ids), len(self._turns) - 1)]
         finish = "stop" if ended else "length"
         if len(ids) > sampling.max_new_tokens:

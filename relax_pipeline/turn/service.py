@@ -42,10 +42,11 @@ the wire (the gateway does).
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, contextmanager
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -152,7 +153,9 @@ class Session:
 class ForestStore:
     """All sessions of a run by id; the gateway authenticates against it."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_end: Callable[[Session], None] | None = None) -> None:
+        self.on_end = on_end
+        """Called once when a session reaches a terminal status (the turn service releases the engine's KV)."""
         self._sessions: dict[str, Session] = {}
         self._keys: dict[str, Session] = {}
         self._released: dict[str, tuple[str, Status]] = {}
@@ -207,6 +210,8 @@ class ForestStore:
         if error is not None:
             session.error = error
         session.mark(status.value)
+        if status.terminal and self.on_end is not None:
+            self.on_end(session)
 
     def attach_lease(self, session: Session, lease: Lease) -> None:
         """From now on `session`'s requests wait on its group's `lease`."""
@@ -283,6 +288,8 @@ class TurnService:
                  history: str = "tokens", eval_defaults: SamplingDefaults | None = None) -> None:
         self.template = template
         self.engine = engine
+        self._closing: set[asyncio.Task[None]] = set()
+        """`close_session` calls in flight (kept referenced until done)."""
         self.parser = parser
         self.defaults = defaults
         self.eval_defaults = eval_defaults or defaults
@@ -376,6 +383,22 @@ class TurnService:
         mode = session.mode if session is not None else "train"
         return await self.run_prepared(forest, self.prepare(forest, request, seed, mode), rid, session)
 
+    def end_session(self, session: Session) -> None:
+        """`ForestStore.on_end`: the session ended (completed, failed, dropped, timed out), so the engine may release
+        what it keeps for it (engine=sglang closes its SGLang session and frees the KV at once)."""
+        try:
+            task = asyncio.get_running_loop().create_task(self._close_session(session.id))
+        except RuntimeError:  # no loop: nothing runs on the engine any more
+            return
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    async def _close_session(self, session_id: str) -> None:
+        try:
+            await self.engine.close_session(session_id)
+        except Exception as error:  # noqa: BLE001 - releasing KV early is an optimization; the engine evicts later
+            log.warning("session %s: the engine could not release its KV: %s", session_id, error)
+
     async def run_prepared(self, forest: SessionForest, prepared: PreparedTurn, rid: str | None = None,
                            session: Session | None = None) -> TurnResult:
         """`run` for a request already matched by `prepare` (the gateway checks it before a stream opens)."""
@@ -384,7 +407,8 @@ class TurnService:
         clock = _TurnClock()
         if lease is None:
             with clock.generating():
-                result = await self.engine.generate(prepared.prompt_ids, prepared.sampling, rid, media=prepared.media)
+                result = await self.engine.generate(prepared.prompt_ids, prepared.sampling, rid, media=prepared.media,
+                                                    session_id=session.id if session is not None else None)
         else:
             result = await self._leased(prepared, rid, session, lease, clock)
         if result.finish_reason == "abort":
@@ -405,7 +429,8 @@ class TurnService:
                 async with lease.generation(session, rid, aborts) as flight:
                     with clock.generating():
                         prompt, sampling = resume_input(prepared.prompt_ids, prepared.sampling, done)
-                        more = await self.engine.generate(prompt, sampling, rid, media=prepared.media)
+                        more = await self.engine.generate(prompt, sampling, rid, media=prepared.media,
+                                                          session_id=session.id)
             except LeaseClosed as closed:
                 raise ProtocolError(404, str(closed)) from None
             done = joined(done, more)

@@ -39,6 +39,8 @@ def test_train_loop_updates_the_servers_weights_between_steps(tmp_path: Path, ti
     metrics = run(cfg)
     assert metrics["train/weight_version"] == 2
     assert metrics["engine/kv_reserved"] > 0, "admission metrics reach the step's metrics"
+    assert metrics["engine/sessions_closed"] > 0 and metrics["engine/session_turns"] > 0, (
+        "each agent session is one SGLang session, closed when it ends (the turn service passes its id)")
     for step in (0, 1):
         rows = read_dump(tmp_path / "dump" / f"r_{step}.jsonl")
         assert len(rows) == 4

@@ -57,7 +57,7 @@ class RecordingScriptEngine(ScriptEngine):
         RecordingScriptEngine.last = self
 
     async def generate(self, input_ids: Sequence[int], sampling: SamplingParams, rid: str,
-                       media: Sequence[ImageFeatures] | None = None) -> GenerateResult:
+                       media: Sequence[ImageFeatures] | None = None, session_id: str | None = None) -> GenerateResult:
         result = await super().generate(input_ids, sampling, rid, media)
         self.calls.append((list(input_ids), list(result.output_ids)))
         return result

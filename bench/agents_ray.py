@@ -5,8 +5,8 @@ calls through the gateway to a paced fake engine (`testing.engines.PacedEngine`,
 exports. One step holds all 256 sessions at once (`--groups` groups x `--n` sessions, every group resident).
 The same run config goes once with `agent.executor=local` and once with `agent.executor=ray` on a local 2-node
 Ray cluster (`testing.ray_cluster.separate_cluster`: head + one worker, sessions spread over both, the cluster's
-processes in a session of their own; `ray.node_tmpdir=/dev/shm` where the machine has it, as the README advises
-for nodes with a slow disk). Each mode runs 2 steps; the second is measured (the first warms the page
+processes in a session of their own; the default `ray.node_tmpdir=null`, so the nodes keep session files in
+/dev/shm where it is memory-backed). Each mode runs 2 steps; the second is measured (the first warms the page
 cache and starts Ray's per-node runners).
 
 Printed per mode: sessions/s over the measured step (256 / its rollout time), the mean agent time per session
@@ -53,6 +53,7 @@ from hydra import compose, initialize_config_dir  # noqa: E402
 from relax_pipeline.agent.executors import new_agent  # noqa: E402
 from relax_pipeline.agent.launcher import AgentSpec  # noqa: E402
 from relax_pipeline.agent.ray_executor import warm_up  # noqa: E402
+from relax_pipeline.agent.ray_node import memory_backed, session_root  # noqa: E402
 from relax_pipeline.config import CONF_DIR, quote_placeholders, register  # noqa: E402
 from relax_pipeline.infra import ray_runtime  # noqa: E402
 from relax_pipeline.run import run  # noqa: E402
@@ -162,20 +163,19 @@ async def executor_cost(executor: str, address: str | None, sleeps: list[float],
         ray_runtime.shutdown()
 
 
-RAM_TMPDIR = "/dev/shm"
-"""The RAM-backed folder the executor-only pair also runs Ray's session folders in (`ray.node_tmpdir`)."""
-
-
 def executor_costs(address: str, sessions: int, longest_s: float) -> dict[str, float]:
-    """`executor_cost` for local subprocesses, for Ray, and for Ray with `ray.node_tmpdir=/dev/shm` where this
-    machine has it, on the same seeded sleeps (`seeded_sleeps`)."""
+    """`executor_cost` for local subprocesses, for Ray on its defaults (`ray.node_tmpdir=null`: the node's choice,
+    `ray_node.session_root`), and, where that choice is memory-backed, for Ray with the session files on this
+    machine's disk (`ray.node_tmpdir` set to the temp folder, the default before), on the same seeded sleeps."""
     waits = seeded_sleeps(sessions, longest_s, seed=1)
+    default = session_root(None, "this machine")
     with tempfile.TemporaryDirectory() as tmp:
         costs = {"local subprocesses": asyncio.run(executor_cost("local", None, waits, Path(tmp))),
-                 "ray": asyncio.run(executor_cost("ray", address, waits, Path(tmp)))}
-        if Path(RAM_TMPDIR).is_dir():
-            costs[f"ray, node_tmpdir={RAM_TMPDIR}"] = asyncio.run(
-                executor_cost("ray", address, waits, Path(tmp), RAM_TMPDIR))
+                 f"ray (default: {default.path})": asyncio.run(executor_cost("ray", address, waits, Path(tmp)))}
+        disk = tempfile.gettempdir()
+        if default.memory and not memory_backed(disk):
+            costs[f"ray, node_tmpdir={disk} (disk)"] = asyncio.run(
+                executor_cost("ray", address, waits, Path(tmp), disk))
         return costs
 
 
@@ -193,8 +193,7 @@ def main() -> None:
     sessions = args.groups * args.n
     local = None if args.executor_only else measure(args, ["agent.executor=local"])
     with separate_cluster(workers=1, cpus=2, head_cpus=2) as address:
-        ram = [f"ray.node_tmpdir={RAM_TMPDIR}"] if Path(RAM_TMPDIR).is_dir() else []
-        on_ray = None if local is None else measure(args, ["agent.executor=ray", f"ray.address={address}", *ram])
+        on_ray = None if local is None else measure(args, ["agent.executor=ray", f"ray.address={address}"])
         light = [executor_costs(address, sessions, args.sleep_s) for _ in range(args.repeats)]
     if local is not None and on_ray is not None:
         report_pipeline(args, local, on_ray)

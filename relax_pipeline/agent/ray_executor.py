@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from relax_pipeline.agent.launcher import AgentFailure, AgentSpec
-from relax_pipeline.agent.ray_node import NodeAnswer, NodeCall, NodeRunner
+from relax_pipeline.agent.ray_node import NodeAnswer, NodeCall, NodeFolder, NodeRunner
 from relax_pipeline.agent.remote import RemoteAgent
 from relax_pipeline.infra import ray_runtime
 
@@ -92,7 +92,8 @@ class RunnerPool:
         self.ray = ray
         self.resources = dict(resources)
         self.tmpdir = tmpdir
-        """`ray.node_tmpdir`: where each node's runner puts session folders (None: the node's temp folder)."""
+        """`ray.node_tmpdir`: where each node's runner puts session folders (None: the node's choice,
+        `ray_node.session_root`)."""
         self.runners: dict[str, Runner] = {}
         self._freed = asyncio.Event()
         self._refreshed = -math.inf
@@ -152,7 +153,8 @@ class RunnerPool:
         await self._refresh()
         if self._reading is not None:
             await asyncio.wait({self._reading})
-        await asyncio.gather(*(runner.actor.ping.remote() for runner in self.runners.values()))
+        folders = await asyncio.gather(*(runner.actor.ping.remote() for runner in self.runners.values()))
+        log.info(folders_note(folders))
 
     def release(self, runner: Runner) -> None:
         """A session given to `runner` is done (answered, failed or cancelled)."""
@@ -243,6 +245,20 @@ def timing_note(marks: Mapping[str, float]) -> str:
     cluster, clock skew between hosts shows in `call to node` and `answer back`)."""
     parts = [f"{label} {1000 * (marks[b] - marks[a]):.0f}" for label, a, b in TIMING_STEPS if a in marks and b in marks]
     return "ray: timing ms: " + ", ".join(parts)
+
+
+def folders_note(folders: list[NodeFolder]) -> str:
+    """The start line saying where the nodes keep session files, in memory or on disk, and the key to change it."""
+    places: dict[tuple[str, bool, bool], int] = {}
+    for folder in folders:
+        key = (folder.path, folder.memory, folder.configured)
+        places[key] = places.get(key, 0) + 1
+    parts = [f"{path} ({'in memory' if memory else 'on disk'}, {'ray.node_tmpdir' if configured else 'the default'}) "
+             f"on {count} node{'s' if count > 1 else ''}" for (path, memory, configured), count in places.items()]
+    advice = ("; set ray.node_tmpdir to use another folder" if all(memory for _, memory, _ in places)
+              else "; each session start pays its file creates on disk: a memory-backed ray.node_tmpdir (/dev/shm) "
+                   "avoids it")
+    return "ray: session files (input, output, agent.log) live under " + ", ".join(parts) + advice
 
 
 def session_capacity(node_resources: Mapping[str, float], resources: Mapping[str, float]) -> float:

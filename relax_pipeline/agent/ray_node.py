@@ -7,7 +7,14 @@ the local launcher (`AgentProcess`: `bash -c command` in its own process group, 
 group ended with SIGTERM, grace, SIGKILL). It answers a `NodeAnswer` (exit code, reason, the output file's text,
 the log tail, the node) and removes the folder. `run_many(calls)` runs a batch of sessions at once and streams
 each answer back as its session ends (a Ray streaming generator): one Ray call for the sessions a driver starts
-together. The folders go under `ray.node_tmpdir` when set (e.g. /dev/shm), else the node's temp folder.
+together.
+
+Where the folders go (`session_root`): under `ray.node_tmpdir` when set; by default in memory, under /dev/shm when
+the node has it memory-backed (tmpfs) with `MEMORY_MIN_FREE` free, else under the node's temp folder. A session's
+three file creates (folder, input, log) cost ~0.1 ms in memory against 5-7 ms of wall time and ~2.5 ms of CPU on an
+ext4 disk (measured here), which 256 sessions starting at once pay one after another. `ping` answers the node's
+choice (`NodeFolder`); the driver names it in one line at start. The files are small (the input, the agent's
+output, its log); an agent that logs gigabytes should get a disk folder through `ray.node_tmpdir`.
 `cancel(session_id)` ends a running session's process group and
 waits for it; `kill(session_id)` SIGKILLs it without waiting. The active-time budget is not counted here: the
 driver keeps the `ActiveTimer` (paused while the group lease is not held) and calls `cancel` when it runs out.
@@ -38,7 +45,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from relax_pipeline.agent.launcher import LOG_NAME, AgentFailure, AgentProcess, AgentSpec
+from relax_pipeline.agent.launcher import AgentFailure, AgentProcess, AgentSpec
 from relax_pipeline.infra.processes import ChildProcess, death_wrapper, die_with_parent
 
 
@@ -89,6 +96,70 @@ class NodeAnswer:
     """The session it answers (`NodeCall.session_id`): `run_many` answers in the order the sessions end."""
 
 
+MEMORY_FOLDER = "/dev/shm"
+"""The memory-backed folder a node keeps session folders in by default (`session_root`)."""
+MEMORY_MIN_FREE = 1 << 30
+"""Free bytes `MEMORY_FOLDER` needs to be the default: Docker gives containers 64 MiB there, which a few hundred
+agents' logs could fill (and Ray's object store may share it)."""
+MEMORY_FILESYSTEMS = ("tmpfs", "ramfs")
+"""Filesystem types whose files live in memory."""
+
+
+@dataclass(frozen=True)
+class NodeFolder:
+    """Where a node keeps its session folders; connects `NodeRunner.ping` to the driver's start line."""
+
+    node: str
+    """The node's name."""
+    path: str
+    """The folder session folders are made under."""
+    memory: bool
+    """Whether it is memory-backed (tmpfs, ramfs)."""
+    configured: bool
+    """True when `ray.node_tmpdir` named it, False when the node chose it (`session_root`)."""
+
+
+def session_root(tmpdir: str | None, node: str) -> NodeFolder:
+    """Where session folders go on this node: `tmpdir` (`ray.node_tmpdir`) when set, refused unless writable;
+    else `MEMORY_FOLDER` when it is memory-backed, writable and has `MEMORY_MIN_FREE` free; else the temp folder."""
+    if tmpdir is not None:
+        if not _writable(tmpdir):
+            raise ValueError(f"ray.node_tmpdir={tmpdir!r} is not a writable folder on node {node}; create it on every "
+                             "node or set ray.node_tmpdir=null (the node's own choice: /dev/shm, else its temp folder)")
+        return NodeFolder(node, tmpdir, memory_backed(tmpdir), configured=True)
+    if memory_backed(MEMORY_FOLDER) and _writable(MEMORY_FOLDER) and _free_bytes(MEMORY_FOLDER) >= MEMORY_MIN_FREE:
+        return NodeFolder(node, MEMORY_FOLDER, True, configured=False)
+    fallback = tempfile.gettempdir()
+    return NodeFolder(node, fallback, memory_backed(fallback), configured=False)
+
+
+def memory_backed(path: str) -> bool:
+    """Whether `path` lies on a memory-backed filesystem (its mount's type, from /proc/self/mounts)."""
+    real, best, kind = os.path.realpath(path), "", ""
+    try:
+        lines = Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:  # not Linux: nothing is known to be in memory
+        return False
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        mount = fields[1].replace("\\040", " ")
+        inside = real == mount or real.startswith(mount.rstrip("/") + "/")
+        if inside and len(mount) >= len(best):
+            best, kind = mount, fields[2]
+    return kind in MEMORY_FILESYSTEMS
+
+
+def _writable(path: str) -> bool:
+    return os.path.isdir(path) and os.access(path, os.W_OK | os.X_OK)
+
+
+def _free_bytes(path: str) -> int:
+    stats = os.statvfs(path)
+    return stats.f_bavail * stats.f_frsize
+
+
 class NodeProcess(AgentProcess):
     """`AgentProcess` started the cheap way (see the module) whose main process dies with the runner."""
 
@@ -111,19 +182,16 @@ class NodeRunner:
 
     def __init__(self, node: str = "", tmpdir: str | None = None) -> None:
         self.node = node or socket.gethostname()
-        self.tmpdir = tmpdir
-        """Where session folders go (`ray.node_tmpdir`); None: the node's temp folder."""
-        if tmpdir is not None and not (os.path.isdir(tmpdir) and os.access(tmpdir, os.W_OK | os.X_OK)):
-            raise ValueError(f"ray.node_tmpdir={tmpdir!r} is not a writable folder on node {self.node}; create it "
-                             "on every node or set ray.node_tmpdir=null (the node's temp folder)")
+        self.folder = session_root(tmpdir, self.node)
+        """Where session folders go: `ray.node_tmpdir`, else the node's choice (`session_root`)."""
         death_wrapper()  # probed now, not on the first session's spawn
         self._agents: dict[str, AgentProcess] = {}
         self._cancelled: set[str] = set()
         """Sessions cancelled before or while they started (a cancel may overtake the start)."""
 
-    def ping(self) -> str:
-        """The node's name once the actor is up."""
-        return self.node
+    def ping(self) -> NodeFolder:
+        """Once the actor is up: the node's name and where its session folders go."""
+        return self.folder
 
     async def run(self, call: NodeCall, folder: Path | None = None) -> NodeAnswer:
         """Run one session to its end on this node (see the module), in `folder` when `prepare` made it."""
@@ -156,10 +224,9 @@ class NodeRunner:
             yield await finished
 
     def prepare(self, call: NodeCall) -> Path:
-        """A fresh folder for the session (under `tmpdir`) with its input file and an empty log."""
-        folder = Path(tempfile.mkdtemp(prefix=f"relax-{call.session_id[:24]}-", dir=self.tmpdir))
+        """A fresh folder for the session (under `self.folder`) with its input file; the log is made by the spawn."""
+        folder = Path(tempfile.mkdtemp(prefix=f"relax-{call.session_id[:24]}-", dir=self.folder.path))
         (folder / "input.json").write_text(call.input_text)
-        (folder / LOG_NAME).touch()
         return folder
 
     def _prepare_all(self, calls: list[NodeCall]) -> list[Path | Exception]:

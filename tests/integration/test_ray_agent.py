@@ -4,7 +4,7 @@
 fails as a timeout naming the node; a dropped session is ended the same way; a cancel that reaches the node
 before the call starts nothing; when the runner dies its session fails as lost and the agent is gone; the death
 signal (`setpriv --pdeathsig`, else `prctl` in the child) kills the main process when the thread that started it
-exits.
+exits; by default a node keeps session files in memory (/dev/shm) and the start line says where, naming the key.
 Each agent writes its pids into the test's folder (the nodes share this machine). Skipped, naming the extra,
 without Ray."""
 
@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -20,9 +23,10 @@ from typing import Any
 
 import pytest
 
+from relax_pipeline.agent import ray_node
 from relax_pipeline.agent.launcher import AgentFailure, AgentSpec
-from relax_pipeline.agent.ray_executor import RayAgent, runner_pool
-from relax_pipeline.agent.ray_node import NodeCall
+from relax_pipeline.agent.ray_executor import RayAgent, folders_note, runner_pool, warm_up
+from relax_pipeline.agent.ray_node import MEMORY_MIN_FREE, NodeCall, memory_backed, session_root
 from relax_pipeline.infra import ray_runtime
 from relax_pipeline.testing.ray_cluster import joined_cluster
 
@@ -180,6 +184,39 @@ async def test_sessions_live_under_the_node_tmpdir(tmp_path: Path, ray_pool: Non
     where = Path((tmp_path / "where").read_text().strip())
     assert where.parent == node_tmp and where.name.startswith("relax-s-1-")
     assert not where.exists(), "the session's folder is removed once it answered"
+
+
+SHM = "/dev/shm"
+HAS_SHM = memory_backed(SHM) and shutil.disk_usage(SHM).free >= MEMORY_MIN_FREE
+
+
+@pytest.mark.skipif(not HAS_SHM, reason=f"this machine has no memory-backed {SHM} with room")
+async def test_by_default_sessions_live_in_memory_and_the_start_line_says_so(
+        tmp_path: Path, ray_pool: None, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="relax_pipeline")
+    await warm_up(spec("unused"))
+    [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("ray: session files")]
+    assert f"under {SHM} (in memory, the default) on 2 nodes; set ray.node_tmpdir" in line, line
+    agent = await started(tmp_path, spec(f'echo "$RELAX_SESSION_IO_DIR" > {tmp_path}/where', timeout=60.0))
+    await agent.wait()
+    where = Path((tmp_path / "where").read_text().strip())
+    assert where.parent == Path(SHM) and where.name.startswith("relax-s-1-") and not where.exists()
+
+
+async def test_without_memory_the_node_takes_its_temp_folder_and_says_it_is_on_disk(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node whose /dev/shm is missing, on disk or too small falls back to its temp folder; the line advises."""
+    on_disk = tmp_path if not memory_backed(str(tmp_path)) else Path("/nonexistent/shm")
+    monkeypatch.setattr(ray_node, "MEMORY_FOLDER", str(on_disk))
+    folder = session_root(None, "n1")
+    assert folder.path == tempfile.gettempdir() and not folder.configured
+    if not folder.memory:
+        assert "on disk, the default) on 1 node; each session start pays its file creates on disk: a memory-backed " \
+               "ray.node_tmpdir (/dev/shm) avoids it" in folders_note([folder])
+    if HAS_SHM:
+        monkeypatch.setattr(ray_node, "MEMORY_FOLDER", SHM)
+        monkeypatch.setattr(ray_node, "MEMORY_MIN_FREE", shutil.disk_usage(SHM).free * 2)
+        assert session_root(None, "n1").path != SHM, "too little room in memory: the temp folder"
 
 
 async def test_a_node_tmpdir_missing_on_the_nodes_fails_at_start_naming_the_key(ray_pool: None) -> None:

@@ -191,8 +191,9 @@ class RayConfig:
     package and the agent's code when they do not share this machine's install."""
     node_tmpdir: str | None = None
     """agent.executor=ray: the folder on each node under which a session's files live (input, output, agent.log;
-    removed after it); null: the node's temp folder ($TMPDIR, else /tmp). A RAM-backed one (/dev/shm) makes each
-    start cheaper where the disk is slow; it must exist on every node."""
+    removed after it); it must exist on every node. null: each node keeps them in memory, under /dev/shm when it is
+    memory-backed (tmpfs) with 1 GiB free, else under its temp folder ($TMPDIR, else /tmp); run.log's start line
+    says which. Set a disk folder for agents that log gigabytes."""
 
 
 @dataclass

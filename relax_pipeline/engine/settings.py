@@ -23,6 +23,8 @@ ROUTERS = ("none", "sglang")
 """`engine.router`: the client routes by cache affinity itself, or the real sglang-router is in front."""
 WEIGHT_UPDATES = ("abort", "pause")
 """`engine.weight_update` of engine=sglang: generations are aborted and resumed around an update, or paused in place."""
+WEIGHT_TRANSFERS = ("disk", "tensor", "distributed")
+"""`engine.weight_transfer` of engine=sglang: how new weights reach the servers (engine/sglang_weights.py)."""
 ADMISSIONS = ("none", "kv")
 """`engine.admission`: no admission, or KV-aware admission per request."""
 PLACEMENTS = ("local", "ray")
@@ -193,11 +195,17 @@ class SglangEngineSettings:
     session_timeout_s: float | None = 3600.0
     """sessions=true: seconds a session may stay idle before SGLang closes it itself (a session nobody closed);
     set it to at least `agent.timeout`. null: no timeout."""
+    weight_transfer: str = "disk"
+    """How new weights reach the servers: disk (a Hugging Face folder under weights_dir, `/update_weights_from_disk`;
+    the servers must read that storage), tensor (the tensors themselves in `/update_weights_from_tensor` requests,
+    pickled CPU tensors in buckets: no shared storage needed), or distributed (`/update_weights_from_distributed`,
+    an NCCL broadcast: needs CUDA and a process group with the servers; refused at start without them)."""
 
     def __post_init__(self) -> None:
         check_choice("engine.router", self.router, ROUTERS)
         check_choice("engine.admission", self.admission, ADMISSIONS)
         check_choice("engine.weight_update", self.weight_update, WEIGHT_UPDATES)
+        check_choice("engine.weight_transfer", self.weight_transfer, WEIGHT_TRANSFERS)
         if bool(self.urls) == bool(self.launch):
             raise ValueError("engine=sglang needs exactly one of engine.urls=[http://HOST:PORT,...] (running SGLang "
                              "servers) and engine.launch=true (start engine.servers of them)")

@@ -20,12 +20,15 @@ this client calls a route or sends a field the release lacks. Routes used, and n
   and logprobs generated so far and finish `abort`; `abort` returns that result (the turn service resumes
   with prompt + partial tokens and the remaining budget). The abort is repeated every second until the
   generation answers (a request still on its way is not yet known to the server).
-- `POST /update_weights_from_disk {"model_path", "weight_version"}` on every server after a training step:
-  the weights are written as a loadable Hugging Face folder (`<weights_dir>/v<version>`, model files copied
-  from `model.path`), which must be on storage the servers can read; the previous folder is removed. SGLang
-  flushes its radix cache itself on this update. From-tensor/distributed updates on GPUs are not done yet.
-  With `engine.weight_update=pause` the load is wrapped in `POST /pause_generation {"mode": "in_place"}` and
-  `POST /continue_generation` (and sent with `flush_cache=false`): running generations keep their KV and go on
+- After a training step, on every server (`engine.weight_transfer`, `sglang_weights.py`): `disk` (the default)
+  sends `POST /update_weights_from_disk {"model_path", "weight_version"}`, the weights written as a loadable
+  Hugging Face folder (`<weights_dir>/v<version>`, model files copied from `model.path`) on storage the servers
+  can read (the previous folder is removed); `tensor` sends the tensors themselves, in buckets, as
+  `POST /update_weights_from_tensor {"serialized_named_tensors", "flush_cache", "weight_version"}`;
+  `distributed` is refused at start (it needs CUDA and a process group with the servers). SGLang flushes its
+  radix cache itself on an update. With `engine.weight_update=pause` the load is wrapped in
+  `POST /pause_generation {"mode": "in_place"}` and `POST /continue_generation` (sent with
+  `flush_cache=false`): running generations keep their KV and go on
   with the new weights, each token keeping the version that sampled it (`meta_info.weight_versions`);
   `in_flight_updates` tells the runtime it need not abort them first.
 
@@ -49,7 +52,13 @@ prefixes least recently used. KV-aware admission (`engine.admission=kv`) is in `
 Stop strings: SGLang matches them in a request's own output, so for a resumed generation (`stop_context`, the
 output before the abort) `stopped_across` cuts the result after a stop string split by the abort.
 
-Not supported: images (`media`), streaming, LoRA.
+Images (a vision-language model): `vision` is `sglang_media.SglangVision`, the model's own image processor (the
+turn service makes the forest's `ImageFeatures` with it, as on engine=hf, so the training input is the same),
+and a prompt with images goes as `image_data` (their URLs, in order) with its unexpanded placeholder tokens,
+which SGLang expands itself; context limits count the expanded length. Such a turn is a plain request, never a
+session turn (SGLang's session nodes hold expanded ids, which this client does not mirror).
+
+Not supported: streaming, LoRA, video and audio.
 """
 
 from __future__ import annotations
@@ -69,10 +78,11 @@ import orjson
 from relax_pipeline.engine.base import GenerateResult, ImageFeatures, SamplingParams
 from relax_pipeline.engine.settings import EngineRun, SglangEngineSettings
 from relax_pipeline.engine.sglang_launch import Processes, gpu_env, router_command, server_command
+from relax_pipeline.engine.sglang_media import SglangVision, expanded_length
 from relax_pipeline.engine.sglang_ray import RayServers
 from relax_pipeline.engine.sglang_routing import ROUTING_KEY_HEADER, Affinity, KvAdmission, WorkerLoad, WorkerPool
 from relax_pipeline.engine.sglang_sessions import OpenSession, Sessions
-from relax_pipeline.engine.sglang_weights import write_weights
+from relax_pipeline.engine.sglang_weights import check_transfer, tensor_bodies, write_weights
 from relax_pipeline.engine.sglang_wire import SglangError, parse_generate, payload, stopped_across
 from relax_pipeline.infra.ports import free_port
 
@@ -111,8 +121,8 @@ class SglangEngine:
         self.model_path, self.seed, self.max_context_len = run.model_path, run.seed, run.max_context_len
         self.max_batch_size = settings.max_batch_size
         self.weight_version = 0
-        self.vision = None
-        """SGLang serves text here: the turn service refuses images."""
+        self.vision: SglangVision | None = None
+        """The model's image processing (`sglang_media.py`; set by `start`); None for text-only models."""
         self.urls = [u.rstrip("/") for u in settings.urls]
         router = settings.router_part
         self.router_url = router.url if router is not None else None
@@ -156,7 +166,10 @@ class SglangEngine:
             return
         from transformers import AutoTokenizer
 
+        check_transfer(self.settings.weight_transfer)
         self._tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, self.model_path)
+        if (Path(self.model_path) / "config.json").is_file():
+            self.vision = await asyncio.to_thread(SglangVision.load, self.model_path)
         self._http = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0),
                                        limits=httpx.Limits(max_connections=None, max_keepalive_connections=256))
         try:
@@ -179,8 +192,9 @@ class SglangEngine:
                        media: Sequence[ImageFeatures] | None = None, session_id: str | None = None) -> GenerateResult:
         """POST /generate (token ids in and out) to the worker of this prompt's routing key; with `session_id`
         (engine.sessions=true) as a turn of that agent session's SGLang session (see the module)."""
-        prompt = self._prompt(input_ids, media)
-        limit = min(sampling.max_new_tokens, self.max_context_len - len(prompt))
+        prompt, images = self._prompt(input_ids, media), self._images(input_ids, media)
+        length = expanded_length(prompt, media or ())
+        limit = min(sampling.max_new_tokens, self.max_context_len - length)
         if limit <= 0:
             return GenerateResult((), (), "length", self.weight_version)
         if rid in self._flights:
@@ -188,14 +202,14 @@ class SglangEngine:
         key = self.affinity.key_for(prompt)
         worker = self._pool.pick(key) if self._pool is not None else self._shared
         assert worker is not None
-        session = await self._session(session_id, worker, key)
+        session = await self._session(session_id, worker, key) if not images else None
         if session is not None:
             worker, key = session.worker, session.key
         flight = _Flight(worker, asyncio.get_running_loop().create_future(),
                          session.tree.wire_rid(rid) if session is not None else rid)
         self._flights[rid] = flight
         try:
-            result = await self._sent(flight, prompt, sampling, limit, key, session)
+            result = await self._sent(flight, prompt, sampling, (limit, length + limit), key, session, images)
             flight.answered.set_result(result)
         except asyncio.CancelledError:
             if not flight.aborted:  # the caller gave up: stop the server's work too
@@ -241,26 +255,23 @@ class SglangEngine:
         return self.settings.weight_update == "pause"
 
     async def update_weights(self, state_dict: dict[str, Any], version: int) -> None:
-        """Write `state_dict` as `<weights_dir>/v<version>` and load it on every server as `version` (paused around
-        the load with engine.weight_update=pause)."""
-        folder = self.weights_dir / f"v{version}"
-        await asyncio.to_thread(write_weights, state_dict, Path(self.model_path), folder)
-        body: dict[str, Any] = {"model_path": str(folder), "weight_version": str(version)}
+        """Load `state_dict` on every server as `version` (engine.weight_transfer: from a folder written as
+        `<weights_dir>/v<version>`, or as tensors), paused around the load with engine.weight_update=pause."""
+        folder = None
+        if self.settings.weight_transfer == "disk":
+            folder = self.weights_dir / f"v{version}"
+            await asyncio.to_thread(write_weights, state_dict, Path(self.model_path), folder)
         if not self.in_flight_updates:
-            answers = await self._on_every_server("/update_weights_from_disk", body)
+            await self._load(state_dict, version, folder, True)
         else:  # in place: running requests keep their KV (which a flush would drop, and SGLang refuses then)
             await self._on_every_server("/pause_generation", {"mode": "in_place"})
             try:
-                answers = await self._on_every_server("/update_weights_from_disk", body | {"flush_cache": False})
+                await self._load(state_dict, version, folder, False)
             finally:
                 await self._on_every_server("/continue_generation", {})
-        for url, answer in zip(self._targets.urls, answers, strict=True):
-            if not answer.get("success", False):
-                raise SglangError(f"SGLang server {url} refused /update_weights_from_disk of {folder}: "
-                                  f"{answer.get('message')}")
         self.weight_version = version
-        previous, self._written = self._written, folder
-        if previous is not None and previous != folder:
+        previous, self._written = self._written, folder or self._written
+        if previous is not None and previous != self._written:
             await asyncio.to_thread(shutil.rmtree, previous, True)
 
     def step_metrics(self) -> dict[str, float]:
@@ -286,7 +297,22 @@ class SglangEngine:
                 await asyncio.to_thread(shutil.rmtree, self._written, True)
                 self._written = None
 
-    # -- internals --------------------------------------------------------------------------------------
+    async def _load(self, state_dict: dict[str, Any], version: int, folder: Path | None, flush: bool) -> None:
+        """One weight update on every server: the folder (`/update_weights_from_disk`), or the tensors in buckets
+        (`/update_weights_from_tensor`, the version set by the last); `flush`: SGLang flushes its cache."""
+        if folder is not None:
+            body: dict[str, Any] = {"model_path": str(folder), "weight_version": str(version), "flush_cache": flush}
+            return self._succeeded("/update_weights_from_disk",
+                                   await self._on_every_server("/update_weights_from_disk", body))
+        tp_size = max((int(i.get("tp_size") or 1) for i in self.server_info.values()), default=1)
+        async for body in tensor_bodies(state_dict, tp_size, version, flush):
+            self._succeeded("/update_weights_from_tensor",
+                            await self._on_every_server("/update_weights_from_tensor", body))
+
+    def _succeeded(self, path: str, answers: list[Any]) -> None:
+        for url, answer in zip(self._targets.urls, answers, strict=True):
+            if not answer.get("success", False):
+                raise SglangError(f"SGLang server {url} refused {path}: {answer.get('message')}")
 
     async def _on_every_server(self, path: str, body: dict[str, Any]) -> list[Any]:
         """POST `body` to `path` on every server (never through the router); their answers."""
@@ -295,15 +321,26 @@ class SglangEngine:
     def _prompt(self, input_ids: Sequence[int], media: Sequence[ImageFeatures] | None) -> list[int]:
         if self._http is None:
             raise RuntimeError("SglangEngine is not running: call `await engine.start()` first")
-        if media:
-            raise ValueError(f"engine=sglang serves text only here: generate got {len(media)} image(s)")
         prompt = [int(i) for i in input_ids]
         if not prompt:
             raise ValueError("input_ids is empty: the prompt needs at least one token")
-        if len(prompt) > self.max_context_len:
-            raise ValueError(f"prompt has {len(prompt)} tokens, more than max_context_len={self.max_context_len}; "
-                             "shorten the history or raise rollout.max_context_len")
+        length = expanded_length(prompt, media or ())
+        if length > self.max_context_len:
+            raise ValueError(f"prompt has {length} tokens (images expanded), more than max_context_len="
+                             f"{self.max_context_len}; shorten the history or raise rollout.max_context_len")
         return prompt
+
+    def _images(self, input_ids: Sequence[int], media: Sequence[ImageFeatures] | None) -> list[str] | None:
+        """`image_data` of a prompt with images (their URLs); None without. The placeholders must match them."""
+        if not media:
+            return None
+        if self.vision is None:
+            raise ValueError(f"model {self.model_path} is text-only: generate got {len(media)} image(s)")
+        placeholders = sum(1 for t in input_ids if t == self.vision.image_token_id)
+        if placeholders != len(media):
+            raise ValueError(f"the prompt has {placeholders} image placeholder tokens (id "
+                             f"{self.vision.image_token_id}) for {len(media)} images")
+        return self.vision.image_data(media)
 
     async def _session(self, session_id: str | None, worker: WorkerLoad, key: str) -> OpenSession | None:
         """The SGLang session of `session_id`, opened at its first turn (on `worker`; behind the router on every
@@ -313,13 +350,14 @@ class SglangEngine:
         urls = self._targets.urls if self._targets.router is not None else [worker.url]
         return await self.sessions.get(session_id, urls, worker, key)
 
-    async def _sent(self, flight: _Flight, prompt: list[int], sampling: SamplingParams, limit: int, key: str,
-                    session: OpenSession | None) -> GenerateResult:
-        """Send the generation (a session turn when `session`); a turn the server refuses for its session is sent
-        again as a new root of the reopened session."""
+    async def _sent(self, flight: _Flight, prompt: list[int], sampling: SamplingParams, sizes: tuple[int, int],
+                    key: str, session: OpenSession | None, images: list[str] | None = None) -> GenerateResult:
+        """Send the generation (a session turn when `session`; `sizes`: the token limit and the KV it may hold); a
+        turn the server refuses for its session is sent again as a new root of the reopened session."""
+        limit = sizes[0]
         if session is None:
-            return (await self._admitted(flight, len(prompt) + limit, payload(prompt, sampling, limit, flight.wire),
-                                         key))[0]
+            body = payload(prompt, sampling, limit, flight.wire, image_data=images)
+            return (await self._admitted(flight, sizes[1], body, key))[0]
         request = session.tree.request(prompt)
         try:
             result, meta = await self._admitted(flight, len(prompt) + limit,

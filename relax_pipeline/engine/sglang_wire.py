@@ -1,12 +1,13 @@
 """The `/generate` wire of `engine=sglang`: the request body, the answer as a `GenerateResult`, and stop strings
 split by an abort.
 
-`payload` builds the body (token ids in, never text; logprobs of the output tokens out; `session_params` and only
-the new ids for a turn of an SGLang session). `parse_generate` reads `meta_info.output_token_logprobs`
-(`[logprob, token_id, text]` per token; `output_ids` must agree), `finish_reason` (`stop` with `matched`,
-`length`, `abort`), `weight_version`, and `weight_versions` (the spans of a generation paused across weight
-updates: every token keeps the version that sampled it). `stopped_across` cuts a resumed generation's result
-after a stop string that began in its `stop_context` (SGLang matches stop strings in a request's own output only).
+`payload` builds the body (token ids in, never text; logprobs of the output tokens out; `session_params` and only the
+new ids for a turn of an SGLang session; `image_data`, the prompt's image URLs, `sglang_media.py`). `parse_generate`
+reads `meta_info.output_token_logprobs` (`[logprob, token_id, text]` per token; `output_ids` must agree),
+`finish_reason` (`stop` with `matched`, `length`, `abort`), `weight_version`, and `weight_versions` (the spans of a
+generation paused across weight updates: every token keeps the version that sampled it). `stopped_across` cuts a
+resumed generation's result after a stop string that began in its `stop_context` (SGLang matches stop strings in a
+request's own output only).
 
 What it does not do: HTTP (`sglang.py` sends the body), sessions' bookkeeping (`sglang_sessions.py`).
 """
@@ -29,9 +30,10 @@ class SglangError(RuntimeError):
 
 
 def payload(prompt: list[int], sampling: SamplingParams, limit: int, rid: str,
-             session: SessionRequest | None = None) -> dict[str, Any]:
+            session: SessionRequest | None = None, image_data: list[str] | None = None) -> dict[str, Any]:
     """The /generate body (token ids in, logprobs of the output tokens out); a session turn sends only the ids
-    its session does not hold, with its `session_params`."""
+    its session does not hold, with its `session_params`; a prompt with images sends them as `image_data` (one
+    URL per unexpanded placeholder token, in order)."""
     params: dict[str, Any] = {"max_new_tokens": limit, "temperature": sampling.temperature, "top_p": sampling.top_p,
                               "top_k": sampling.top_k, "stop_token_ids": list(sampling.stop_token_ids),
                               "no_stop_trim": True, "skip_special_tokens": False}
@@ -43,6 +45,8 @@ def payload(prompt: list[int], sampling: SamplingParams, limit: int, rid: str,
             "rid": rid, "stream": False}
     if session is not None:
         body |= {"input_ids": session.input_ids, "session_params": session.params}
+    if image_data:
+        body["image_data"] = image_data
     return body
 
 

@@ -3,14 +3,14 @@
 It follows the `http_server.py` and `io_struct.py` of the SGLang release `SGLANG_API_VERSION` (engine/sglang.py) and
 serves exactly the routes `engine=sglang` calls, with exactly the body fields in `ROUTES` (each one a field that
 release has: `tests/integration/test_sglang_conformance.py` reads them from its wheel): `GET /health`, `GET
-/model_info`, `GET /server_info`, `POST /generate` (`input_ids` only, `return_logprob`, `rid`, `session_params`),
-`POST /abort_request`, `POST /update_weights_from_disk`, `POST /pause_generation` (in place only), `POST
-/continue_generation`, `POST /open_session` and `POST /close_session`. Any other path answers 404 and is recorded,
-so a test fails when the client calls a route this fake (and so the release it follows) does not have; a body field
-or sampling parameter outside its table is refused (400) for the same reason (SGLang itself ignores unknown
-top-level `/generate` fields: the fake is stricter). `GET /fake/stats` (not SGLang) reports the calls, the unknown
-ones, the fields the client sent (`sent`), the open sessions and the peak of concurrently running prompt +
-max_new_tokens (what KV admission bounds).
+/model_info`, `GET /server_info`, `POST /generate` (`input_ids` only, `return_logprob`, `rid`, `session_params`,
+`image_data`), `POST /abort_request`, `POST /update_weights_from_disk`, `POST /update_weights_from_tensor`, `POST
+/pause_generation` (in place only), `POST /continue_generation`, `POST /open_session` and `POST /close_session`. Any
+other path answers 404 and is recorded, so a test fails when the client calls a route this fake (and so the release
+it follows) does not have; a body field or sampling parameter outside its table is refused (400) for the same reason
+(SGLang itself ignores unknown top-level `/generate` fields: the fake is stricter). `GET /fake/stats` (not SGLang)
+reports the calls, the unknown ones, the fields the client sent (`sent`), the open sessions and the peak of
+concurrently running prompt + max_new_tokens (what KV admission bounds).
 
 Behaviour as SGLang's: a `/generate` of an aborted rid answers with the tokens and logprobs generated so
 far and `finish_reason {"type": "abort"}`; an abort of an unknown rid is ignored; stop tokens stay in
@@ -20,6 +20,14 @@ place every decode step waits, an update loads between two of them, and a genera
 reports `meta_info.weight_versions` spans (`{version, start, end}`).
 
 Sessions as SGLang's non-streaming sessions: `testing/sglang_sessions.py`.
+
+Images as SGLang's: `image_data` (a list of URLs or `data:` URIs, one per image placeholder token of `input_ids`,
+unexpanded) is processed by the wrapped engine's own `vision` and generated with, so the tokens are those the
+embedded engine gives for that prompt and those images; `prompt_tokens` counts the expanded prompt. Not with
+`session_params` (refused). `/update_weights_from_tensor` reads `serialized_named_tensors[0]` (tensor-parallel
+rank 0: the fake has one) with an unpickler that admits only the globals a pickled list of `(name, tensor)` needs
+(SGLang's own `SafeUnpickler` admits those and more), and loads them as a (partial) state dict; only an update
+that names a `weight_version` changes the version served.
 
 Options: `--decode-delay-s` sleeps before each forward pass so tests can abort a generation mid-way;
 `--ignore-stop` generates to `max_new_tokens` whatever the stop tokens (exact lengths); `--kv-cache-mb 0`
@@ -37,7 +45,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
+import binascii
+import io
 import logging
+import pickle
 import threading
 import time
 from collections import Counter
@@ -47,7 +59,8 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from relax_pipeline.engine.base import GenerateResult, SamplingParams
+from relax_pipeline.canonical.form import image_of
+from relax_pipeline.engine.base import GenerateResult, ImageFeatures, SamplingParams
 from relax_pipeline.engine.hf import HFEngine
 from relax_pipeline.engine.settings import EngineRun, HFEngineSettings
 from relax_pipeline.gateway.server import GatewayServer
@@ -62,9 +75,11 @@ SESSION_KEYS = frozenset({"id", "rid", "offset", "replace"})
 ROUTES: dict[tuple[str, str], frozenset[str]] = {
     ("GET", "/health"): frozenset(), ("GET", "/model_info"): frozenset(), ("GET", "/server_info"): frozenset(),
     ("POST", "/generate"): frozenset({"input_ids", "sampling_params", "return_logprob", "logprob_start_len", "rid",
-                                      "stream", "session_params"}),
+                                      "stream", "session_params", "image_data"}),
     ("POST", "/abort_request"): frozenset({"rid", "abort_all"}),
     ("POST", "/update_weights_from_disk"): frozenset({"model_path", "weight_version", "flush_cache"}),
+    ("POST", "/update_weights_from_tensor"): frozenset({"serialized_named_tensors", "load_format", "flush_cache",
+                                                        "weight_version"}),
     ("POST", "/pause_generation"): frozenset({"mode"}), ("POST", "/continue_generation"): frozenset(),
     ("POST", "/open_session"): frozenset({"capacity_of_str_len", "session_id", "timeout"}),
     ("POST", "/close_session"): frozenset({"session_id"})}
@@ -163,7 +178,7 @@ def create_app(state: FakeState) -> FastAPI:
         from relax_pipeline.engine.sglang import SGLANG_API_VERSION
 
         return {"model_path": state.model_path, "max_total_num_tokens": state.capacity,
-                "max_req_input_len": state.engine.max_context_len, "internal_states": [{}],
+                "max_req_input_len": state.engine.max_context_len, "internal_states": [{}], "tp_size": 1,
                 "version": SGLANG_API_VERSION}
 
     @app.post("/generate")
@@ -179,6 +194,10 @@ def create_app(state: FakeState) -> FastAPI:
     @app.post("/update_weights_from_disk")
     async def update(request: Request) -> Response:
         return await _update(state, await state.body(request))
+
+    @app.post("/update_weights_from_tensor")
+    async def update_from_tensor(request: Request) -> Response:
+        return await _update_from_tensor(state, await state.body(request))
 
     @app.post("/pause_generation")
     async def pause(request: Request) -> Response:
@@ -218,6 +237,10 @@ async def _generate(state: FakeState, body: dict[str, Any]) -> Response:
     rid = str(body.get("rid") or f"fake-{time.monotonic_ns()}")
     sampling = _sampling(params, state.ignore_stop)
     kept = 0
+    try:
+        media = _media(state, body.get("image_data"), session)
+    except (Refused, ValueError) as error:
+        return JSONResponse({"error": {"message": str(error)}}, status_code=400)
     if session:
         ids, kept, aborted = state.sessions.assemble(session, ids, rid, state.engine.tokenizer.bos_token_id)
         await state.abort(aborted)
@@ -228,7 +251,7 @@ async def _generate(state: FakeState, body: dict[str, Any]) -> Response:
     state.peak_tokens = max(state.peak_tokens, state.running_tokens)
     output: list[int] = []
     try:
-        result = await state.engine.generate(ids, sampling, rid)
+        result = await state.engine.generate(ids, sampling, rid, media=media)
         output = list(result.output_ids)
     except ValueError as error:
         return JSONResponse({"error": {"message": str(error)}}, status_code=400)
@@ -237,7 +260,23 @@ async def _generate(state: FakeState, body: dict[str, Any]) -> Response:
         state.running_tokens -= tokens
         if session:
             state.sessions.finish(str(session.get("id")), rid, output)
-    return JSONResponse(_answer(state, rid, len(ids), kept, result, bool(body.get("return_logprob"))))
+    prompt_tokens = len(ids) + sum(m.tokens - 1 for m in media)
+    return JSONResponse(_answer(state, rid, prompt_tokens, kept, result, bool(body.get("return_logprob"))))
+
+
+def _media(state: FakeState, image_data: Any, session: Any) -> list[ImageFeatures]:
+    """The processed images of `image_data` (SGLang's shapes for one request: a URL, or a list of them)."""
+    if image_data is None:
+        return []
+    urls = [image_data] if isinstance(image_data, str) else image_data
+    if not isinstance(urls, list) or not all(isinstance(u, str) for u in urls):
+        raise Refused("image_data: this fake takes a URL or a list of URLs (data: URIs included)")
+    if session:
+        raise Refused("image_data with session_params: this fake serves images outside sessions only")
+    vision = state.engine.vision
+    if vision is None:
+        raise Refused(f"image_data: the model {state.model_path} is text-only")
+    return [vision.features(image_of(url, 0, f"image_data[{i}]")) for i, url in enumerate(urls)]
 
 
 def _sampling(params: dict[str, Any], ignore_stop: bool = False) -> SamplingParams:
@@ -293,14 +332,58 @@ async def _update(state: FakeState, body: dict[str, Any]) -> Response:
     for file in files:
         weights.update(await asyncio.to_thread(load_file, str(file)))
     version = str(body.get("weight_version") or state.weight_version)
-    number = int(version) if version.isdigit() else state.engine.weight_version + 1
+    await _load(state, weights, version, state.engine.weight_version + 1)
+    return JSONResponse({"success": True, "message": f"Succeeded to update model weights. Weight version updated to "
+                         f"{version}.", "num_paused_requests": 0})
+
+
+async def _update_from_tensor(state: FakeState, body: dict[str, Any]) -> Response:
+    payloads = body.get("serialized_named_tensors")
+    if body.get("load_format") is not None or not isinstance(payloads, list) or not payloads:
+        return JSONResponse({"success": False, "message": "serialized_named_tensors (a list of base64 strings, one "
+                             "per TP rank) is required; this fake takes no load_format"}, status_code=400)
+    try:
+        named = await asyncio.to_thread(_unpickle, str(payloads[0]))
+    except (pickle.UnpicklingError, ValueError, binascii.Error) as error:
+        return JSONResponse({"success": False, "message": f"serialized_named_tensors[0]: {error}"}, status_code=400)
+    version = body.get("weight_version")
+    await _load(state, dict(named), str(version or state.weight_version), state.engine.weight_version)
+    if version is not None:
+        state.weight_version = str(version)
+    return JSONResponse({"success": True, "message": "Success"})
+
+
+class _TensorUnpickler(pickle.Unpickler):
+    """Only the globals a pickled `[(name, tensor), ...]` needs (each one SGLang's SafeUnpickler admits)."""
+
+    ALLOWED = {("torch._utils", "_rebuild_tensor_v2"), ("collections", "OrderedDict"), ("torch", "Size")}
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) == ("torch.storage", "_load_from_bytes"):
+            import torch
+
+            return lambda data: torch.load(io.BytesIO(data), weights_only=True)
+        if (module, name) in self.ALLOWED:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"blocked global {module}.{name} (SGLang's safe unpickler refuses it)")
+
+
+def _unpickle(data: str) -> list[tuple[str, Any]]:
+    named = _TensorUnpickler(io.BytesIO(base64.b64decode(data, validate=True))).load()
+    if not isinstance(named, list) or not all(isinstance(p, tuple) and len(p) == 2 for p in named):
+        raise ValueError("not a list of (name, tensor) pairs")
+    return named
+
+
+async def _load(state: FakeState, weights: dict[str, Any], version: str, unnamed: int) -> None:
+    """Load `weights` into the engine as `version` (`unnamed`: the number when it is not one); the prefix cache
+    is cleared."""
+    number = int(version) if version.isdigit() else unnamed
     if state.running.is_set():
         await state.engine.update_weights(weights, number)
     else:  # paused: the engine's worker waits before its next forward pass, so load the weights from here
         await asyncio.to_thread(state.engine._scheduler.load_weights, weights, number)  # type: ignore[union-attr]
     state.weight_version = version
-    return JSONResponse({"success": True, "message": f"Succeeded to update model weights. Weight version updated to "
-                         f"{version}.", "num_paused_requests": 0})
 
 
 def _gated(engine: HFEngine, running: threading.Event) -> None:

@@ -39,7 +39,7 @@ from relax_pipeline.testing.sglang_server import FakeSglangServer
 pytestmark = pytest.mark.integration
 SOURCES = ("sglang/srt/entrypoints/http_server.py", "sglang/srt/managers/io_struct.py", "sglang/api/v1/api_types.py")
 CLIENT_MODULES = ("sglang.py", "sglang_wire.py", "sglang_weights.py", "sglang_routing.py", "sglang_launch.py",
-                  "sglang_sessions.py")
+                  "sglang_sessions.py", "sglang_media.py")
 ROUTER_ROUTES = {"/workers"}
 """Routes the client calls on sglang-router, not on an SGLang server (the router is a Rust binary: no source)."""
 NESTED = {"sampling_params": "SamplingParams", "session_params": "SessionParams"}
@@ -225,6 +225,36 @@ async def _every_feature(engine: SglangEngine) -> None:
 
     await engine.update_weights(AutoModelForCausalLM.from_pretrained(engine.model_path).state_dict(), 1)
     await engine.close_session("s")
+
+
+def test_images_and_tensor_updates_send_only_what_the_release_accepts(api: SglangApi, tiny_vl_path: Path,
+                                                                     tmp_path: Path) -> None:
+    from PIL import Image as PILImage
+
+    from relax_pipeline.canonical.form import image_of
+    from relax_pipeline.data.media import png_data_uri
+
+    async def exercise() -> set[str]:
+        async with FakeSglangServer(tiny_vl_path) as server:
+            settings = SglangEngineSettings(urls=[server.url], weight_transfer="tensor")
+            engine = SglangEngine(settings, EngineRun(str(tiny_vl_path), output_dir=str(tmp_path)))
+            await engine.start()
+            try:
+                assert engine.vision is not None
+                image = image_of(png_data_uri(PILImage.new("RGB", (56, 56), (9, 99, 199))), 0, "p")
+                media = [engine.vision.features(image)]
+                await engine.generate([5, engine.vision.image_token_id, 6], SamplingParams(4, seed=1), "i",
+                                      media=media)
+                await engine.update_weights(dict(list(server.engine.model.state_dict().items())[:2]), 1)
+            finally:
+                await engine.close()
+            assert server.state.unknown == []
+            return server.state.sent
+
+    sent = asyncio.run(exercise())
+    assert {"POST /generate image_data", "POST /update_weights_from_tensor serialized_named_tensors",
+            "POST /update_weights_from_tensor weight_version"} <= sent, "both features ran"
+    assert api.refusals(sent) == []
 
 
 def test_every_route_the_client_names_is_a_route_of_the_release(api: SglangApi) -> None:

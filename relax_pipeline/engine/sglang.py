@@ -487,7 +487,8 @@ class SglangEngine:
         router_part, host = self.settings.router_part, self.settings.host
         assert router_part is not None, "engine.router=sglang"
         port = free_port(host)
-        command = router_command(router_part.command, host, port, urls, router_part.args)
+        metrics = {"prometheus_port": free_port(host)}  # its fixed default (29000) collides with other routers
+        command = router_command(router_part.command, host, port, urls, metrics | router_part.args)
         router = self.processes.start("router", command)
         url = f"http://{self.settings.host}:{port}"
         await self.processes.wait_ready(router, url + "/health", self.settings.launch_timeout)

@@ -336,11 +336,7 @@ class SglangEngine:
             return None
         if self.vision is None:
             raise ValueError(f"model {self.model_path} is text-only: generate got {len(media)} image(s)")
-        placeholders = sum(1 for t in input_ids if t == self.vision.image_token_id)
-        if placeholders != len(media):
-            raise ValueError(f"the prompt has {placeholders} image placeholder tokens (id "
-                             f"{self.vision.image_token_id}) for {len(media)} images")
-        return self.vision.image_data(media)
+        return self.vision.image_data(input_ids, media)
 
     async def _session(self, session_id: str | None, worker: WorkerLoad, key: str) -> OpenSession | None:
         """The SGLang session of `session_id`, opened at its first turn (on `worker`; behind the router on every
@@ -357,7 +353,10 @@ class SglangEngine:
         limit = sizes[0]
         if session is None:
             body = payload(prompt, sampling, limit, flight.wire, image_data=images)
-            return (await self._admitted(flight, sizes[1], body, key))[0]
+            result, meta = await self._admitted(flight, sizes[1], body, key)
+            if images and self.vision is not None and meta:
+                self.vision.served(meta, sizes[1] - limit, flight.worker.url)
+            return result
         request = session.tree.request(prompt)
         try:
             result, meta = await self._admitted(flight, len(prompt) + limit,

@@ -10,21 +10,30 @@ which also remembers the URL of every image it processed for as long as features
 (the forest holds them for the session's life), so `image_data(media)` can send the images again as SGLang
 wants them. The processed features stay what `engine=hf` gives (the training input is the same).
 
+SGLang 0.5.23 reads such a prompt by decoding the ids to text and tokenizing the text again (its multimodal
+processor works on text), so a prompt whose text does not tokenize back to the same ids is served as a slightly
+different prompt than the forest records. `served` compares `meta_info.prompt_tokens` with the expanded length and
+warns (once, then counts) when they differ; the fake server does not re-tokenize.
+
 What it does not do: fetch or decode images for SGLang (the server reads the URLs itself, so an http(s) URL must
 be reachable from the servers), video or audio.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import weakref
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from relax_pipeline.canonical.form import Image
 from relax_pipeline.engine.base import ImageFeatures
 from relax_pipeline.engine.vision import Vision
+
+log = logging.getLogger(__name__)
 
 
 class SglangVision:
@@ -37,6 +46,8 @@ class SglangVision:
         self._alive: Counter[bytes] = Counter()
         self._tracked: set[int] = set()
         self._lock = threading.Lock()
+        self.mismatches = 0
+        """Image prompts SGLang served with another token count than ours (see `served`)."""
 
     @classmethod
     def load(cls, model_path: str | Path) -> SglangVision | None:
@@ -55,8 +66,12 @@ class SglangVision:
                 weakref.finalize(features, self._release, id(features), image.digest)
         return features
 
-    def image_data(self, media: Sequence[ImageFeatures]) -> list[str]:
-        """The URLs of `media`, in order, for `/generate`'s `image_data`."""
+    def image_data(self, input_ids: Sequence[int], media: Sequence[ImageFeatures]) -> list[str]:
+        """The URLs of `media`, in order, for `/generate`'s `image_data`; one placeholder per image in `input_ids`."""
+        placeholders = sum(1 for t in input_ids if t == self.image_token_id)
+        if placeholders != len(media):
+            raise ValueError(f"the prompt has {placeholders} image placeholder tokens (id {self.image_token_id}) "
+                             f"for {len(media)} images")
         with self._lock:
             missing = [i for i, m in enumerate(media) if m.digest not in self._urls]
             if missing:
@@ -64,6 +79,19 @@ class SglangVision:
                                  "engine's `vision` (their URLs are unknown); the turn service must make the "
                                  "features with `engine.vision.features`")
             return [self._urls[m.digest] for m in media]
+
+    def served(self, meta: dict[str, Any], length: int, url: str) -> None:
+        """Warn (once, then count) when SGLang served an image prompt of another length than `length` (see the
+        module)."""
+        served = meta.get("prompt_tokens")
+        if served is None or int(served) == length:
+            return
+        self.mismatches += 1
+        if self.mismatches == 1:
+            log.warning("SGLang server %s served an image prompt as %s tokens where this client expanded it to %d: "
+                        "it re-tokenizes the prompt's text, which does not round-trip for this prompt; its tokens "
+                        "were sampled from a slightly different context than the one recorded (further cases are "
+                        "counted in SglangVision.mismatches)", url, served, length)
 
     def _release(self, ident: int, digest: bytes) -> None:
         with self._lock:

@@ -20,6 +20,7 @@ from relax_pipeline.data.media import png_data_uri
 from relax_pipeline.engine.hf import HFEngine
 from relax_pipeline.engine.settings import EngineRun, HFEngineSettings, SglangEngineSettings
 from relax_pipeline.engine.sglang import SglangEngine
+from relax_pipeline.engine.sglang_media import SglangVision
 from relax_pipeline.engine.sglang_weights import tensor_bodies
 from relax_pipeline.engine.vision import Vision
 from tests.integration.test_sglang_engine import GREEDY, _moved_weights, client, fakes
@@ -113,3 +114,21 @@ def test_distributed_transfer_is_refused_at_start_on_the_cpu(tiny_path: Path, tm
     asyncio.run(go())
     with pytest.raises(ValueError, match="engine.weight_transfer"):
         SglangEngineSettings(urls=["http://x"], weight_transfer="nfs")
+
+
+def test_image_urls_live_as_long_as_their_features_and_a_retokenized_prompt_is_counted(tiny_vl_path: Path) -> None:
+    import gc
+
+    vision = SglangVision.load(tiny_vl_path)
+    assert vision is not None
+    vision.vision._cache_size = 0  # the processor's own cache keeps nothing alive here
+    image = _image((5, 50, 150), 0)
+    features = vision.features(image)  # type: ignore[arg-type]
+    pad = vision.image_token_id
+    assert vision.image_data([1, pad, 2], [features]) == [image.url]  # type: ignore[attr-defined]
+    del features
+    gc.collect()
+    assert vision._urls == {}, "the URL goes with the last features of its image"
+    vision.served({"prompt_tokens": 10}, 10, "u")
+    vision.served({"prompt_tokens": 11}, 10, "u")
+    assert vision.mismatches == 1

@@ -36,6 +36,9 @@ from relax_pipeline.gateway.server import check_bind, check_public_url
 from relax_pipeline.infra.ports import named_port
 from relax_pipeline.models.spec import ModelSettings
 from relax_pipeline.protocol.suite import ProtocolSuite
+from relax_pipeline.replay import format as bundle_format
+from relax_pipeline.replay.job import ReplayRun, credit_overrides
+from relax_pipeline.replay.loss import TrainSetup, torch_keys
 from relax_pipeline.scheduling.settings import RuntimeSettings
 from relax_pipeline.tracking.tracker import TrackingSettings
 from relax_pipeline.train.settings import DeepSpeedSettings, TrainerSettings
@@ -43,7 +46,7 @@ from relax_pipeline.train.settings import DeepSpeedSettings, TrainerSettings
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONF_DIR = Path(__file__).resolve().parent / "conf"
 """The config groups ship inside the package, so a wheel can run."""
-JOBS = ("train", "rollout", "check", "eval", "view")
+JOBS = ("train", "rollout", "check", "eval", "view", "replay")
 _EVAL_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 SCHEMAS: dict[str, dict[str, type]] = {
     "engine": {"hf": HFEngineSettings, "scripted": ScriptEngineSettings, "sglang": SglangEngineSettings},
@@ -139,6 +142,11 @@ class EvalConfig:
 class DebugConfig:
     save_rollout_data: str | None = None
     """Dump path containing {rollout_id}; relative paths resolve in the run's output folder."""
+    replay_bundle: bool = False
+    """Write a replay bundle per train step under `<output>/replay/step_<n>/` (`relax_pipeline/replay/format.md`):
+    rows, credit inputs and outputs, the trainer batch, metrics, config, code version, checkpoint hashes."""
+    replay_steps: list[int] | None = None
+    """With replay_bundle=true: the steps (0-based) that get a bundle; null: every step."""
 
 
 @dataclass
@@ -154,6 +162,16 @@ class ViewConfig:
     tokenizer: str | None = None
     """Hugging Face folder whose tokenizer turns token ids into text; None finds the run's (its newest
     checkpoint, else `model.path` or the built tiny model named in its config.yaml)."""
+
+
+@dataclass
+class ReplayConfig:
+    """`job=replay`: re-run one recorded step's credit and loss on a CPU (`relax_pipeline/replay/`)."""
+
+    bundle: str | None = None
+    """The bundle folder to replay (`<output>/replay/step_<n>`, written with debug.replay_bundle=true)."""
+    checkpoint: str | None = None
+    """The checkpoint folder from before the step; null: the one the bundle names (its sha256 is checked)."""
 
 
 @dataclass
@@ -201,8 +219,8 @@ class Config:
     """The whole run: one record per node."""
 
     job: str = "train"
-    """train, rollout, check, eval (evaluate model.path on every eval.datasets entry once; train nothing) or view
-    (serve the run viewer on `view.dir`)."""
+    """train, rollout, check, eval (evaluate model.path on every eval.datasets entry once; train nothing), view
+    (serve the run viewer on `view.dir`) or replay (re-run a replay bundle's credit and loss: `replay.bundle`)."""
     seed: int = 0
     """One seed for data order, sampling and init."""
     protocol: ProtocolSuite = field(default_factory=ProtocolSuite)
@@ -232,6 +250,7 @@ class Config:
     """The Ray cluster (agent.executor=ray, engine.placement=ray, trainer.rank_placement=ray)."""
     view: ViewConfig = field(default_factory=ViewConfig)
     check: CheckConfig = field(default_factory=CheckConfig)
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
     output_dir: str | None = None
     """Where run.log and dumps go; None means Hydra's output folder (or ./outputs/<time> in-process)."""
 
@@ -269,6 +288,25 @@ def records(cfg: DictConfig) -> Config:
         if cause is not None:
             raise cause from None
         raise ValueError(f"{error.full_key or 'config'}: {error.msg}") from None
+
+
+def replay_run(cfg: DictConfig) -> ReplayRun:
+    """`job=replay`'s records: the bundle's own config (its format version checked first) with the command line's
+    `credit.*` edits laid over its credit node, and its trainer node as `trainer=torch` on the CPU."""
+    if not cfg.replay.bundle:
+        raise ValueError("job=replay needs replay.bundle=FOLDER (a <output>/replay/step_<n> folder written with "
+                         "debug.replay_bundle=true)")
+    folder = Path(cfg.replay.bundle).expanduser()
+    bundle_format.read_manifest(folder)
+    recorded = OmegaConf.create((folder / bundle_format.CONFIG).read_text())
+    overrides = credit_overrides(OmegaConf.to_container(cfg.credit, resolve=True))  # type: ignore[arg-type]
+    credit = OmegaConf.merge(OmegaConf.structured(CreditSettings), recorded.get("credit") or {}, overrides)
+    trainer = OmegaConf.merge(OmegaConf.structured(TrainerSettings),
+                              torch_keys(OmegaConf.to_container(recorded.get("trainer") or {})))  # type: ignore[arg-type]
+    credit_record: CreditSettings = OmegaConf.to_object(credit)  # type: ignore[assignment]
+    train = TrainSetup(OmegaConf.to_object(trainer), int(recorded.get("seed", 0)),  # type: ignore[arg-type]
+                       float(recorded.rollout.temperature), credit_record.advantages)
+    return ReplayRun(folder, cfg.replay.checkpoint, credit_record, overrides, train)
 
 
 def check_context_len(max_response_len: int, max_context_len: int | None) -> None:

@@ -41,6 +41,7 @@ from tqdm import tqdm
 
 from relax_pipeline.engine.base import Engine
 from relax_pipeline.forest.sample import Sample
+from relax_pipeline.replay.recorder import StepRecorder
 from relax_pipeline.scheduling.base import RuntimeStrategy
 from relax_pipeline.stages.evaluate import Evaluator
 from relax_pipeline.stages.group import Group
@@ -110,6 +111,9 @@ class StepLoop:
         self.checkpoints = checkpoints
         self.history: list[dict[str, float]] = []
         self.evaluator = evaluator
+        self.recorder: StepRecorder | None = None
+        """`debug.replay_bundle`: writes the chosen steps' replay bundles (relax_pipeline/replay/); set by run.py,
+        None: off."""
         self.eval_metrics: dict[str, float] = {}
         self.stop_signal: int | None = None
         """The signal that asked the run to stop (`request_stop`), None while it runs on."""
@@ -154,6 +158,7 @@ class StepLoop:
             log.info("step %d metrics %s", step, " ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items())))
             self.done, self._data = step + 1, self.pipeline.source.state()
             self._save(step)
+            self._record(step, result, metrics)
             await self._eval(step + 1)
         gc.unfreeze()  # what the run leaves behind is collected as usual
         if self.stop_signal is not None:
@@ -219,6 +224,14 @@ class StepLoop:
         metrics["train/samples"] = float(len(samples))
         metrics["train/weight_version"] = float(self.trainer.version)
         return metrics
+
+    def _record(self, step: int, result: StepResult, metrics: dict[str, float]) -> None:
+        """The step's replay bundle (after its checkpoint, so the bundle can name it), when one is wanted."""
+        if self.recorder is None or not self.recorder.wants(step):
+            return
+        samples = train_samples(result.groups) if self.trainer is not None else []
+        folder = self.checkpoints.folder if self.checkpoints is not None else None
+        log.info("replay bundle: %s", self.recorder.record(step, result, samples, metrics, folder))
 
     def _engine_metrics(self) -> dict[str, float]:
         """The engine's `engine/...` metrics since the last call (prefill/decode time of the embedded engine,

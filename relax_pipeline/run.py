@@ -41,7 +41,15 @@ from relax_pipeline.agent.services import Services, service_problems
 from relax_pipeline.certify.certificate import Cause, Stage
 from relax_pipeline.certify.check import CheckKeys, certify_sessions, conclude, config_stage, start_failed
 from relax_pipeline.certify.evidence import RuntimeKeys
-from relax_pipeline.config import Config, check_context_len, multi_context_missing, records, register, validate
+from relax_pipeline.config import (
+    Config,
+    check_context_len,
+    multi_context_missing,
+    records,
+    register,
+    replay_run,
+    validate,
+)
 from relax_pipeline.data.dataset import DataSource
 from relax_pipeline.data.settings import with_source
 from relax_pipeline.engine.settings import EngineRun
@@ -51,6 +59,8 @@ from relax_pipeline.gateway.server import GatewayServer
 from relax_pipeline.infra import ray_runtime
 from relax_pipeline.loop import Checkpoints, RunInterrupted, StepLoop
 from relax_pipeline.models.spec import context_len
+from relax_pipeline.replay.job import replay
+from relax_pipeline.replay.recorder import StepRecorder
 from relax_pipeline.scheduling.base import Binding
 from relax_pipeline.stages.capacity import Capacity, EvalLoad, SlotPlan, check_slots
 from relax_pipeline.stages.evaluate import EvalSet, Evaluator
@@ -75,6 +85,8 @@ def run(cfg: DictConfig) -> dict[str, float]:
     register()
     if cfg.job == "view":  # reads a run folder; writes nothing into it (no run.log, no config.yaml)
         return serve_view(cfg.view.dir or cfg.output_dir, cfg.view.host, cfg.view.port, cfg.view.tokenizer)
+    if cfg.job == "replay":  # re-runs a bundle's credit and loss on the CPU; starts and writes nothing else
+        return replay(replay_run(cfg))
     output_dir = _output_dir(cfg)
     with run_logging(output_dir) as log_path, StopSignals() as signals:
         try:
@@ -248,8 +260,11 @@ class _Parts:
         folder = Path(t.checkpoint_dir or self.output_dir / "checkpoints").expanduser()
         checkpoints = Checkpoints(folder, t.save_interval, t.resume, t.keep_checkpoints)
         pipeline = self.pipeline()
-        return StepLoop(pipeline, self.strategy, self.engine, self.tracker, steps, self.trainer,
+        loop = StepLoop(pipeline, self.strategy, self.engine, self.tracker, steps, self.trainer,
                         checkpoints, self.evaluator(pipeline))
+        d = self.config.debug
+        loop.recorder = StepRecorder(self.output_dir, d.replay_steps, self.model_path) if d.replay_bundle else None
+        return loop
 
     def evaluator(self, pipeline: Pipeline) -> Evaluator | None:
         """Eval of `eval.datasets` every `eval.interval` steps; None when eval is off. `job=eval`: once, with

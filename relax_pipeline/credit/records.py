@@ -44,6 +44,12 @@ class CreditContext:
     truncated_failure: bool = False
     """The agent failed after our length limit cut its last turn: without a reward it gets
     `credit.truncated_reward` (a reward model, when configured, scores it first)."""
+    exported_reward: Any = field(init=False, default=None)
+    """`reward_object` as the context was made (what the agent exported), kept while credit fills in
+    `reward_object`: the credit's input, which a replay bundle records (`relax_pipeline/replay/`)."""
+
+    def __post_init__(self) -> None:
+        self.exported_reward = copy.deepcopy(self.reward_object)
 
     @property
     def advantage(self) -> float | None:

@@ -11,7 +11,10 @@ Tolerances: the loss is expected bit-exact on the same CPU build (`LOSS_RTOL` ap
 report says so); the gradient norm is a sum over every parameter whose reduction order may differ between thread
 counts and builds, so it is compared within `GRAD_NORM_RTOL`.
 
-What it does not do: DeepSpeed, several ranks or a GPU; images (vision-language rows are not in the bundle).
+A `trainer=deepspeed` step replays on this one torch process from its checkpoint's `model.safetensors`; DeepSpeed's
+own optimizer files are not read, so only a step's first global batch is exact (the default: one per step).
+
+What it does not do: several ranks or a GPU; images (vision-language rows are not in the bundle).
 """
 
 from __future__ import annotations
@@ -74,7 +77,9 @@ def checkpoint_for(manifest: dict[str, Any], given: str | None) -> tuple[Start |
                       f"{expected[:16]}... from before the step: set replay.checkpoint to the matching folder")
     model = Path(manifest["model_path"]) if manifest.get("model_path") else folder
     start = Start(folder, model if (model / "config.json").is_file() else folder)
-    return start, f"checkpoint {folder} (sha256 {'matches the bundle' if expected else 'not recorded'})"
+    note = ("; its optimizer state is DeepSpeed's and is not read (the first global batch's loss and gradient do not "
+            "depend on it)") if (folder / "deepspeed").is_dir() and not (folder / "optimizer.pt").is_file() else ""
+    return start, f"checkpoint {folder} (sha256 {'matches the bundle' if expected else 'not recorded'}){note}"
 
 
 def torch_keys(node: dict[str, Any]) -> dict[str, Any]:

@@ -176,6 +176,7 @@ def write_batch(folder: Path, samples: Sequence[Sample], identities: dict[int, d
         "advantage": np.array([s.advantage for s in samples], dtype=np.float64),
     }
     save_file(tensors, str(folder / fmt.BATCH))
+    (folder / fmt.BATCH).chmod(0o644)  # safetensors writes it private; the bundle's other files are not
 
 
 def _versions(sample: Sample) -> list[int]:

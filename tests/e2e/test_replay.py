@@ -107,3 +107,17 @@ def test_a_bundle_written_under_partial_rollout_replays(tmp_path: Path, tiny_pat
     printed = capsys.readouterr().out
     assert metrics["replay/credit_identical"] == 1.0 and metrics["replay/batch_identical"] == 1.0, printed
     assert metrics["replay/loss_identical"] == 1.0 and metrics["replay/grad_norm_within_tolerance"] == 1.0, printed
+
+
+def test_a_deepspeed_step_replays_on_the_torch_trainer(tmp_path: Path, tiny_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """trainer=deepspeed (one rank, ZeRO 2 on gloo): the replay trains one torch process from the checkpoint's
+    weights; the first global batch needs no optimizer state, so loss and grad norm come out within tolerance."""
+    pytest.importorskip("deepspeed")
+    run(train_config(tmp_path, tiny_path, "trainer=deepspeed", "trainer.zero_stage=2", "rollout.num_steps=2",
+                     "trainer.save_interval=1", "debug.replay_bundle=true"))
+    metrics = run(replay_config(tmp_path / "replay" / "step_1"))
+    printed = capsys.readouterr().out
+    assert metrics["replay/credit_identical"] == 1.0 and metrics["replay/batch_identical"] == 1.0, printed
+    assert metrics["replay/loss_within_tolerance"] == 1.0, printed
+    assert metrics["replay/grad_norm_within_tolerance"] == 1.0, printed

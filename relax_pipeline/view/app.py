@@ -5,7 +5,9 @@ no CDN); `/api/run` the run's overview (folder, job, model, steps with dumps, wh
 last log line, when anything last changed); `/api/metrics` every metric as (step, value) points;
 `/api/steps/{step}/sessions?status=&offset=&limit=` one page of a step's sessions with per-status counts
 (`view/dump_index.py`); `/api/steps/{step}/sessions/{session_id}` one session's tree and contexts with
-tokens (`view/session.py`). `{step}` is a dump's `{rollout_id}`: a step number or `eval_<name>_<n>`.
+tokens (`view/session.py`); `/api/check` the `job=check` certificate (`check/certificate.json`, written by
+`relax_pipeline/certify/`) and its worst turn: the first template drift that forked a session, else the first
+drift. `{step}` is a dump's `{rollout_id}`: a step number or `eval_<name>_<n>`.
 Every request re-reads what changed on disk, so reloading the page shows a running run's new steps.
 
 The app only reads the folder; errors are 404s naming what is missing.
@@ -72,6 +74,16 @@ class Viewer:
         self.text.preload()  # a session is likely opened next
         return {"step": step, **page}
 
+    def check(self) -> dict[str, Any]:
+        found = self.folder.certificate()
+        if found is None:
+            raise HTTPException(404, f"{self.folder.root} has no check/certificate.json: run job=check on it")
+        stages = {s.get("name"): s for s in found.get("stages", [])}
+        drifts = [t for t in (stages.get("template") or {}).get("evidence", {}).get("first_differences", [])
+                  if t.get("first_difference")]
+        worst = next((t for t in drifts if t.get("forked")), drifts[0] if drifts else None)
+        return {"certificate": found, "worst": worst}
+
     def session(self, step: str, session_id: str) -> dict[str, Any]:
         index = self.indexes.get(self.dump(step).path)
         if session_id not in index.by_id:
@@ -98,6 +110,10 @@ def create_app(root: Path, tokenizer: str | None = None) -> FastAPI:
     def metrics() -> dict[str, Any]:
         source, curves = viewer.folder.metrics()
         return {"source": source, "curves": curves}
+
+    @app.get("/api/check")
+    def check() -> dict[str, Any]:
+        return viewer.check()
 
     @app.get("/api/steps/{step}/sessions")
     def sessions(step: str, status: str | None = None, offset: int = Query(0, ge=0),

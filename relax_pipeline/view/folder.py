@@ -126,6 +126,15 @@ class RunFolder:
         self.log = LogReader(self.root / "run.log")
         self._config: tuple[float, dict[str, Any]] | None = None
 
+    def certificate(self) -> dict[str, Any] | None:
+        """`check/certificate.json` as written by `job=check` (its schema: `relax_pipeline/certify/certificate.py`);
+        None when the folder has none or it is not JSON yet (being written)."""
+        path = self.root / "check" / "certificate.json"
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
+
     def config(self) -> dict[str, Any]:
         """The run's composed config (`config.yaml`), {} when there is none."""
         path = self.root / "config.yaml"

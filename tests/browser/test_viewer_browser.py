@@ -175,3 +175,32 @@ def test_refresh_shows_a_step_the_run_wrote_after_the_page_opened(page: Any, run
     page.click("#refresh")
     page.wait_for_function(f"document.querySelectorAll('[data-chart=\"Reward\"] circle.point"
                            f"[data-series=\"rollout/raw_reward\"]').length === {STEPS + 1}")
+
+
+def test_the_check_page_shows_the_verdict_and_the_worst_turn_s_token_diff(page: Any, run_dir: Path) -> None:
+    """A certificate written by certify's own writer: the page shows the verdict, the stages, the causes and the
+    worst turn (the first drift that forked a session), its first differing token marked on both sides."""
+    from relax_pipeline.certify.certificate import Cause, Stage, certificate, write
+
+    absorbed = {"session": "s1", "turn": 1, "cause": "whitespace", "forked": False, "tokens_duplicated": 0,
+                "tokens_lost": 0, "first_difference": {"cause": "whitespace", "token_index": 3, "message_index": 1,
+                                                       "held": "a⟦ ⟧b", "rendered": "a⟦  ⟧b", "held_token": " ",
+                                                       "rendered_token": "  "}}
+    difference = {"cause": "reasoning_dropped", "token_index": 12, "message_index": 2,
+                  "held": "assistant\n⟦<think>⟧plan", "rendered": "assistant\n⟦The⟧ answer", "held_token": "<think>",
+                  "rendered_token": "The"}
+    forked = {"session": "s2", "turn": 2, "cause": "reasoning_dropped", "forked": True, "tokens_duplicated": 40,
+              "tokens_lost": 0, "first_difference": difference}
+    template = Stage("template", "warn", "2 of 4 turns re-render differently",
+                     {"first_differences": [absorbed, forked]})
+    causes = [Cause("reasoning_dropped", 1, 1, 40, 0, 0.25, "rollout.history=tokens")]
+    cert = certificate([Stage("config", "pass", "ok"), template], causes, {"model": "tiny"})
+    write(cert, run_dir)
+    page.goto(page.base + "#/check")
+    page.wait_for_selector("#worst mark.first-diff")
+    assert page.inner_text("#verdict") == cert.verdict == "degraded"
+    worst = page.inner_text("#worst")
+    assert "session s2, turn 2: reasoning_dropped (forked the session)" in worst
+    assert page.locator("#worst mark.first-diff").all_inner_texts() == ["<think>", "The"]
+    assert "rollout.history=tokens" in page.inner_text("#check-causes")
+    shot(page, "check")

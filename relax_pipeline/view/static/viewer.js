@@ -1,4 +1,4 @@
-// The run viewer's page: hash routes #/curves, #/steps/<step>?status=&page=, #/session/<step>/<session_id>.
+// The run viewer's page: hash routes #/curves, #/steps/<step>?status=&page=, #/session/<step>/<session_id>, #/check.
 // Draws from the JSON API of view/app.py; curves are inline SVG drawn here (no library, no CDN).
 "use strict";
 
@@ -59,6 +59,7 @@ async function render() {
     let page;
     if (parts[0] === "session") page = await sessionPage(parts[1], parts.slice(2).join("/"));
     else if (parts[0] === "steps") page = await stepsPage(parts[1], query);
+    else if (parts[0] === "check") page = await checkPage();
     else page = await curvesPage();
     view.replaceChildren(page);
   } catch (error) {
@@ -66,12 +67,55 @@ async function render() {
   }
   document.getElementById("nav-curves").classList.toggle("active", !parts[0] || parts[0] === "curves");
   document.getElementById("nav-sessions").classList.toggle("active", parts[0] === "steps" || parts[0] === "session");
+  document.getElementById("nav-check").classList.toggle("active", parts[0] === "check");
 }
 
 function header(run) {
   document.getElementById("folder").textContent = `${run.folder} · job=${run.job ?? "?"} · model=${run.model ?? "?"}`;
   const ago = run.updated ? Math.max(0, Math.round(run.now - run.updated)) : null;
   document.getElementById("updated").textContent = ago === null ? "nothing written yet" : `last write ${ago}s ago`;
+}
+
+// ---- check: the job=check certificate and its worst turn ------------------------------------------------
+
+async function checkPage() {
+  let data;
+  try {
+    data = await api("/api/check");
+  } catch (error) {
+    return h("p", { class: "card" }, "No certificate in this folder: run python -m relax_pipeline job=check (it writes check/certificate.json).");
+  }
+  const cert = data.certificate;
+  const stages = h("table", { id: "check-stages" }, h("tr", {}, ["stage", "verdict", "summary"].map((x) => h("th", {}, x))),
+    cert.stages.map((s) => h("tr", {}, h("td", {}, s.name), h("td", { class: `verdict ${s.verdict}` }, s.verdict), h("td", {}, s.summary))));
+  const causes = cert.causes.length
+    ? h("table", { id: "check-causes" }, h("tr", {}, ["cause", "turns", "forks", "tokens duplicated", "tokens lost", "share", "fix"].map((x) => h("th", {}, x))),
+      cert.causes.map((c) => h("tr", {}, [c.cause, c.turns, c.forks, c.tokens_duplicated, c.tokens_lost, fmt(c.share), c.fix || "–"].map((x) => h("td", {}, x)))))
+    : h("p", { class: "muted" }, "No drift: every re-sent history re-renders to the tokens the forest holds.");
+  return h("div", {},
+    h("h2", {}, "Check: ", h("span", { id: "verdict", class: `verdict ${cert.verdict}` }, cert.verdict), h("span", { class: "muted" }, ` · certificate v${cert.version}`)),
+    h("div", { class: "card" }, h("h3", {}, "Stages"), stages),
+    h("div", { class: "card" }, h("h3", {}, "Causes"), causes),
+    h("div", { class: "card", id: "worst" }, h("h3", {}, "Worst turn"), worstTurn(data.worst)));
+}
+
+function worstTurn(turn) {
+  if (!turn) return h("p", { class: "muted" }, "No turn drifted.");
+  const d = turn.first_difference;
+  const side = (label, text) => h("div", { class: "diff-side" }, h("div", { class: "muted" }, label),
+    h("pre", {}, marked(text)));
+  return h("div", {},
+    h("p", {}, `session ${turn.session}, turn ${turn.turn}: ${d.cause}${turn.forked ? " (forked the session)" : " (absorbed, no fork)"}; `,
+      `first differing token #${d.token_index}, message #${d.message_index}`),
+    h("div", { class: "diff" }, side("held by the forest (what the model saw)", d.held),
+      side("re-rendered from what the agent sent", d.rendered)));
+}
+
+function marked(text) {
+  // certify/drift.py brackets the first differing token as ⟦token⟧ inside its context: mark it.
+  const open = text.indexOf("⟦"), close = text.indexOf("⟧", open + 1);
+  if (open < 0 || close < 0) return text;
+  return [text.slice(0, open), h("mark", { class: "first-diff" }, text.slice(open + 1, close) || "∅"), text.slice(close + 1)];
 }
 
 // ---- curves ----------------------------------------------------------------------------------------------

@@ -15,6 +15,12 @@ step's start, its first session's `created` mark → the session's `exited` mark
 the difference of the time-to-done means (what Ray adds to each session's life: queueing the call, shipping the
 input, the spawn on the node, the answer back); target < 50 ms.
 
+The executor-only part (alone with `--executor-only`): shell agents that only sleep, started through the
+executors without the pipeline (`executor_cost`), local, on Ray's defaults and, where the default folder is in
+memory, on Ray with the session files on this machine's disk (`ray.node_tmpdir` = its temp folder, the default
+before); printed: ms beyond the sleep, Ray's overhead (target < 50 ms) and the nodes' runner CPU per session
+(target < 2 ms), each the median over `--repeats` runs with every run's figure.
+
 Why not the difference of `agent_s` (what this bench printed first): its start point is not the same in both
 modes. A local session is marked running just before its own spawn, and the prepare stage spawns one session
 after the other, so a local session's clock starts only once the sessions before it are spawned (at 256 agents on
@@ -43,6 +49,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -52,7 +59,7 @@ from hydra import compose, initialize_config_dir  # noqa: E402
 
 from relax_pipeline.agent.executors import new_agent  # noqa: E402
 from relax_pipeline.agent.launcher import AgentSpec  # noqa: E402
-from relax_pipeline.agent.ray_executor import warm_up  # noqa: E402
+from relax_pipeline.agent.ray_executor import runner_pool, warm_up  # noqa: E402
 from relax_pipeline.agent.ray_node import memory_backed, session_root  # noqa: E402
 from relax_pipeline.config import CONF_DIR, quote_placeholders, register  # noqa: E402
 from relax_pipeline.infra import ray_runtime  # noqa: E402
@@ -129,20 +136,32 @@ def _rollout_time(log: Path, step: int) -> float:
     raise SystemExit(f"no step {step} metrics in {log}")
 
 
+@dataclass(frozen=True)
+class Cost:
+    """One executor's figures in one run of the executor-only comparison; connects `executor_cost` to the report."""
+
+    beyond_s: float
+    """Mean seconds a session lived beyond its own sleep."""
+    runner_cpu_s: float | None
+    """Ray: CPU seconds of the nodes' runner processes per session; None for local agents."""
+
+
 SLEEPER = 'sleep "$(cat "$RELAX_INPUT_JSON")"'
 """The light agent of the executor-only measurement: a shell sleeping the seconds its input file holds."""
 
 
 async def executor_cost(executor: str, address: str | None, sleeps: list[float], folder: Path,
-                        node_tmpdir: str | None = None) -> float:
+                        node_tmpdir: str | None = None) -> Cost:
     """Mean seconds each session lives beyond its own sleep, from one common start to its `wait` returning, for
     len(sleeps) shell agents that only sleep (no interpreter, no model call), all started at once through the
     executor alone (`new_agent`: start, wait), without the pipeline. The sessions' folders and input files are
-    written before the clock starts (the pipeline's part in both modes)."""
+    written before the clock starts (the pipeline's part in both modes). On Ray also the CPU seconds per session
+    of the nodes' runner processes (`NodeRunner.cpu_seconds`, the agents' own processes not counted)."""
     ray = {"address": address, "node_tmpdir": node_tmpdir} if address else {}
     spec = AgentSpec(command=SLEEPER, executor=executor, ray=ray)
     if executor == "ray":
         await warm_up(spec)  # as the run does at start-up: the nodes' runners are up before the first session
+    cpu_before = await runners_cpu(spec)
     agents = [new_agent(spec) for _ in sleeps]
     io_dirs = [folder / f"{executor}-{node_tmpdir is not None}" / str(i) for i in range(len(sleeps))]
     for io_dir, sleep in zip(io_dirs, sleeps, strict=True):
@@ -158,12 +177,22 @@ async def executor_cost(executor: str, address: str | None, sleeps: list[float],
         return time.monotonic() - begin - sleep
 
     try:
-        return statistics.fmean(await asyncio.gather(*(beyond(a, s) for a, s in zip(agents, sleeps, strict=True))))
+        mean = statistics.fmean(await asyncio.gather(*(beyond(a, s) for a, s in zip(agents, sleeps, strict=True))))
+        cpu_after = await runners_cpu(spec)
+        return Cost(mean, None if cpu_before is None or cpu_after is None else (cpu_after - cpu_before) / len(sleeps))
     finally:
         ray_runtime.shutdown()
 
 
-def executor_costs(address: str, sessions: int, longest_s: float) -> dict[str, float]:
+async def runners_cpu(spec: AgentSpec) -> float | None:
+    """CPU seconds used so far by the runners of every node, None for local agents."""
+    if spec.executor != "ray":
+        return None
+    runners = runner_pool(spec).runners.values()
+    return sum(await asyncio.gather(*(runner.actor.cpu_seconds.remote() for runner in runners)))
+
+
+def executor_costs(address: str, sessions: int, longest_s: float) -> dict[str, Cost]:
     """`executor_cost` for local subprocesses, for Ray on its defaults (`ray.node_tmpdir=null`: the node's choice,
     `ray_node.session_root`), and, where that choice is memory-backed, for Ray with the session files on this
     machine's disk (`ray.node_tmpdir` set to the temp folder, the default before), on the same seeded sleeps."""
@@ -215,20 +244,24 @@ def report_pipeline(args: argparse.Namespace, local: dict[str, float], on_ray: d
     report_phases(on_ray)
 
 
-def report_executors(sessions: int, runs: list[dict[str, float]], longest_s: float) -> None:
-    """The executor-only comparison: each mode's ms beyond the sleep and Ray's overhead (Ray - local of the same
-    run), the median over the runs and every run's figure."""
+def report_executors(sessions: int, runs: list[dict[str, Cost]], longest_s: float) -> None:
+    """The executor-only comparison: each mode's ms beyond the sleep, Ray's overhead (Ray - local of the same run)
+    and the runners' CPU per session, the median over the runs and every run's figure."""
     print(f"Executors alone, {sessions} shell agents that only sleep {longest_s / 3:g}-{longest_s:g} s (no "
           f"interpreter start, no model calls), all started at once, {len(runs)} runs; ms beyond its sleep per "
           "session, median [each run]:")
     for name in runs[0]:
-        costs = [1000 * run[name] for run in runs]
-        line = f"  {name:<32} {statistics.median(costs):6.0f} [{', '.join(f'{c:.0f}' for c in costs)}]"
+        print(f"  {name:<32} {_figures([1000 * run[name].beyond_s for run in runs], '6.0f', '.0f')}")
         if name != "local subprocesses":
-            extra = [1000 * (run[name] - run["local subprocesses"]) for run in runs]
-            line += (f"   Ray overhead {statistics.median(extra):+.1f} ms [{', '.join(f'{e:+.0f}' for e in extra)}]"
-                     " (target < 50 ms)")
-        print(line)
+            extra = [1000 * (run[name].beyond_s - run["local subprocesses"].beyond_s) for run in runs]
+            cpu = [1000 * (run[name].runner_cpu_s or 0.0) for run in runs]
+            print(f"  {'':<32} Ray overhead {_figures(extra, '+.1f', '+.0f')} ms (target < 50 ms); runner CPU "
+                  f"{_figures(cpu, '.2f', '.2f')} ms/session (target < 2 ms)")
+
+
+def _figures(values: list[float], median: str, each: str) -> str:
+    """`median [each, run]` of `values` in the given formats."""
+    return f"{statistics.median(values):{median}} [{', '.join(f'{v:{each}}' for v in values)}]"
 
 
 def report_phases(on_ray: dict[str, float]) -> None:

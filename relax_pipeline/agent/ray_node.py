@@ -5,9 +5,9 @@ session's `RELAX_*` variables, the input file's text), writes the input into a f
 NODE, points `RELAX_INPUT_JSON`, `RELAX_OUTPUT_JSON` and `RELAX_SESSION_IO_DIR` at it, and runs the agent with
 the local launcher (`AgentProcess`: `bash -c command` in its own process group, the harness variables, the
 group ended with SIGTERM, grace, SIGKILL). It answers a `NodeAnswer` (exit code, reason, the output file's text,
-the log tail, the node) and removes the folder. `run_many(calls)` runs a batch of sessions at once and streams
-each answer back as its session ends (a Ray streaming generator): one Ray call for the sessions a driver starts
-together.
+the log tail, the node) and removes the folder (on a disk, in a thread the answer does not wait for).
+`run_many(calls)` runs a batch of sessions at once and streams each answer back as its session ends (a Ray
+streaming generator): one Ray call for the sessions a driver starts together.
 
 Where the folders go (`session_root`): under `ray.node_tmpdir` when set; by default in memory, under /dev/shm when
 the node has it memory-backed (tmpfs) with `MEMORY_MIN_FREE` free, else under the node's temp folder. A session's
@@ -35,6 +35,7 @@ process (~100 MB, ~1 s to start) for every agent. Ray is not imported here: `ray
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import shutil
 import socket
@@ -212,13 +213,16 @@ class NodeRunner:
             self._agents.pop(call.session_id, None)
             self._cancelled.discard(call.session_id)
             await asyncio.shield(process.terminate())
-            shutil.rmtree(folder, ignore_errors=True)
+            self._remove(folder)
 
     async def run_many(self, calls: list[NodeCall]) -> AsyncIterator[NodeAnswer]:
         """Run the sessions of one batch at once and yield each one's answer as it ends (Ray streams them back:
         one call per node for the sessions a driver starts together, not one each). A session the runner fails
         to run answers a failure naming the error; the others go on."""
-        folders = await asyncio.get_running_loop().run_in_executor(None, self._prepare_all, calls)
+        if self.folder.memory:
+            folders = self._prepare_all(calls)
+        else:
+            folders = await asyncio.get_running_loop().run_in_executor(None, self._prepare_all, calls)
         runs = [asyncio.ensure_future(self._run_or_fail(c, f)) for c, f in zip(calls, folders, strict=True)]
         for finished in asyncio.as_completed(runs):
             yield await finished
@@ -230,8 +234,8 @@ class NodeRunner:
         return folder
 
     def _prepare_all(self, calls: list[NodeCall]) -> list[Path | Exception]:
-        """`prepare` for a batch, in a thread: file creates wait on the disk (up to ~1 ms each on a slow one) while
-        the loop goes on starting the sessions of earlier batches."""
+        """`prepare` for a batch: on the loop in memory (~0.05 ms a session), in a thread on a disk (file creates
+        wait on it, 5-7 ms a session on a slow one, while the loop goes on starting earlier batches' sessions)."""
         folders: list[Path | Exception] = []
         for call in calls:
             try:
@@ -239,6 +243,14 @@ class NodeRunner:
             except OSError as error:
                 folders.append(error)
         return folders
+
+    def _remove(self, folder: Path) -> None:
+        """Remove a finished session's folder: at once in memory, in a thread on a disk (not waited for: the answer
+        does not need it)."""
+        if self.folder.memory:
+            shutil.rmtree(folder, ignore_errors=True)
+        else:
+            asyncio.get_running_loop().run_in_executor(None, functools.partial(shutil.rmtree, folder, True))
 
     async def _run_or_fail(self, call: NodeCall, folder: Path | Exception | None = None) -> NodeAnswer:
         try:
@@ -281,6 +293,11 @@ class NodeRunner:
         process = self._agents.get(session_id)
         if process is not None:
             process.kill()
+
+    def cpu_seconds(self) -> float:
+        """CPU seconds this runner's process has used (every thread: its loop, Ray's, the file threads); the agents'
+        own processes are not counted. `bench/agents_ray.py` divides the difference by the sessions run."""
+        return time.process_time()
 
     def running(self) -> int:
         """Sessions running on this node now."""

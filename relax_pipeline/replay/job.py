@@ -96,6 +96,9 @@ class StepReplay:
 
     def loss_stage(self) -> dict[str, float]:
         """The batch compared; then, from the checkpoint before the step, the loss and gradient norm."""
+        if "train/samples" not in self.metrics:
+            say("batch: the step trained nothing (job=rollout): its credit is all there is to replay")
+            return {}
         recorded, replayed = rl.batch_samples(self.folder), rc.train_rows(self.groups)
         same_batch = same_rows([s for _, s in recorded], [s for _, s in replayed])
         say(f"batch: {len(replayed)} credited rows against {len(recorded)} recorded: "

@@ -4,7 +4,8 @@ A real run (embedded engine, gateway, digits agents, torch trainer) writes a bun
 `debug.replay_bundle=true`; `job=replay` then re-scores the step's groups and re-trains it from the checkpoint
 before it: advantages and loss bit-exact, the gradient norm within `GRAD_NORM_RTOL`. An edited advantage function
 on the replay command shows its diff; a bundle of another format version is refused naming both versions; a
-bundle written under `runtime=partial` (a generation aborted in step 0 and resumed in step 1) replays.
+bundle written under `runtime=partial` (a generation aborted in step 0 and resumed in step 1) replays, and so do the
+bundles of a `runtime=fully_async` run, whose batches mix weight versions.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
-from test_runtime_modes import _partial_cfg
+from test_runtime_modes import _async_cfg, _partial_cfg
 from test_train_e2e import train_config
 
 from relax_pipeline.config import CONF_DIR, register
@@ -121,3 +122,19 @@ def test_a_deepspeed_step_replays_on_the_torch_trainer(tmp_path: Path, tiny_path
     assert metrics["replay/credit_identical"] == 1.0 and metrics["replay/batch_identical"] == 1.0, printed
     assert metrics["replay/loss_within_tolerance"] == 1.0, printed
     assert metrics["replay/grad_norm_within_tolerance"] == 1.0, printed
+
+
+def test_fully_async_bundles_replay_with_their_mixed_weight_versions(tmp_path: Path, tiny_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    run(_async_cfg(tmp_path, tiny_path, "runtime.max_staleness=null", "trainer.save_interval=1",
+                   "debug.replay_bundle=true"))
+    bundles = sorted((tmp_path / "replay").glob("step_*"))
+    assert [b.name for b in bundles] == ["step_0", "step_1", "step_2"]
+    mixed = [b for b in bundles if any(len(set(r["weight_versions"])) > 1 for r in read_bundle(b)["batch"])]
+    assert mixed, "a session preempted by a weight update trains tokens of two versions"
+    for bundle in bundles:
+        metrics = run(replay_config(bundle))
+        printed = capsys.readouterr().out
+        assert metrics["replay/credit_identical"] == 1.0 and metrics["replay/batch_identical"] == 1.0, printed
+        assert metrics["replay/loss_identical"] == 1.0, printed
+        assert metrics["replay/grad_norm_within_tolerance"] == 1.0, printed

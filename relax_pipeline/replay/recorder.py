@@ -123,10 +123,11 @@ def _write_lines(path: Path, lines: Sequence[dict[str, Any]]) -> None:
 
 
 def _write_rows(path: Path, rows: Sequence[dict[str, Any]]) -> dict[tuple[Any, ...], int]:
-    """Write the dump rows; returns (group, session, name, branch) → line of every row with tokens."""
+    """Write the dump rows; returns (group, session, name, branch) → line of every row with tokens (a filtered
+    or failed session's row has none)."""
     _write_lines(path, rows)
     return {(r["group_id"], r["session_id"], r.get("name"), r.get("branch")): i for i, r in enumerate(rows)
-            if r.get("tokens") is not None}
+            if r.get("tokens")}
 
 
 def _group_line(group: Group, rows: dict[tuple[Any, ...], int]) -> dict[str, Any]:

@@ -28,6 +28,14 @@ EDITED = '''
 def alternate(metadata_by_slot):
     """+1 for even slots, -1 for odd ones: an edit whose diff is easy to see."""
     return [{name: (1.0 if i % 2 == 0 else -1.0) for name in slot} for i, slot in enumerate(metadata_by_slot)]
+
+
+def by_prompt(samples):
+    """Keep a group by its prompt's checksum: some groups filtered, the same ones on every call."""
+    import json
+    import zlib
+
+    return zlib.crc32(json.dumps(samples[0]["prompt"], sort_keys=True).encode()) % 2 == 0
 '''
 
 
@@ -138,3 +146,21 @@ def test_fully_async_bundles_replay_with_their_mixed_weight_versions(tmp_path: P
         assert metrics["replay/credit_identical"] == 1.0 and metrics["replay/batch_identical"] == 1.0, printed
         assert metrics["replay/loss_identical"] == 1.0, printed
         assert metrics["replay/grad_norm_within_tolerance"] == 1.0, printed
+
+
+def test_a_step_with_filtered_groups_replays_their_filter(tmp_path: Path, tiny_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """A filtered group's rows carry no tokens: its contexts' samples are in credit.jsonl, and the filter replays."""
+    (tmp_path / "my_credit.py").write_text(EDITED)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    run(train_config(tmp_path / "run", tiny_path, "rollout.num_steps=1", "rollout.batch_size=4",
+                     "credit.filter_path=my_credit.by_prompt", "debug.replay_bundle=true"))
+    bundle = read_bundle(tmp_path / "run" / "replay" / "step_0")
+    filtered = [g for g in bundle["credit"] if g["filtered"]]
+    assert filtered and len(filtered) < len(bundle["credit"]), "some groups filtered, some kept"
+    assert all(c["row"] is None and c["sample"]["tokens"] for g in filtered for c in g["contexts"])
+    metrics = run(replay_config(tmp_path / "run" / "replay" / "step_0"))
+    printed = capsys.readouterr().out
+    assert metrics["replay/credit_identical"] == 1.0 and metrics["replay/batch_identical"] == 1.0, printed
+    assert metrics["replay/loss_identical"] == 1.0, printed

@@ -2,13 +2,16 @@
 
 Jobs: `train` (rollout, credit, training and weight sync per step; checkpoints), `rollout` (rollout
 steps, credit, dump; no training), `check` (validate the config, the model, the dataset and the agent
-setup, print findings, start nothing) and `eval` (evaluate `model.path`, a base model or any checkpoint
-folder, on every `eval.datasets` entry once: metrics, `eval_<name>.csv` per dataset, one summary line
-each; no steps, no training; its eval groups in flight default to filling the engine's batch,
-`engine.max_batch_size`, unless `runtime.eval_concurrency` is set) and `view` (serve the run viewer,
-`relax_pipeline/view/`, on `view.dir` or `output_dir` until interrupted; it builds nothing else).
+setup, then run `check.sessions` real sessions and certify what they recorded: `relax_pipeline/certify/`,
+`check/certificate.json`), `eval` (evaluate `model.path`, a base model or any checkpoint folder, on every
+`eval.datasets` entry once: metrics, `eval_<name>.csv` per dataset, one summary line each; no steps, no training;
+its eval groups in flight default to filling the engine's batch, `engine.max_batch_size`, unless
+`runtime.eval_concurrency` is set), `view` (serve the run viewer, `relax_pipeline/view/`, on `view.dir` or
+`output_dir` until interrupted; it builds nothing else) and `replay` (re-execute one recorded step's credit and
+loss from its replay bundle, `relax_pipeline/replay/`, with no engine and no agents).
 Every step's metrics also go to `metrics.jsonl` (`tracking/metrics_file.py`). Everything is built here, in one
-place, from the config groups; the step loop itself is `loop.py`. `__main__` stays thin and tests call
+place: `config.records` turns the composed config into one record per node, and `build` calls the class a
+record's `_target_` names with it and the live collaborators the run hands it; the step loop itself is `loop.py`. `__main__` stays thin and tests call
 `run` in-process. A failed run raises after logging, as its last line, one sentence saying why.
 
 Signals (`StopSignals`, main thread only): the first SIGINT or SIGTERM asks the step loop to stop

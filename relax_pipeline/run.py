@@ -12,7 +12,8 @@ loss from its replay bundle, `relax_pipeline/replay/`, with no engine and no age
 Every step's metrics also go to `metrics.jsonl` (`tracking/metrics_file.py`). Everything is built here, in one
 place: `config.records` turns the composed config into one record per node, and `build` calls the class a
 record's `_target_` names with it and the live collaborators the run hands it; the step loop itself is
-`loop.py`. `__main__` stays thin and tests call `run` in-process. A failed run raises after logging, as its last line, one sentence saying why.
+`loop.py`. `__main__` stays thin and tests call `run` in-process. A failed run raises after logging, as its
+last line, one sentence saying why.
 
 Signals (`StopSignals`, main thread only): the first SIGINT or SIGTERM asks the step loop to stop
 (`StepLoop.request_stop`: running sessions dropped, a checkpoint of the last finished step, then

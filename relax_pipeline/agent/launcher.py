@@ -288,11 +288,15 @@ class AgentProcess:
         if foreign:
             raise ValueError(f"session env {foreign} lacks the RELAX_ prefix; put user variables in "
                              "agent.env")
-        env = {k: v for k, v in os.environ.items() if not k.startswith(RESERVED_PREFIX)}
+        env = self._base_environment()
         env.update(harness_variables(session_env))
         env.update({str(k): str(v) for k, v in self.spec.env.items()})
         env.update({k: str(v) for k, v in session_env.items()})
         return env
+
+    def _base_environment(self) -> dict[str, str]:
+        """This process's environment without inherited RELAX_* variables (a fresh dict)."""
+        return {k: v for k, v in os.environ.items() if not k.startswith(RESERVED_PREFIX)}
 
     async def _spawn(self, env: dict[str, str], log_path: Path) -> asyncio.subprocess.Process:
         """Create the subprocess, its output appended to `log_path`; a missing cwd or bash is an `AgentFailure`.

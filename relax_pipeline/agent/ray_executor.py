@@ -20,9 +20,9 @@ Ray resources divided by what one session holds: `{num_cpus: 1}` runs at most as
 CPUs; a node without a resource named there takes none). The runners start when the run does (`warm_up`, while
 the model loads), not on the first session. When every node is full the session waits here, its active time
 counting. Sessions started in one turn of the driver's loop go to a node together, one Ray call per node
-(`RunnerPool.submit`, at most `BATCH_MAX` a call), their answers streamed back one by one as they end. Nodes that
-join are picked up within a second (the node list is read in a thread: Ray's
-`nodes()` blocks, and the driver's loop also serves the gateway).
+(`RunnerPool.submit`, at most `BATCH_MAX` a call), their answers streamed back as they end (in one item when they
+end together). Nodes that join are picked up within a second (the node list is read in a thread: Ray's `nodes()`
+blocks, and the driver's loop also serves the gateway).
 
 Timing: each session's agent.log gets one `ray: timing ms:` line (before the node's log), the milliseconds of each
 phase of its life (`timing_note`): queued here (for the driver's loop, for a node with room), submitting the call,
@@ -216,13 +216,14 @@ class RunnerPool:
 
 
 async def _deliver(stream: Any, waiting: dict[str, asyncio.Future[NodeAnswer]]) -> None:
-    """Hand each answer of a `run_many` stream to its session; when the stream breaks (the node or its runner
-    died), the sessions not answered yet get that error."""
+    """Hand each answer of a `run_many` stream (lists of the answers of sessions that ended together) to its
+    session; when the stream breaks (the node or its runner died), the sessions not answered yet get that error."""
     try:
         async for ref in stream:
-            answer: NodeAnswer = await ref
-            if (future := waiting.pop(answer.session_id, None)) is not None and not future.done():
-                future.set_result(answer)
+            answers: list[NodeAnswer] = await ref
+            for answer in answers:
+                if (future := waiting.pop(answer.session_id, None)) is not None and not future.done():
+                    future.set_result(answer)
     except Exception as error:
         for future in waiting.values():
             if not future.done():

@@ -74,12 +74,13 @@ class Recorder:
         self._generate, self._call = engine.generate, engine._generate_call
         engine.generate, engine._generate_call = self.generate, self.generate_call
 
-    async def generate(self, input_ids: Any, sampling: Any, rid: str, media: Any = None) -> Any:
+    async def generate(self, input_ids: Any, sampling: Any, rid: str, media: Any = None,
+                       session_id: str | None = None) -> Any:
         self.calls.append((list(input_ids), sampling))
         self.rids.append(rid)
         started = time.perf_counter()
         try:
-            return await self._generate(input_ids, sampling, rid, media)
+            return await self._generate(input_ids, sampling, rid, media, session_id=session_id)
         finally:
             self.generate_s.append(time.perf_counter() - started)
 

@@ -65,6 +65,7 @@ from relax_pipeline.engine.base import (
     GenerateResult,
     ImageFeatures,
     SamplingParams,
+    derive_seed,
     expand_placeholders,
 )
 from relax_pipeline.engine.hf_batch import Batch, ModelCall, Prefilled, Prefiller, Request, memory_short, take
@@ -72,7 +73,6 @@ from relax_pipeline.engine.prefix_cache import PrefixCache
 from relax_pipeline.engine.sampling import (
     StopStringMatcher,
     check_sampling,
-    derive_seed,
     make_generator,
     sample_rows,
 )

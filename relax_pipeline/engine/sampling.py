@@ -19,9 +19,7 @@ from typing import Any
 
 import torch
 
-from relax_pipeline.engine.base import SamplingParams, derive_seed
-
-__all__ = ["derive_seed"]  # defined with the sampling records; the engines import it from here too
+from relax_pipeline.engine.base import SamplingParams
 
 _MAX_PENDING_IDS = 16
 """Give up waiting for a multi-token character after this many ids and accept replacement chars."""

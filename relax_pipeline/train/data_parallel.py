@@ -53,10 +53,15 @@ class RankShare:
     """Samples in the whole global batch: the seq_mean normalizers."""
     padding: int = 0
     """How many of `micro_batches` are padding (loss mask 0); informational."""
+    version: int | None = None
+    """The weight version being trained, from which each token's lag is taken (`train/version_lag_kl/*`); None:
+    no KL per lag."""
 
 
-def shard(samples: Sequence[Sample], world: int, batching: BatchSettings) -> list[RankShare]:
-    """Split one global batch over `world` ranks (rank r gets samples r, r+N, ...); one share per rank."""
+def shard(samples: Sequence[Sample], world: int, batching: BatchSettings,
+          version: int | None = None) -> list[RankShare]:
+    """Split one global batch over `world` ranks (rank r gets samples r, r+N, ...); one share per rank, each
+    naming the weight `version` being trained."""
     if world < 1:
         raise ValueError(f"trainer.num_ranks={world}; use 1 or more")
     if not samples:
@@ -67,7 +72,8 @@ def shard(samples: Sequence[Sample], world: int, batching: BatchSettings) -> lis
     count = max(len(p) for p in packed)
     pad = (padding_sample(samples),)
     return [
-        RankShare(tuple(tuple(b) for b in p) + (pad,) * (count - len(p)), tokens, float(len(samples)), count - len(p))
+        RankShare(tuple(tuple(b) for b in p) + (pad,) * (count - len(p)), tokens, float(len(samples)), count - len(p),
+                  version)
         for p in packed
     ]
 

@@ -191,7 +191,7 @@ class DeepSpeedTrainer(TorchTrainer):
         every worker sent its shares, rank 0 runs share 0."""
         if self.ranks is None:
             return super()._steps(batches)
-        shares = [shard(b, self.num_ranks, self.settings.batching) for b in batches]
+        shares = [shard(b, self.num_ranks, self.settings.batching, self.version) for b in batches]
         per_rank = [[s[rank] for s in shares] for rank in range(1, self.num_ranks)]
         with self._collective("train", per_rank=per_rank):
             metrics = self.run_shares([s[0] for s in shares])

@@ -49,6 +49,7 @@ from relax_pipeline.train.advantages import AdvantageSettings, token_advantages,
 from relax_pipeline.train.batching import BatchSettings
 from relax_pipeline.train.data_parallel import AllSum, RankShare, shard, sum_metrics, whiten_across
 from relax_pipeline.train.losses import LossBatch, LossSettings, policy_loss
+from relax_pipeline.train.provenance import lag_kl_metrics, lag_kl_sums
 
 Model = Callable[..., object]
 """A Hugging Face causal LM, or a DeepSpeed engine wrapping one (same call signature)."""
@@ -284,9 +285,11 @@ def optimizer_step(
     settings: StepSettings,
     pad_id: int,
     device: torch.device | str,
+    version: int | None = None,
 ) -> dict[str, float]:
-    """One optimizer step over `samples` (a global batch) in one process; returns its metrics (no `train/`)."""
-    share = shard(samples, 1, settings.batching)[0]
+    """One optimizer step over `samples` (a global batch) in one process; returns its metrics (no `train/`).
+    `version` (the weight version being trained) adds the KL per lag bucket (`version_lag_kl/<k>`)."""
+    share = shard(samples, 1, settings.batching, version)[0]
     return share_step(model, frozen, backend, share, settings, pad_id, device)
 
 
@@ -306,21 +309,25 @@ def share_step(
     prepared = _prepare(model, frozen, batches, settings, all_sum)
     metrics: dict[str, float] = {}
     for i, item in enumerate(prepared):
-        loss, values = _micro_loss(model, item, settings, share.tokens, share.sequences)
+        loss, values, logprobs = _micro_loss(model, item, settings, share.tokens, share.sequences)
         backend.backward(loss, last=i == len(prepared) - 1)
         _accumulate(metrics, {"loss": float(loss.detach()), **values})
+        if share.version is not None:
+            _accumulate(metrics, lag_kl_sums(share.micro_batches[i], share.version, logprobs,
+                                             item.batch.rollout_logprobs, item.batch.loss_mask))
     if frozen.reference is not None and not settings.loss.use_kl_loss:
         metrics["kl"] = _shaping_kl(prepared, share.tokens)
     if all_sum is not None:
         metrics = sum_metrics(metrics, all_sum)
+    metrics = lag_kl_metrics(metrics)
     metrics["grad_norm"] = backend.step()
     return metrics
 
 
 def _micro_loss(
     model: Model, item: _Prepared, settings: StepSettings, tokens: float, seqs: float
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """Forward with gradient and the policy loss of one micro-batch."""
+) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
+    """Forward with gradient and the policy loss of one micro-batch; its metrics and the policy's logprobs."""
     mode: Entropy = "train" if settings.loss.entropy_coef > 0 else "metric"
     logprobs, entropy = response_logprobs(model, item.batch, settings.temperature, mode, settings.autocast)
     loss_batch = LossBatch(
@@ -335,7 +342,7 @@ def _micro_loss(
         token_normalizer=tokens,
         seq_normalizer=seqs,
     )
-    return policy_loss(loss_batch, settings.loss)
+    return (*policy_loss(loss_batch, settings.loss), logprobs)
 
 
 def _prepare(model: Model, frozen: Frozen, batches: list[Collated], settings: StepSettings,

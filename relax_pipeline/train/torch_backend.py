@@ -107,7 +107,8 @@ class TorchTrainer:
     def _steps(self, batches: list[list[Sample]]) -> list[dict[str, float]]:
         """One `optimizer_step` per global batch; their metrics."""
         frozen = Frozen(self.reference, self.teacher)
-        return [optimizer_step(self.model, frozen, self, b, self.settings, self.pad_id, self.device) for b in batches]
+        return [optimizer_step(self.model, frozen, self, b, self.settings, self.pad_id, self.device, self.version)
+                for b in batches]
 
     def backward(self, loss: torch.Tensor, last: bool) -> None:
         """Accumulate gradients; the loss is already normalized by the global batch."""

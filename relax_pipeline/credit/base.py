@@ -36,6 +36,9 @@ class Credit(Protocol):
     log_passrate: bool
     several_contexts: bool
     """Whether it gives credit to sessions that export several contexts."""
+    whole_groups: bool
+    """Whether its reward needs the whole group before scoring (`credit=group_rm`): the group's sessions then run as
+    one runtime group, behind its first-request barrier; otherwise each session is its own runtime group."""
     user_metrics: Callable[[Sequence[dict[str, Any]]], Awaitable[dict[str, float]]]
     """`credit.metrics_path`'s metrics of a train step's rows (an empty dict without the hook)."""
 

@@ -39,6 +39,9 @@ class RewardCredit:
     several_contexts: bool = False
     """Whether this option gives credit to sessions that export several contexts (custom_advantage, and group_rm
     with an advantage function: `credits_several`)."""
+    whole_groups: bool = False
+    """Whether the reward needs the whole group (group RM): the runtime then keeps the prompt group as one runtime
+    group, behind its first-request barrier. An ordinary per-session reward runs singleton runtime groups."""
 
     def __init__(self, settings: CreditSettings) -> None:
         self._check_paths({"rm_path": settings.rm_path, "advantage_path": settings.advantage_path})

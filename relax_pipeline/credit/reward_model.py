@@ -52,6 +52,7 @@ class GroupRMCredit(RewardCredit):
     option = "group_rm"
     uses = ("rm_path",)
     optional = ("advantage_path",)
+    whole_groups = True
 
     def __init__(self, settings: CreditSettings) -> None:
         super().__init__(settings)

@@ -1,14 +1,15 @@
 """GroupPool: the resident groups of a run, shared by every runtime strategy.
 
-The pool starts groups under the resident capacity (`runtime.concurrency` slots, held through Prepare
-and Runtime and released before Reward, so a finished, dropped or filtered group frees its slot at once),
-gives each a `GroupLease`, and hands finished groups back one at a time, in completion order. A group
-is launched leased (it generates as soon as its first-request barrier passes) or held (prelaunch: its
-agents run, its requests wait); `grant_all`, `revoke_all` and `cancel_all` act on every resident group.
-Groups survive across steps until a strategy collects or cancels them. Once the pipeline is stopping
-(`Pipeline.interrupt`: the run's first SIGINT/SIGTERM), a group that gets a slot starts nothing and is
-not collected. The pool does not score groups and does not decide how many to start: strategies do
-(`scheduling/sync.py`, `scheduling/fully_async.py`).
+The pool starts groups under the resident capacity (`runtime.concurrency` slots, held through Prepare and Runtime
+and released before Reward, so a finished, dropped or filtered group frees its slot at once), gives each of its
+runtime groups a `GroupLease` (`stages.group.runtime_groups`: the whole group when the credit needs it whole,
+`credit=group_rm`; one lease per session, with no barrier to wait at, under an ordinary reward), and hands finished
+groups back one at a time, in completion order. A group is launched leased (a runtime group generates as soon as its
+first-request barrier passes) or held (prelaunch: its agents run, its requests wait); `grant_all`, `revoke_all` and
+`cancel_all` act on every resident group. Groups survive across steps until a strategy collects or cancels them.
+Once the pipeline is stopping (`Pipeline.interrupt`: the run's first SIGINT/SIGTERM), a group that gets a slot
+starts nothing and is not collected. The pool does not score groups and does not decide how many to start:
+strategies do (`scheduling/sync.py`, `scheduling/fully_async.py`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 
 from relax_pipeline.engine.base import Engine
 from relax_pipeline.forest.export import Exported
-from relax_pipeline.stages.group import INFRA_ERROR, Group, drop_group
+from relax_pipeline.stages.group import INFRA_ERROR, Group, drop_group, runtime_groups
 from relax_pipeline.stages.pipeline import Pipeline
 from relax_pipeline.turn.leases import GroupLease
 
@@ -31,12 +32,12 @@ Outcome = tuple[Group, dict[str, list[Exported]]]
 
 @dataclass(eq=False)
 class _Resident:
-    """One launched group: its task, and its group and lease once Prepare opened it."""
+    """One launched group: its task, and its group and leases (one per runtime group) once Prepare opened it."""
 
     leased: bool
     task: asyncio.Task[Outcome | None] | None = None
     group: Group | None = None
-    lease: GroupLease | None = None
+    leases: list[GroupLease] = field(default_factory=list)
 
 
 @dataclass
@@ -90,12 +91,14 @@ class GroupPool:
 
     def _attach(self, entry: _Resident, group: Group) -> None:
         store = self.pipeline.prepare.store
-        lease = GroupLease(group, store, self.engine, self.max_aborted_count, self.barrier_warn_s)
-        for session in group.sessions:
-            store.attach_lease(session, lease)
-        entry.group, entry.lease = group, lease
-        if entry.leased:
-            lease.grant()
+        entry.group = group
+        for members in runtime_groups(group, self.pipeline.whole_groups):
+            lease = GroupLease(members, store, self.engine, self.max_aborted_count, self.barrier_warn_s)
+            for session in members.sessions:
+                store.attach_lease(session, lease)
+            entry.leases.append(lease)
+            if entry.leased:
+                lease.grant()
 
     def _finished(self, entry: _Resident, task: asyncio.Task[Outcome | None]) -> None:
         self._resident.remove(entry)
@@ -127,15 +130,16 @@ class GroupPool:
         for entry in self._resident:
             count += not entry.leased
             entry.leased = True
-            if entry.lease is not None and not entry.lease.granted:
-                entry.lease.grant()
+            for lease in entry.leases:
+                if not lease.granted:
+                    lease.grant()
         return count
 
     async def revoke_all(self) -> int:
         """Park every resident group, aborting in-flight generations; returns how many were aborted."""
         for entry in self._resident:
             entry.leased = False
-        leases = [e.lease for e in self._resident if e.lease is not None and e.lease.granted]
+        leases = [lease for e in self._resident for lease in e.leases if lease.granted]
         return sum(await asyncio.gather(*(lease.revoke() for lease in leases)))
 
     async def cancel_all(self, reason: str) -> list[Outcome]:

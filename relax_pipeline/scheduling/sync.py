@@ -1,16 +1,17 @@
 """`runtime=sync`: each step runs groups under the resident capacity until it has `rollout.batch_size`.
 
-Up to `rollout.over_sampling_batch_size` groups (default `rollout.batch_size`; at most the resident capacity
-at a time) start at once, leased: each generates once its first-request barrier passes. Groups finish their
-agents inside the capacity and are scored outside it, one by one as they come in: a group that is dropped (a
-session failed) or filtered (its credit or `credit.filter_path` rejected it) is replaced by new groups within
-the step, keeping the step's over-sampling margin over the groups still missing (12 of 8 at the start: 6
-running while 4 are missing), up to `MAX_STARTS_PER_NEED` starts per needed group, after which the step ends
-short and says so. Once the step has its groups, the groups still resident are surplus: their agents are
-terminated and their sessions recorded as dropped ("surplus"), and their prompts go back to the data source
-like every excluded group's, so an epoch still covers every prompt. Their generated tokens, and those of
-filtered groups, are logged as `rollout/wasted_tokens`. When the run is interrupted (`Pipeline.interrupt`) the
-step collects what is left, starts nothing new and ends short.
+Up to `rollout.over_sampling_batch_size` groups (default `rollout.batch_size`; at most the resident capacity at a
+time) start at once, leased: each session generates at once (an ordinary reward: singleton runtime groups), or once
+its group's first-request barrier passes (`credit=group_rm`: the whole group is one runtime group). Groups finish
+their agents inside the capacity and are scored outside it, one by one as they come in: a group that is dropped (a
+session failed) or filtered (its credit or `credit.filter_path` rejected it) is replaced by new groups within the
+step, keeping the step's over-sampling margin over the groups still missing (12 of 8 at the start: 6 running while 4
+are missing), up to `MAX_STARTS_PER_NEED` starts per needed group, after which the step ends short and says so. Once
+the step has its groups, the groups still resident are surplus: their agents are terminated and their sessions
+recorded as dropped ("surplus"), and their prompts go back to the data source like every excluded group's, so an
+epoch still covers every prompt. Their generated tokens, and those of filtered groups, are logged as
+`rollout/wasted_tokens`. When the run is interrupted (`Pipeline.interrupt`) the step collects what is left, starts
+nothing new and ends short.
 
 `SyncRuntime` is also the base of `prelaunch` and `partial`, which change only how a step opens and
 closes (`_open_step`, `_close_step`), and of `fully_async`, which replaces `rollout`.

@@ -1,7 +1,9 @@
 """Group: one prompt's sessions as they move through Prepare → Runtime → Reward → Transfer.
 
 A group is the unit of scheduling and of credit: its `n_samples_per_prompt` sessions start together,
-are scored together, and are dropped together when one of them fails. Stages fill its fields in order;
+are scored together, and are dropped together when one of them fails. Its *runtime groups*
+(`runtime_groups`) are the sessions that share a lease and its first-request barrier: the whole group under a
+group reward model, one session each under an ordinary reward. Stages fill its fields in order;
 the runtime strategy decides when each stage runs. `drop_group` is the one rule for dropping a group,
 whoever drops it (a failed agent, a bad reward, a surplus or stale group, an internal error, the run's stop).
 
@@ -74,6 +76,26 @@ class Group:
 
     def session_dir(self, session: Session) -> Path:
         return self.io_dir / f"{self.id}-{session.index}"
+
+
+@dataclass(eq=False)
+class RuntimeGroup:
+    """The sessions that share one group lease (its first-request barrier, hold and preemption); connects a `Group`
+    to `turn.leases.GroupLease` (it is the lease's `Members`). The whole prompt group when the credit needs it
+    whole (`credit=group_rm`), else one session: an ordinary reward runs singleton runtime groups, so no session
+    waits for its siblings' first requests. Credit still takes the whole prompt group (GRPO's group mean)."""
+
+    id: str
+    sessions: list[Session]
+    processes: dict[str, AgentRun]
+    """The prompt group's agents by session id (the same dict: a session's agent appears once started)."""
+
+
+def runtime_groups(group: Group, whole: bool) -> list[RuntimeGroup]:
+    """`group` as runtime groups: itself when `whole`, else one per session (ids `<group id>/<index>`)."""
+    if whole:
+        return [RuntimeGroup(group.id, group.sessions, group.processes)]
+    return [RuntimeGroup(f"{group.id}/{s.index}", [s], group.processes) for s in group.sessions]
 
 
 def drop_group(store: ForestStore, group: Group, reason: str, failed: Session | None = None,

@@ -71,6 +71,12 @@ class Pipeline:
         self._reward_s = 0.0
         """Seconds spent scoring groups since the step started (`perf/reward_s`)."""
 
+    @property
+    def whole_groups(self) -> bool:
+        """Whether a group's sessions run as one runtime group (the credit needs the whole group before scoring:
+        `credit=group_rm`), else one runtime group per session (`stages.group.runtime_groups`)."""
+        return self.reward.credit.whole_groups
+
     async def start_group(self, rollout_id: int, mode: str = "train", *, prompt: Prompt | None = None,
                           n_samples: int | None = None, on_open: Callable[[Group], None] | None = None) -> Group:
         """Open and start a group of `prompt` (default: the data source's next) with `n_samples` sessions.

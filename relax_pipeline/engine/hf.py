@@ -40,6 +40,8 @@ rope delta (how far text positions after the images lag behind the token count);
 position is `cached_len + delta`, which is 0 for text prompts, so the text path is unchanged. `vision`
 (the model's image processor, `vision.py`) is loaded at start for the turn service to use.
 
+`engine.admission=program` (`program_admission.py`) admits agent sessions against the prefix cache in tokens.
+
 Not supported: sliding-window attention layers (the padded shared cache treats every layer as full),
 prefix caching of prompts with images (they prefill alone, uncached), speculative decoding; stop strings
 never match across the prompt.
@@ -70,6 +72,7 @@ from relax_pipeline.engine.base import (
 )
 from relax_pipeline.engine.hf_batch import Batch, ModelCall, Prefilled, Prefiller, Request, memory_short, take
 from relax_pipeline.engine.prefix_cache import PrefixCache
+from relax_pipeline.engine.program_admission import ProgramAdmission, hf_capacity_tokens
 from relax_pipeline.engine.sampling import (
     StopStringMatcher,
     check_sampling,
@@ -343,6 +346,7 @@ class HFEngine:
         self._thread: threading.Thread | None = None
         self._counter = itertools.count()
         self._closed = False
+        self.programs = ProgramAdmission.built(settings.program_part, lambda: self.weight_version)
 
     @property
     def model(self) -> torch.nn.Module:
@@ -368,6 +372,8 @@ class HFEngine:
                                                    self.attn_implementation)
         self.vision = await asyncio.to_thread(Vision.load, self.model_path)
         self._model, self._tokenizer = model, tokenizer
+        if self.programs is not None:
+            self.programs.watch(hf_capacity_tokens(model, self.kv_cache_mb * 2**20))
         self._scheduler = _Scheduler(self, model, tokenizer)
         self._thread = threading.Thread(target=self._scheduler.run, name="hf-engine", daemon=True)
         self._thread.start()
@@ -375,7 +381,13 @@ class HFEngine:
     async def generate(self, input_ids: Sequence[int], sampling: SamplingParams, rid: str,
                        media: Sequence[ImageFeatures] | None = None, session_id: str | None = None) -> GenerateResult:
         """Generate a continuation of `input_ids` (placeholders unexpanded, one per image of `media`);
-        batched with every other request in flight."""
+        batched with every other request in flight (with engine.admission=program once its session is admitted)."""
+        call = lambda: self._generate(input_ids, sampling, rid, media)  # noqa: E731
+        return await (call() if self.programs is None else self.programs.generate(call, input_ids, sampling, rid,
+                                                                                  session_id))
+
+    async def _generate(self, input_ids: Sequence[int], sampling: SamplingParams, rid: str,
+                        media: Sequence[ImageFeatures] | None) -> GenerateResult:
         request = self._request(input_ids, sampling, rid, tuple(media or ()))
         if request.limit <= 0:
             return request.result("length", self.weight_version)
@@ -389,6 +401,8 @@ class HFEngine:
 
     async def abort(self, rid: str) -> GenerateResult | None:
         """Abort `rid` at the next step boundary; None when it is unknown or already finished."""
+        if self.programs is not None and (waiting := self.programs.abort(rid)) is not None:
+            return waiting
         loop = asyncio.get_running_loop()
         future: asyncio.Future[GenerateResult | None] = loop.create_future()
         self._post(lambda s: s.abort(rid, lambda r: _resolve(loop, future, r)))
@@ -398,7 +412,9 @@ class HFEngine:
     """Generations are aborted around a weight update (`Engine.in_flight_updates`)."""
 
     async def close_session(self, session_id: str) -> None:
-        """Nothing is kept per agent session (`Engine.close_session`)."""
+        """Ends the session's admission lease (engine.admission=program); no KV is kept per agent session."""
+        if self.programs is not None:
+            self.programs.end(session_id)
 
     def step_metrics(self) -> dict[str, float]:
         """The work since the last call, as `engine/...` metrics: worker seconds in prefill and decode, prompt
@@ -406,7 +422,8 @@ class HFEngine:
         now = dict(self.stats)
         delta = {key: now[key] - self._reported[key] for key in STEP_METRICS}
         self._reported = now
-        return {f"engine/{name}": float(delta[key]) for key, name in STEP_METRICS.items()}
+        metrics = self.programs.take_metrics() if self.programs is not None else {}
+        return metrics | {f"engine/{name}": float(delta[key]) for key, name in STEP_METRICS.items()}
 
     async def update_weights(self, state_dict: dict[str, Any], version: int) -> None:
         """Load `state_dict` between two decode steps and serve it as `version`.

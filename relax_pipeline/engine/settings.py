@@ -25,8 +25,10 @@ WEIGHT_UPDATES = ("abort", "pause")
 """`engine.weight_update` of engine=sglang: generations are aborted and resumed around an update, or paused in place."""
 WEIGHT_TRANSFERS = ("disk", "tensor", "distributed")
 """`engine.weight_transfer` of engine=sglang: how new weights reach the servers (engine/sglang_weights.py)."""
-ADMISSIONS = ("none", "kv")
-"""`engine.admission`: no admission, or KV-aware admission per request."""
+ADMISSIONS = ("none", "kv", "program")
+"""`engine.admission` of engine=sglang: none, KV-aware admission per request, or per agent session (program)."""
+HF_ADMISSIONS = ("none", "program")
+"""`engine.admission` of engine=hf: none, or per agent session against its prefix cache (program)."""
 PLACEMENTS = ("local", "ray")
 """Where launched servers run (`engine.placement`): subprocesses here, or placement-group bundles of a Ray cluster."""
 
@@ -70,8 +72,28 @@ class HFEngineSettings:
     """Attention kernel: `eager`, `sdpa`, or `grouped` (eager without copying the KV cache for each query head,
     models/attention.py); null keeps transformers' default (sdpa). bfloat16 on a CPU decodes faster with eager,
     and faster still with grouped."""
+    admission: str = "none"
+    """none, or program: admit each agent session by its predicted KV use against the prefix cache's capacity
+    (kv_cache_mb in tokens) before its turns run (engine/program_admission.py)."""
+    kv_headroom: float = 0.9
+    """admission=program: fraction of the KV capacity that admitted sessions may lease."""
+    admission_max_wait_s: float = 300.0
+    """admission=program: longest wait for room; then the session starts anyway (agentic_kv/timeouts)."""
+    admission_lease_s: float = 600.0
+    """admission=program: a session idle this long (no turn running) loses its lease (a dead agent holds no room)."""
+    admission_growth_prior: int = 1024
+    """admission=program: tokens a session is expected to add past its first prompt until a session finished."""
+
+    @property
+    def program_part(self) -> ProgramPart | None:
+        """None unless engine.admission=program."""
+        return program_part(self.admission, self.kv_headroom, self.admission_max_wait_s, self.admission_lease_s,
+                            self.admission_growth_prior)
 
     def __post_init__(self) -> None:
+        check_choice("engine.admission", self.admission, HF_ADMISSIONS)
+        check_admission(self.kv_headroom, self.admission_max_wait_s, self.admission_lease_s,
+                        self.admission_growth_prior)
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"engine.threads={self.threads} must be >= 1 (or null: torch's default)")
         if self.kv_cache_mb < 0:
@@ -125,6 +147,16 @@ class AdmissionPart:
 
 
 @dataclass(frozen=True)
+class ProgramPart:
+    """engine.admission=program: whole agent sessions admitted by predicted KV use (engine/program_admission.py)."""
+
+    headroom: float
+    max_wait_s: float
+    lease_s: float
+    growth_prior: int
+
+
+@dataclass(frozen=True)
 class PlacementPart:
     """engine.placement=ray: one placement-group bundle per launched server (engine/sglang_ray.py)."""
 
@@ -163,11 +195,18 @@ class SglangEngineSettings:
     router_args: dict[str, Any] = field(default_factory=dict)
     """Extra router flags, as server_args."""
     admission: str = "none"
-    """none, or kv: reserve prompt + max_new_tokens against the worker's KV capacity before generating."""
+    """none; kv: reserve prompt + max_new_tokens against the worker's KV capacity before each request; program:
+    admit each agent session by its predicted KV use (its context + the growth learned from finished sessions of
+    its task) against the servers' max_total_num_tokens and load (engine/program_admission.py)."""
     kv_headroom: float = 0.9
-    """admission=kv: fraction of the reported KV capacity (max_total_num_tokens) that may be reserved."""
+    """admission=kv|program: fraction of the reported KV capacity (max_total_num_tokens) that may be reserved."""
     admission_max_wait_s: float = 300.0
-    """admission=kv: longest wait for room; then the request starts anyway (counted in engine/admission_timeouts)."""
+    """admission=kv|program: longest wait for room; then the request (session) starts anyway (counted in
+    engine/admission_timeouts, agentic_kv/timeouts)."""
+    admission_lease_s: float = 600.0
+    """admission=program: a session idle this long (no turn running) loses its lease (a dead agent holds no room)."""
+    admission_growth_prior: int = 1024
+    """admission=program: tokens a session is expected to add past its first prompt until a session finished."""
     weights_dir: str | None = None
     """Where weights are written for /update_weights_from_disk (must be readable by the servers); None:
     <output>/sglang/weights."""
@@ -204,6 +243,8 @@ class SglangEngineSettings:
     def __post_init__(self) -> None:
         check_choice("engine.router", self.router, ROUTERS)
         check_choice("engine.admission", self.admission, ADMISSIONS)
+        check_admission(self.kv_headroom, self.admission_max_wait_s, self.admission_lease_s,
+                        self.admission_growth_prior)
         check_choice("engine.weight_update", self.weight_update, WEIGHT_UPDATES)
         check_choice("engine.weight_transfer", self.weight_transfer, WEIGHT_TRANSFERS)
         if bool(self.urls) == bool(self.launch):
@@ -239,6 +280,12 @@ class SglangEngineSettings:
         """None with engine.admission=none."""
         return AdmissionPart(self.kv_headroom, self.admission_max_wait_s) if self.admission == "kv" else None
 
+    @property
+    def program_part(self) -> ProgramPart | None:
+        """None unless engine.admission=program."""
+        return program_part(self.admission, self.kv_headroom, self.admission_max_wait_s, self.admission_lease_s,
+                            self.admission_growth_prior)
+
     def placement_part(self, ray: dict[str, Any] | None) -> PlacementPart | None:
         """engine.placement resolved against the run's `ray.*` keys (null: ray when launching with a
         `ray.address`); None for servers that are not placed on Ray."""
@@ -252,3 +299,21 @@ def check_choice(key: str, value: str, allowed: tuple[str, ...]) -> None:
     """`value` is one of `allowed`, else an error naming `key` and the choices."""
     if value not in allowed:
         raise ValueError(f"{key}={value!r}; choose one of {list(allowed)}")
+
+
+def check_admission(headroom: float, max_wait_s: float, lease_s: float, growth_prior: int) -> None:
+    """The admission keys' ranges, each error naming its key."""
+    if not 0 < headroom <= 1:
+        raise ValueError(f"engine.kv_headroom={headroom} must lie in (0, 1] (the fraction of the KV capacity leased)")
+    if max_wait_s <= 0:
+        raise ValueError(f"engine.admission_max_wait_s={max_wait_s} must be positive (seconds)")
+    if lease_s <= 0:
+        raise ValueError(f"engine.admission_lease_s={lease_s} must be positive (seconds a session may sit idle)")
+    if growth_prior < 0:
+        raise ValueError(f"engine.admission_growth_prior={growth_prior} must be >= 0 (tokens)")
+
+
+def program_part(admission: str, headroom: float, max_wait_s: float, lease_s: float,
+                 growth_prior: int) -> ProgramPart | None:
+    """The program admission's part; None unless `admission` is program."""
+    return ProgramPart(headroom, max_wait_s, lease_s, growth_prior) if admission == "program" else None

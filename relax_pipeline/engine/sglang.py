@@ -47,7 +47,8 @@ turn of one SGLang session (`POST /open_session {capacity_of_str_len, session_id
 only the new tokens; `sglang_sessions.py`); `close_session(session_id)` (`POST /close_session`) releases it
 when the agent session ends, fails, is dropped or times out (`engine.session_timeout_s` bounds a session
 nobody closes). Without `session_id`, or with `engine.sessions=false`, SGLang's radix cache evicts unused
-prefixes least recently used. KV-aware admission (`engine.admission=kv`) is in `sglang_routing.KvAdmission`.
+prefixes least recently used. KV-aware admission: per request (`engine.admission=kv`) in
+`sglang_routing.KvAdmission`, per agent session (`program`) in `program_admission.py`.
 
 Stop strings: SGLang matches them in a request's own output, so for a resumed generation (`stop_context`, the
 output before the abort) `stopped_across` cuts the result after a stop string split by the abort.
@@ -76,6 +77,7 @@ import httpx
 import orjson
 
 from relax_pipeline.engine.base import GenerateResult, ImageFeatures, SamplingParams
+from relax_pipeline.engine.program_admission import ProgramAdmission, sglang_load
 from relax_pipeline.engine.settings import EngineRun, SglangEngineSettings
 from relax_pipeline.engine.sglang_launch import Processes, gpu_env, router_command, server_command
 from relax_pipeline.engine.sglang_media import SglangVision, expanded_length
@@ -132,6 +134,7 @@ class SglangEngine:
         self.affinity = Affinity(settings.affinity_block)
         admission = settings.admission_part
         self.admission = KvAdmission(admission.headroom, admission.max_wait_s) if admission is not None else None
+        self.programs = ProgramAdmission.built(settings.program_part, lambda: self.weight_version)
         self.processes = Processes(self.log_dir)
         placement = settings.placement_part(run.ray)
         self.placement = "ray" if placement is not None else "local"
@@ -174,7 +177,7 @@ class SglangEngine:
                                        limits=httpx.Limits(max_connections=None, max_keepalive_connections=256))
         try:
             urls = await self._launch_servers() if self.settings.launch else list(self.urls)
-            workers = [await self._check_server(url) for url in urls]
+            workers = [await WorkerLoad.checked(self._call, url, self.server_info) for url in urls]
             router = await self._start_router(urls) if self.settings.router == "sglang" else None
             self._targets = _Targets(urls, router)
         except BaseException:
@@ -184,6 +187,8 @@ class SglangEngine:
             self._pool = WorkerPool(workers)
         else:
             self._shared = WorkerLoad(self._targets.router, sum(w.capacity for w in workers))
+        if self.programs is not None:
+            self.programs.watch(sum(w.capacity for w in workers), sglang_load(self._call, self._targets.urls))
         if self.settings.sessions:
             self.sessions = Sessions(self._call, self.max_context_len, self.settings.session_timeout_s,
                                      self._tokenizer.bos_token_id)
@@ -192,6 +197,12 @@ class SglangEngine:
                        media: Sequence[ImageFeatures] | None = None, session_id: str | None = None) -> GenerateResult:
         """POST /generate (token ids in and out) to the worker of this prompt's routing key; with `session_id`
         (engine.sessions=true) as a turn of that agent session's SGLang session (see the module)."""
+        call = lambda: self._generate(input_ids, sampling, rid, media, session_id)  # noqa: E731
+        return await (call() if self.programs is None else self.programs.generate(call, input_ids, sampling, rid,
+                                                                                  session_id))
+
+    async def _generate(self, input_ids: Sequence[int], sampling: SamplingParams, rid: str,
+                        media: Sequence[ImageFeatures] | None, session_id: str | None) -> GenerateResult:
         prompt, images = self._prompt(input_ids, media), self._images(input_ids, media)
         length = expanded_length(prompt, media or ())
         limit = min(sampling.max_new_tokens, self.max_context_len - length)
@@ -228,6 +239,8 @@ class SglangEngine:
     async def close_session(self, session_id: str) -> None:
         """Release the SGLang session of agent session `session_id` (its KV); nothing when it has none. The turn
         service calls it when the agent session ends, fails, is dropped or times out."""
+        if self.programs is not None:
+            self.programs.end(session_id)
         if self.sessions is not None and self._http is not None:
             await self.sessions.close(session_id)
 
@@ -235,7 +248,7 @@ class SglangEngine:
         """Abort `rid`; its partial result (finish "abort"), or None when it is unknown or finished first."""
         flight = self._flights.get(rid)
         if flight is None:
-            return None
+            return self.programs.abort(rid) if self.programs is not None else None
         flight.aborted = True
         if flight.admission is not None and not flight.admission.done():
             flight.admission.cancel()
@@ -278,6 +291,7 @@ class SglangEngine:
         """Metrics since the last call (`engine/kv_reserved`, `engine/admission_wait_s`, `engine/sessions_open`,
         ...); the step loop logs them with each step. Empty without admission and sessions."""
         metrics = self.admission.take_metrics() if self.admission is not None else {}
+        metrics |= self.programs.take_metrics() if self.programs is not None else {}
         return metrics | (self.sessions.take_metrics() if self.sessions is not None else {})
 
     async def close(self) -> None:
@@ -445,23 +459,6 @@ class SglangEngine:
             raise SglangError(f"SGLang server {url}: {method} {path} answered {response.status_code}: "
                               f"{response.text[:500]}")
         return orjson.loads(response.content) if expect_json and response.content else response.text
-
-    async def _check_server(self, url: str) -> WorkerLoad:
-        """Health, model and server info of one server; its KV capacity."""
-        try:
-            await self._call("GET", url, "/health", expect_json=False)
-            model = await self._call("GET", url, "/model_info")
-            info = await self._call("GET", url, "/server_info")
-        except SglangError as error:
-            raise SglangError(f"engine.urls: {error}") from None
-        if not model.get("is_generation", True):
-            raise SglangError(f"SGLang server {url} serves an embedding/reward model ({model.get('model_path')}), "
-                              "not a generation model")
-        self.server_info[url] = info
-        capacity = int(info.get("max_total_num_tokens") or 0)
-        log.info("sglang server %s: version %s, model %s, KV capacity %d tokens", url, info.get("version"),
-                 model.get("model_path"), capacity)
-        return WorkerLoad(url, capacity)
 
     async def _launch_servers(self) -> list[str]:
         """Start `servers` SGLang servers on free ports and wait until each answers /health (on Ray nodes with

@@ -28,10 +28,16 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import time
 from collections import OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
+
+from relax_pipeline.engine.sglang_wire import SglangError
+
+log = logging.getLogger(__name__)
 
 ROUTING_KEY_HEADER = "x-smg-routing-key"
 """sglang-router's header for sticky routing under `--policy manual`."""
@@ -101,6 +107,26 @@ class WorkerLoad:
     """Routing keys assigned to this worker (client-side routing)."""
     waiting: deque[asyncio.Future[None]] = field(default_factory=deque)
     """Admission waiters, first come first served."""
+
+    @classmethod
+    async def checked(cls, call: Callable[..., Awaitable[Any]], url: str, infos: dict[str, dict[str, Any]]
+                      ) -> WorkerLoad:
+        """Health, model and server info of one server (`call`: `SglangEngine._call`); its `/server_info` goes into
+        `infos`, its KV capacity (`max_total_num_tokens`) into the worker it returns."""
+        try:
+            await call("GET", url, "/health", expect_json=False)
+            model = await call("GET", url, "/model_info")
+            info = await call("GET", url, "/server_info")
+        except SglangError as error:
+            raise SglangError(f"engine.urls: {error}") from None
+        if not model.get("is_generation", True):
+            raise SglangError(f"SGLang server {url} serves an embedding/reward model ({model.get('model_path')}), "
+                              "not a generation model")
+        infos[url] = info
+        capacity = int(info.get("max_total_num_tokens") or 0)
+        log.info("sglang server %s: version %s, model %s, KV capacity %d tokens", url, info.get("version"),
+                 model.get("model_path"), capacity)
+        return cls(url, capacity)
 
 
 class WorkerPool:

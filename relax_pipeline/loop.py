@@ -46,6 +46,8 @@ from relax_pipeline.scheduling.base import RuntimeStrategy
 from relax_pipeline.stages.evaluate import Evaluator
 from relax_pipeline.stages.group import Group
 from relax_pipeline.stages.pipeline import Pipeline, StepResult
+from relax_pipeline.stages.traces import TrainTiming, step_traces, train_timing
+from relax_pipeline.tracking.traces import TraceWriter
 from relax_pipeline.tracking.tracker import Tracker
 
 log = logging.getLogger("relax_pipeline")
@@ -114,6 +116,10 @@ class StepLoop:
         self.recorder: StepRecorder | None = None
         """`debug.replay_bundle`: writes the chosen steps' replay bundles (relax_pipeline/replay/); set by run.py,
         None: off."""
+        self.traces: TraceWriter | None = None
+        """`tracking.traces`: writes each step's session traces (tracking/traces.py); set by run.py, None: off."""
+        self._trained: TrainTiming | None = None
+        """When the current step's `trainer.train` ran, and its micro-batches (the traces' `train_step`)."""
         self.eval_metrics: dict[str, float] = {}
         self.stop_signal: int | None = None
         """The signal that asked the run to stop (`request_stop`), None while it runs on."""
@@ -134,7 +140,14 @@ class StepLoop:
                     "(send it again to exit at once, without one)", signal.Signals(signum).name, dropped)
 
     async def run(self) -> dict[str, float]:
-        """Every step; returns the last step's metrics plus the latest eval's."""
+        """Every step; returns the last step's metrics plus the latest eval's. The traces are flushed at the end."""
+        try:
+            return await self._steps()
+        finally:
+            if self.traces is not None:
+                await asyncio.to_thread(self.traces.close)
+
+    async def _steps(self) -> dict[str, float]:
         metrics: dict[str, float] = {}
         first = self.done = await self._resume()
         self._data = self.pipeline.source.state()
@@ -150,10 +163,13 @@ class StepLoop:
                 log.warning("step %d interrupted during its rollout: not trained (its rows are in the dump)", step)
                 break
             metrics = {**result.metrics, **self._engine_metrics()}
+            self._trained = None
             if self.trainer is not None:
                 metrics.update(await self._train(result))
             metrics["perf/step_time"] = time.time() - started
             self.tracker.log(metrics, step)
+            if self.traces is not None:
+                self.traces.submit(step, step_traces(result.groups, step, self._trained))
             self.history.append(metrics)
             log.info("step %d metrics %s", step, " ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items())))
             self.done, self._data = step + 1, self.pipeline.source.state()
@@ -215,7 +231,11 @@ class StepLoop:
             log.warning(message)
             tqdm.write(f"WARNING {message}", file=sys.stderr)
             return {"train/samples": 0.0}
+        began = time.time_ns()
         metrics = await asyncio.to_thread(self.trainer.train, samples)
+        # a trainer without a `timeline` (testing.PacedTrainer) gives train_step spans without micro-batches
+        self._trained = train_timing(began, time.time_ns(), self.trainer.version - 1,
+                                     getattr(self.trainer, "timeline", ()))
         started = time.perf_counter()
         await self.strategy.before_weight_update()
         await self.engine.update_weights(self.trainer.engine_weights(), self.trainer.version)

@@ -76,6 +76,7 @@ from relax_pipeline.stages.transfer import Transfer
 from relax_pipeline.tracking.dump import RolloutDump
 from relax_pipeline.tracking.logs import run_logging
 from relax_pipeline.tracking.metrics_file import MetricsFile
+from relax_pipeline.tracking.traces import TraceWriter
 from relax_pipeline.train.base import Trainer
 from relax_pipeline.train.settings import TrainerRun
 from relax_pipeline.turn.service import ForestStore, SamplingDefaults, TurnService
@@ -268,6 +269,8 @@ class _Parts:
                         checkpoints, self.evaluator(pipeline))
         d = self.config.debug
         loop.recorder = StepRecorder(self.output_dir, d.replay_steps, self.model_path) if d.replay_bundle else None
+        tracking = self.config.tracking
+        loop.traces = TraceWriter(self.output_dir, True, tracking.otlp_endpoint) if tracking.traces else None
         return loop
 
     def evaluator(self, pipeline: Pipeline) -> Evaluator | None:

@@ -74,6 +74,9 @@ class GenerateResult:
     """Per-token versions when a resumed generation spans weight updates; empty means all equal."""
     abort_count: int = 0
     """Times this generation was aborted and resumed (partial rollout) before it finished."""
+    first_token_s: float | None = None
+    """Seconds from the engine taking the request to its first token (its admission wait and prefill); None when
+    the engine does not measure it. The session traces split prefill from decode with it."""
 
     @property
     def token_versions(self) -> tuple[int, ...]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -71,6 +72,10 @@ class Request:
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     matched: str | int | None = None
+    submitted: float = field(default_factory=time.perf_counter)
+    """When the request was made (perf_counter seconds)."""
+    first_token_s: float | None = None
+    """Seconds from `submitted` to the first sampled token (`GenerateResult.first_token_s`)."""
 
     @property
     def cached_len(self) -> int:
@@ -79,6 +84,8 @@ class Request:
 
     def push(self, token: int, logprob: float, version: int) -> FinishReason | None:
         """Record one sampled token; return the finish reason it causes, if any."""
+        if not self.output_ids:
+            self.first_token_s = time.perf_counter() - self.submitted
         self.output_ids.append(token)
         self.logprobs.append(logprob)
         self.versions.append(version)
@@ -100,6 +107,7 @@ class Request:
             weight_version=versions[-1] if versions else version,
             matched_stop=self.matched if reason == "stop" else None,
             weight_versions=varying(versions),
+            first_token_s=self.first_token_s,
         )
 
 

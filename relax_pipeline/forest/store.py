@@ -74,9 +74,19 @@ def stored_ids(values: Sequence[int]) -> array:
 
 
 @dataclass(frozen=True)
+class GenerationPiece:
+    """One engine call of a turn (a preempted turn has several); milliseconds from the turn's start."""
+
+    start_ms: float
+    end_ms: float
+    first_token_ms: float | None = None
+    """When its first token came (`GenerateResult.first_token_s`); None when the engine does not say."""
+
+
+@dataclass(frozen=True)
 class TurnTiming:
     """Where one model turn's time went; connects the turn service (which measures it) to the dump's
-    `timing.turns`. A preempted turn's parked time counts as queue."""
+    `timing.turns` and the session traces (`stages/traces.py`). A preempted turn's parked time counts as queue."""
 
     queue_ms: float
     """Waiting to generate: the group's first-request barrier, a held or parked lease."""
@@ -84,6 +94,10 @@ class TurnTiming:
     """Inside the engine (its own admission queue included), summed over the pieces of a resumed turn."""
     total_ms: float
     """From the service taking the request to the turn being committed."""
+    started_at: float = 0.0
+    """Epoch seconds when the service took the request (0.0: not recorded)."""
+    pieces: tuple[GenerationPiece, ...] = ()
+    """The engine calls of the turn in order (not in the dump: the traces read them)."""
 
     def as_dict(self) -> dict[str, float]:
         return {"queue_ms": round(self.queue_ms, 3), "generation_ms": round(self.generation_ms, 3),

@@ -43,8 +43,10 @@ class Reward:
         scored = CreditGroup(group.id, group.mode, len(group.sessions),
                              [self._context(group, i, s, e) for i, s in enumerate(group.sessions)
                               for e in exports.get(s.id, [])])
+        _mark(group, "scoring")  # the `reward` and `credit` spans of the sessions' traces (stages/traces.py)
         try:
             await self.credit.score(scored)
+            _mark(group, "scored")
             if not scored.filtered and not await self.credit.keep(scored):
                 filter_group(scored, "credit.filter_path rejected the group")
         except RewardError as error:
@@ -56,6 +58,7 @@ class Reward:
             drop_group(self.store, group, reason, outcome=REWARD_ERROR)
             return
         group.contexts, group.filtered = scored.contexts, scored.filtered
+        _mark(group, "credited")
         if group.filtered:
             log.info("group %s filtered: %s", group.id, group.filtered)
 
@@ -95,3 +98,9 @@ class Reward:
         """Fail the session (`outcome`; without it the whole group ends with `outcome`) and drop the group."""
         failed = next((s for s in group.sessions if s.id == session_id), None)
         drop_group(self.store, group, reason, failed, outcome)
+
+
+def _mark(group: Group, event: str) -> None:
+    """Stamp `event` on every session of `group` (its dump row's `timing` and its trace)."""
+    for session in group.sessions:
+        session.mark(event)

@@ -79,8 +79,11 @@ class Runtime:
             output = parse_output(group.session_dir(session) / "output.json")
             group.outputs[session.id] = output
             if not output.implicit:
-                return session, explicit_exports(session.forest, output.records)
-            return session, implicit_exports(session.forest, self.implicit)
+                exports = explicit_exports(session.forest, output.records)
+            else:
+                exports = implicit_exports(session.forest, self.implicit)
+            session.mark("exported")  # the `export` span of its trace (stages/traces.py)
+            return session, exports
         except AgentFailure as error:
             return session, self._after_truncation(group, session, _failure(session, error))
         except AgentOutputError as error:

@@ -1,6 +1,7 @@
 """Trackers: where per-step metrics go besides run.log.
 
-`TrackingSettings` is the `tracking` node. `NullTracker` is `tracking=none`: the same interface, doing
+`TrackingSettings` is the `tracking` node (its `traces` and `otlp_endpoint` keys are read by run.py for
+`tracking/traces.py`, whatever the tracker). `NullTracker` is `tracking=none`: the same interface, doing
 nothing, so the pipeline never branches on whether tracking is on. The W&B tracker is `tracking/wandb.py`.
 """
 
@@ -25,6 +26,12 @@ class TrackingSettings:
     """Run name; None lets W&B choose."""
     mode: str | None = None
     """online, offline or disabled; None means offline unless WANDB_API_KEY is set."""
+    traces: bool = True
+    """One OpenTelemetry trace per session, as OTLP JSON lines in `<output_dir>/traces/step_<n>.jsonl`
+    (tracking/traces.py); false writes none."""
+    otlp_endpoint: str | None = None
+    """Also export the traces to this OTLP/HTTP endpoint (`http://host:4318`, `/v1/traces` added when no path is
+    given); needs opentelemetry-exporter-otlp-proto-http (`pip install 'relax_pipeline[otlp]'`)."""
 
 
 class Tracker(Protocol):

@@ -200,8 +200,9 @@ class DeepSpeedTrainer(TorchTrainer):
     def run_shares(self, shares: list[RankShare]) -> list[dict[str, float]]:
         """This rank's part of each optimizer step (every rank runs it with the same number of shares)."""
         frozen = Frozen(self.reference, self.teacher)
-        return [share_step(self.model, frozen, self, share, self.settings, self.pad_id, self.device, self._all_sum)
-                for share in shares]
+        self.timeline = [[] for _ in shares]
+        return [share_step(self.model, frozen, self, share, self.settings, self.pad_id, self.device, self._all_sum,
+                           self.timeline[i]) for i, share in enumerate(shares)]
 
     def _all_sum(self, values: torch.Tensor) -> torch.Tensor:
         """all-reduce SUM over every rank (on this rank's device: NCCL reduces only GPU tensors)."""

@@ -16,6 +16,10 @@ bucket's loss-carrying tokens (a bucket without tokens is left out). `step.share
 the "current policy" is the policy as it computes that micro-batch's loss: the step's starting weights for its
 first optimizer step), across ranks like every other metric, and turns the sums into means per optimizer step.
 
+`MicroBatchTime` records when each micro-batch of a step ran and which samples it trained (the trainers keep
+them as `timeline`, one list per optimizer step), so a session's trace can show the micro-batches that consumed
+its tokens.
+
 What it does not do: the shares are about the samples as given; they do not say which tokens a filter dropped.
 """
 
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -33,6 +38,18 @@ BUCKETS = 4
 LABELS = tuple(str(k) for k in range(BUCKETS)) + (f"{BUCKETS}+",)
 """The bucket names, in order: `0`, `1`, ..., `4+`."""
 _KL_SUM, _KL_TOKENS = "version_lag_kl_sum/", "version_lag_kl_tokens/"
+
+
+@dataclass(frozen=True)
+class MicroBatchTime:
+    """When one micro-batch ran on this rank (its forward, loss and backward) and which samples it held; connects
+    `step.share_step` to the session traces (the step loop reads the trainer's `timeline`)."""
+
+    index: int
+    start_ns: int
+    """Epoch nanoseconds."""
+    end_ns: int
+    samples: tuple[Sample, ...]
 
 
 def version_lag(samples: Sequence[Sample], current: int) -> dict[str, float]:

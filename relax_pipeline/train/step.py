@@ -36,6 +36,7 @@ between ranks.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -49,7 +50,7 @@ from relax_pipeline.train.advantages import AdvantageSettings, token_advantages,
 from relax_pipeline.train.batching import BatchSettings
 from relax_pipeline.train.data_parallel import AllSum, RankShare, shard, sum_metrics, whiten_across
 from relax_pipeline.train.losses import LossBatch, LossSettings, policy_loss
-from relax_pipeline.train.provenance import lag_kl_metrics, lag_kl_sums
+from relax_pipeline.train.provenance import MicroBatchTime, lag_kl_metrics, lag_kl_sums
 
 Model = Callable[..., object]
 """A Hugging Face causal LM, or a DeepSpeed engine wrapping one (same call signature)."""
@@ -286,11 +287,13 @@ def optimizer_step(
     pad_id: int,
     device: torch.device | str,
     version: int | None = None,
+    timeline: list[MicroBatchTime] | None = None,
 ) -> dict[str, float]:
     """One optimizer step over `samples` (a global batch) in one process; returns its metrics (no `train/`).
-    `version` (the weight version being trained) adds the KL per lag bucket (`version_lag_kl/<k>`)."""
+    `version` (the weight version being trained) adds the KL per lag bucket (`version_lag_kl/<k>`); `timeline`
+    gets each micro-batch's times."""
     share = shard(samples, 1, settings.batching, version)[0]
-    return share_step(model, frozen, backend, share, settings, pad_id, device)
+    return share_step(model, frozen, backend, share, settings, pad_id, device, timeline=timeline)
 
 
 def share_step(
@@ -302,15 +305,20 @@ def share_step(
     pad_id: int,
     device: torch.device | str,
     all_sum: AllSum | None = None,
+    timeline: list[MicroBatchTime] | None = None,
 ) -> dict[str, float]:
     """One optimizer step over this rank's `share` of a global batch; `all_sum` (None: one rank) makes the
-    whitening and the metrics cover every rank (train/data_parallel.py). Metrics are the global batch's."""
+    whitening and the metrics cover every rank (train/data_parallel.py). Metrics are the global batch's. `timeline`
+    (when given) gets when each micro-batch ran and its samples."""
     batches = [collate(g, pad_id, device) for g in share.micro_batches]
     prepared = _prepare(model, frozen, batches, settings, all_sum)
     metrics: dict[str, float] = {}
     for i, item in enumerate(prepared):
+        started = time.time_ns()
         loss, values, logprobs = _micro_loss(model, item, settings, share.tokens, share.sequences)
         backend.backward(loss, last=i == len(prepared) - 1)
+        if timeline is not None:
+            timeline.append(MicroBatchTime(i, started, time.time_ns(), share.micro_batches[i]))
         _accumulate(metrics, {"loss": float(loss.detach()), **values})
         if share.version is not None:
             _accumulate(metrics, lag_kl_sums(share.micro_batches[i], share.version, logprobs,

@@ -46,7 +46,7 @@ from relax_pipeline.models.folder import WEIGHTS_FILE, copy_model_files, save_we
 from relax_pipeline.train.allocator import keep_freed_cpu_memory, wants_freed_memory_kept
 from relax_pipeline.train.batching import global_batches
 from relax_pipeline.train.optim import adamw, clip_and_step
-from relax_pipeline.train.provenance import version_lag
+from relax_pipeline.train.provenance import MicroBatchTime, version_lag
 from relax_pipeline.train.settings import TrainerRun, TrainerSettings
 from relax_pipeline.train.step import Frozen, StepSettings, mean_metrics, optimizer_step
 
@@ -73,6 +73,8 @@ class TorchTrainer:
         self.save_optimizer = settings.save_optimizer
         """`trainer.save_optimizer`: False writes weights only (resuming then starts a fresh optimizer)."""
         self.version = 0
+        self.timeline: list[list[MicroBatchTime]] = []
+        """The last `train` call's micro-batches on this rank, one list per optimizer step (the session traces)."""
         check_implementation("trainer.attn_implementation", settings.attn_implementation)
         self.attn_implementation = settings.attn_implementation
         """`trainer.attn_implementation`: the policy's attention kernel (None: transformers' default)."""
@@ -107,8 +109,9 @@ class TorchTrainer:
     def _steps(self, batches: list[list[Sample]]) -> list[dict[str, float]]:
         """One `optimizer_step` per global batch; their metrics."""
         frozen = Frozen(self.reference, self.teacher)
-        return [optimizer_step(self.model, frozen, self, b, self.settings, self.pad_id, self.device, self.version)
-                for b in batches]
+        self.timeline = [[] for _ in batches]
+        return [optimizer_step(self.model, frozen, self, b, self.settings, self.pad_id, self.device, self.version,
+                               self.timeline[i]) for i, b in enumerate(batches)]
 
     def backward(self, loss: torch.Tensor, last: bool) -> None:
         """Accumulate gradients; the loss is already normalized by the global batch."""

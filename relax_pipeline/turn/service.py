@@ -65,7 +65,14 @@ from relax_pipeline.engine.base import (
 )
 from relax_pipeline.engine.parsers import OutputParser
 from relax_pipeline.engine.template import ChatTemplate
-from relax_pipeline.forest.store import Attachment, ForkEvent, Observation, SessionForest, TurnTiming
+from relax_pipeline.forest.store import (
+    Attachment,
+    ForkEvent,
+    GenerationPiece,
+    Observation,
+    SessionForest,
+    TurnTiming,
+)
 from relax_pipeline.turn.errors import LeaseClosed, ProtocolError
 from relax_pipeline.turn.records import SamplingDefaults, TurnRequest, TurnResult
 
@@ -409,6 +416,7 @@ class TurnService:
             with clock.generating():
                 result = await self.engine.generate(prepared.prompt_ids, prepared.sampling, rid, media=prepared.media,
                                                     session_id=session.id if session is not None else None)
+            clock.first_token(result)
         else:
             result = await self._leased(prepared, rid, session, lease, clock)
         if result.finish_reason == "abort":
@@ -431,6 +439,7 @@ class TurnService:
                         prompt, sampling = resume_input(prepared.prompt_ids, prepared.sampling, done)
                         more = await self.engine.generate(prompt, sampling, rid, media=prepared.media,
                                                           session_id=session.id)
+                    clock.first_token(more)
             except LeaseClosed as closed:
                 raise ProtocolError(404, str(closed)) from None
             done = joined(done, more)
@@ -466,11 +475,13 @@ class TurnService:
 
 
 class _TurnClock:
-    """Measures one turn: time inside the engine (`generating`), the rest until `timing()` is queue."""
+    """Measures one turn: time inside the engine (`generating`, one piece per engine call, with its first token
+    when the engine says), the rest until `timing()` is queue. A few clock reads per engine call, no more."""
 
     def __init__(self) -> None:
+        self._wall = time.time()
         self._start = time.perf_counter()
-        self._generating = 0.0
+        self._pieces: list[GenerationPiece] = []
 
     @contextmanager
     def generating(self) -> Iterator[None]:
@@ -478,11 +489,19 @@ class _TurnClock:
         try:
             yield
         finally:
-            self._generating += time.perf_counter() - began
+            ended = time.perf_counter()
+            self._pieces.append(GenerationPiece(1000 * (began - self._start), 1000 * (ended - self._start)))
+
+    def first_token(self, result: GenerateResult) -> None:
+        """The last piece's first token, from the engine's `first_token_s`."""
+        if result.first_token_s is not None and self._pieces:
+            piece = self._pieces[-1]
+            self._pieces[-1] = replace(piece, first_token_ms=piece.start_ms + 1000 * result.first_token_s)
 
     def timing(self) -> TurnTiming:
-        total = time.perf_counter() - self._start
-        return TurnTiming(1000 * (total - self._generating), 1000 * self._generating, 1000 * total)
+        total = 1000 * (time.perf_counter() - self._start)
+        generating = sum(p.end_ms - p.start_ms for p in self._pieces)
+        return TurnTiming(total - generating, generating, total, self._wall, tuple(self._pieces))
 
 
 def _check_last_message(messages: tuple[Message, ...]) -> None:

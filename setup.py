@@ -12,7 +12,8 @@ SKIP = ["*__pycache__*", "*.egg-info*"]
 PACKAGES = find_namespace_packages(include=["relax_pipeline*"], exclude=SKIP)
 EXAMPLES = ["relax_pipeline.examples",
             *(f"relax_pipeline.examples.{p}" for p in find_namespace_packages("examples", exclude=SKIP))]
-DATA = ["*.yaml", "*.jinja", "*.txt", "*.jsonl", "*.json", "*.md", "*.sh", "*.png", "*.html", "*.js", "*.css"]
+DATA = ["*.yaml", "*.jinja", "*.txt", "*.jsonl", "*.json", "*.md", "*.sh", "*.png", "*.html", "*.js", "*.css",
+        "LICENSE"]  # LICENSE: a vendored library's licence (view/static/vendor/)
 
 setup(
     packages=[*PACKAGES, *EXAMPLES],

@@ -5,7 +5,10 @@ no CDN); `/api/run` the run's overview (folder, job, model, steps with dumps, wh
 last log line, when anything last changed); `/api/metrics` every metric as (step, value) points;
 `/api/steps/{step}/sessions?status=&offset=&limit=` one page of a step's sessions with per-status counts
 (`view/dump_index.py`); `/api/steps/{step}/sessions/{session_id}` one session's tree and contexts with
-tokens (`view/session.py`); `/api/check` the `job=check` certificate (`check/certificate.json`, written by
+tokens (`view/session.py`) and the weight version the step trained (for each token's version lag);
+`/api/steps/{step}/sessions/{session_id}/trace` the session's trace as a timeline (`view/traces.py`; 404 when
+no trace file holds it); `/api/bundle` a replay bundle's manifest, metrics and credit per group when the folder
+is a bundle (`view/bundle.py`); `/api/check` the `job=check` certificate (`check/certificate.json`, written by
 `relax_pipeline/certify/`) and its worst turn: the first template drift that forked a session, else the first
 drift. `{step}` is a dump's `{rollout_id}`: a step number or `eval_<name>_<n>`.
 Every request re-reads what changed on disk, so reloading the page shows a running run's new steps.
@@ -28,6 +31,7 @@ from relax_pipeline.view.dump_index import STATUSES, IndexCache
 from relax_pipeline.view.folder import DumpFile, RunFolder
 from relax_pipeline.view.session import session_view
 from relax_pipeline.view.tokens import TokenText, tokenizer_folder
+from relax_pipeline.view.traces import NO_TRACE, TraceIndex
 
 STATIC = Path(__file__).parent / "static"
 PAGE_LIMIT = 500
@@ -39,6 +43,7 @@ class Viewer:
     def __init__(self, root: Path, tokenizer: str | None = None) -> None:
         self.folder = RunFolder(root)
         self.indexes = IndexCache()
+        self.traces = TraceIndex(self.folder.root)
         self._tokenizer_given = tokenizer
         self._text: TokenText | None = None
 
@@ -65,7 +70,9 @@ class Viewer:
                 "num_steps": (config.get("rollout") or {}).get("num_steps"),
                 "steps": [{"id": d.id, "kind": d.kind, "bytes": d.path.stat().st_size} for d in dumps],
                 "metrics_source": source, "last_log_line": folder.log.last_line, "updated": updated,
-                "now": time.time(), "statuses": STATUSES}
+                "now": time.time(), "statuses": STATUSES,
+                "bundle": None if folder.bundle is None else folder.bundle.brief(),
+                "traces": self.traces.folder.is_dir()}
 
     def sessions(self, step: str, status: str | None, offset: int, limit: int) -> dict[str, Any]:
         if status and status not in STATUSES:
@@ -88,7 +95,21 @@ class Viewer:
         index = self.indexes.get(self.dump(step).path)
         if session_id not in index.by_id:
             raise HTTPException(404, f"step {step!r} has no session {session_id!r}")
-        return session_view(step, index.read_rows(session_id), self.folder.forks(session_id), self.text)
+        view = session_view(step, index.read_rows(session_id), self.folder.forks(session_id), self.text)
+        return {**view, "trained_version": self.folder.trained_version(step)}
+
+    def trace(self, step: str, session_id: str) -> dict[str, Any]:
+        found = self.traces.find(session_id, step)
+        if found is None:
+            raise HTTPException(404, f"{NO_TRACE}: no {self.traces.folder.name}/step_*.jsonl in {self.folder.root} "
+                                     f"holds session {session_id!r}")
+        return found
+
+    def bundle(self) -> dict[str, Any]:
+        if self.folder.bundle is None:
+            raise HTTPException(404, f"{self.folder.root} is not a replay bundle (no bundle.json): open a "
+                                     "<output>/replay/step_<n> folder")
+        return self.folder.bundle.summary()
 
 
 def create_app(root: Path, tokenizer: str | None = None) -> FastAPI:
@@ -123,5 +144,13 @@ def create_app(root: Path, tokenizer: str | None = None) -> FastAPI:
     @app.get("/api/steps/{step}/sessions/{session_id}")
     def session(step: str, session_id: str) -> dict[str, Any]:
         return viewer.session(step, session_id)
+
+    @app.get("/api/steps/{step}/sessions/{session_id}/trace")
+    def trace(step: str, session_id: str) -> dict[str, Any]:
+        return viewer.trace(step, session_id)
+
+    @app.get("/api/bundle")
+    def bundle() -> dict[str, Any]:
+        return viewer.bundle()
 
     return app

@@ -7,7 +7,9 @@ that predate it, the `step N metrics k=v ...` and `eval after N steps metrics ..
 and the fork records `session S turn N forked: why` of `run.log`. Everything is re-read when its file
 changed (size or mtime), so a refresh shows a running run's new steps; `run.log` is read incrementally
 from where the last read stopped. Without a `config.yaml` (or without a dump pattern in it) the dump
-files are found as `*.jsonl` files under the folder (two levels) whose first row has a `rollout_id`.
+files are found as `*.jsonl` files under the folder (two levels) whose first row has a `rollout_id`. A replay
+bundle folder (`bundle.json`, `view/bundle.py`) is read as a one-step run: its `rows.jsonl` is the step's dump
+and its `metrics.json` the step's metrics.
 
 This module never writes into the folder and parses no dump row beyond the first of a file (that is
 `view/dump_index.py`).
@@ -24,6 +26,7 @@ from typing import Any
 import yaml
 
 from relax_pipeline.tracking.metrics_file import METRICS_FILE, read_metrics_file
+from relax_pipeline.view.bundle import BundleFolder, is_bundle
 
 STEP_LINE = re.compile(r" step (\d+) metrics (.*)$")
 EVAL_LINE = re.compile(r" eval after (\d+) steps metrics (.*)$")
@@ -125,6 +128,8 @@ class RunFolder:
             raise FileNotFoundError(f"view.dir={str(root)!r} is not a folder; give a run's output folder")
         self.log = LogReader(self.root / "run.log")
         self._config: tuple[float, dict[str, Any]] | None = None
+        self.bundle = BundleFolder(self.root) if is_bundle(self.root) else None
+        """The replay bundle when the folder is one (`view/bundle.py`), else None."""
 
     def certificate(self) -> dict[str, Any] | None:
         """`check/certificate.json` as written by `job=check` (its schema: `relax_pipeline/certify/certificate.py`);
@@ -147,6 +152,9 @@ class RunFolder:
 
     def dump_files(self) -> list[DumpFile]:
         """Every dump file, train steps first (by step), then eval dumps (by steps done)."""
+        if self.bundle is not None:
+            rows = self.bundle.rows_path
+            return [DumpFile(str(self.bundle.step), rows, "train")] if rows.is_file() else []
         pattern = (self.config().get("debug") or {}).get("save_rollout_data")
         found = self._by_pattern(pattern) if pattern else self._by_scan()
         return sorted(found, key=lambda d: d.order)
@@ -171,6 +179,8 @@ class RunFolder:
 
     def metrics(self) -> tuple[str, dict[str, list[tuple[int, float]]]]:
         """(source file name, metric name → (step, value) points in step order)."""
+        if self.bundle is not None:
+            return "metrics.json", self.bundle.curves()
         self.log.refresh()
         path = self.root / METRICS_FILE
         source, records = (METRICS_FILE, read_metrics_file(path)) if path.exists() else ("run.log", self.log.steps)
@@ -179,6 +189,14 @@ class RunFolder:
             for key, value in values.items():
                 curves.setdefault(key, {})[step] = value
         return source, {key: sorted(points.items()) for key, points in curves.items()}
+
+    def trained_version(self, step: str) -> int | None:
+        """The weight version step `step` trained (`train/weight_version` is logged after the bump, so one less);
+        the step number when the metric is absent; None for an eval dump (nothing trained on it)."""
+        if not step.isdigit():
+            return None
+        logged = dict(self.metrics()[1].get("train/weight_version", ()))
+        return int(logged[int(step)]) - 1 if int(step) in logged else int(step)
 
     def forks(self, session_id: str) -> list[ForkRecord]:
         self.log.refresh()

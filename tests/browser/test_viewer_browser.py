@@ -3,18 +3,18 @@ for Python (`pip install -e '.[view]'`; no `playwright install` download: the OS
 
 The run: two training steps on the tiny model (CPU) with `tests/agents/forking_agent.py`, which forks its session
 on "+" prompts (it rewrites its first answer), fails on purpose on one prompt (a failed and a dropped row), and
-an eval dataset evaluated before the first step and after each. The tests open that run's folder in the viewer
-and check what a person would look at; each view is saved as a screenshot, into `docs/img/viewer_*.png` (the README
-shows them) when `RELAX_SCREENSHOTS=docs` is set, else into the test's temporary folder, so a test run leaves the
-checkout clean. Regenerate the README's images with `RELAX_SCREENSHOTS=docs pytest -m browser tests/browser`.
+an eval dataset evaluated before the first step and after each; it writes a replay bundle per step. The tests open
+that run's folder (and its last bundle) in the viewer and check what a person would look at; each view is saved as
+a screenshot (`tests/browser/pages.py`: into `docs/img/viewer_*.png`, which the README shows, when
+`RELAX_SCREENSHOTS=docs` is set). Regenerate the README's images with
+`RELAX_SCREENSHOTS=docs pytest -m browser tests/browser`. The charts' own checks (round ticks, labels inside the
+canvas, hover, zoom, version lag, the trace timeline) are in `test_viewer_charts.py`.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,23 +24,14 @@ from hydra import compose, initialize_config_dir
 
 from relax_pipeline.config import CONF_DIR, quote_placeholders, register
 from relax_pipeline.run import run
-from relax_pipeline.view.server import ViewServer
+from tests.browser.pages import REPO, chromium, shot, viewer_page
 
 playwright = pytest.importorskip("playwright.sync_api", reason="pip install -e '.[view]' (playwright==1.65.2)")
-REPO = Path(__file__).resolve().parents[2]
-IMAGES = REPO / "docs" / "img" if os.environ.get("RELAX_SCREENSHOTS") == "docs" else Path(tempfile.mkdtemp("-viewer"))
 AGENT = REPO / "tests" / "agents" / "forking_agent.py"
 STEPS = 2
 PROMPTS = ["What is 2 + 3?", "What is 7 - 4?", "Please fail now.", "What is 5 + 1?", "What is 9 - 2?", "What is 4 + 4?"]
 MASK_COLOURS = {"1": "rgb(199, 236, 210)", "0": "rgb(228, 232, 238)"}
 VERSION_COLOURS = {0: "rgb(207, 226, 255)", 1: "rgb(255, 216, 168)"}
-
-
-def chromium() -> str:
-    for name in (os.environ.get("RELAX_CHROMIUM"), "chromium", "chromium-browser", "google-chrome"):
-        if name and (path := shutil.which(name)):
-            return path
-    pytest.skip("no Chromium on PATH: apt-get install -y chromium (or set RELAX_CHROMIUM)")
 
 
 @pytest.fixture(scope="module")
@@ -58,48 +49,50 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory, tiny_path: Path) -> Path:
             f"dataset.path={data}", f"rollout.num_steps={STEPS}", "rollout.batch_size=2",
             "rollout.n_samples_per_prompt=2", "rollout.max_response_len=16", f"output_dir={folder / 'out'}",
             f"model.cache_dir={tiny_path.parent}", "debug.save_rollout_data=dump/rollout_{rollout_id}.jsonl",
-            "eval.interval=1", "eval.n_samples_per_prompt=1", f"eval.datasets=[{{name:toy,path:{evals}}}]"]))
+            "eval.interval=1", "eval.n_samples_per_prompt=1", f"eval.datasets=[{{name:toy,path:{evals}}}]",
+            "debug.replay_bundle=true"]))
     run(cfg)
     return folder / "out"
 
 
 @pytest.fixture(scope="module")
-def page(run_dir: Path) -> Iterator[Any]:
-    server = ViewServer(run_dir).start()
+def browser(run_dir: Path) -> Iterator[Any]:
+    """Chromium, started after the run: Playwright's sync API holds an event loop, and `run` starts its own."""
     with playwright.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium(), args=["--no-sandbox"])
-        page = browser.new_page(viewport={"width": 1280, "height": 860})
-        errors: list[str] = []
-        page.on("pageerror", lambda error: errors.append(str(error)))
-        page.base = server.url
-        yield page
+        yield browser
         browser.close()
-        server.stop()
-    assert not errors, f"the page raised: {errors}"
+
+
+@pytest.fixture(scope="module")
+def page(browser: Any, run_dir: Path) -> Iterator[Any]:
+    yield from viewer_page(browser, run_dir)
 
 
 def rows_of(run_dir: Path, step: int) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "dump" / f"rollout_{step}.jsonl").read_text().splitlines()]
 
 
-def shot(page: Any, name: str) -> None:
-    IMAGES.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(IMAGES / f"viewer_{name}.png"), full_page=True)
+def points(page: Any, chart: str, series: str) -> list[list[float]]:
+    """(step, value) of each point of `series` in the chart `chart` (its uPlot data, nulls left out)."""
+    return page.locator(f'[data-chart="{chart}"]').evaluate(
+        """(el, name) => { const u = el.uplot, i = u.series.findIndex((s) => s.label === name);
+          return i < 1 ? [] : u.data[0].map((x, j) => [x, u.data[i][j]]).filter(([, y]) => y !== null); }""", series)
 
 
-def test_each_curve_has_one_point_per_step(page: Any) -> None:
+def test_each_curve_has_one_point_per_step(page: Any, run_dir: Path) -> None:
     page.goto(page.base + "#/curves")
-    page.wait_for_selector('[data-chart="Reward"] svg')
+    page.wait_for_selector('[data-chart="Reward"] canvas')
     for chart, series in [("Reward", "rollout/raw_reward"), ("Loss", "train/loss"), ("Entropy", "train/entropy"),
                           ("Truncated ratio", "rollout/truncated_ratio"), ("Fork count", "rollout/fork_count"),
-                          ("Step time (s)", "perf/step_time")]:
-        points = page.locator(f'[data-chart="{chart}"] circle.point[data-series="{series}"]')
-        assert points.count() == STEPS, chart
-        assert [points.nth(i).get_attribute("data-step") for i in range(STEPS)] == ["0", "1"]
-    evals = page.locator('[data-chart="Eval accuracy"] circle.point[data-series="eval/toy/raw_reward"]')
-    assert evals.count() == STEPS + 1, "eval before the first step and after each"
-    forks = page.locator('[data-chart="Fork count"] circle.point')
-    assert float(forks.nth(STEPS - 1).get_attribute("data-value")) > 0
+                          ("Step time (s)", "perf/step_time"), ("Mean version lag", "train/version_lag/mean")]:
+        assert [x for x, _ in points(page, chart, series)] == [0, 1], chart
+    assert len(points(page, "Eval accuracy", "eval/toy/raw_reward")) == STEPS + 1, "eval before step 0 and after each"
+    assert points(page, "Fork count", "rollout/fork_count")[-1][1] > 0
+    assert points(page, "Version lag (share of trained tokens)", "lag 0") == [[0, 1.0], [1, 1.0]], "sync: no lag"
+    logged = {k for line in (run_dir / "metrics.jsonl").read_text().splitlines() for k in json.loads(line)["metrics"]}
+    assert not logged & {"passrate", "rollout/sampled_passrate"}
+    assert page.locator('[data-chart="Pass rate"]').count() == 0, "a chart without data is not shown"
     shot(page, "curves")
 
 
@@ -167,14 +160,12 @@ def test_tokens_are_coloured_by_loss_mask_and_by_weight_version_with_logprob_on_
 
 def test_refresh_shows_a_step_the_run_wrote_after_the_page_opened(page: Any, run_dir: Path) -> None:
     page.goto(page.base + "#/curves")
-    points = page.locator('[data-chart="Reward"] circle.point[data-series="rollout/raw_reward"]')
-    points.first.wait_for()
-    assert points.count() == STEPS
+    page.wait_for_selector('[data-chart="Reward"] canvas')
+    assert len(points(page, "Reward", "rollout/raw_reward")) == STEPS
     with open(run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:  # what the next step of a running run adds
         f.write(json.dumps({"step": STEPS, "time": 0.0, "metrics": {"rollout/raw_reward": 0.5}}) + "\n")
     page.click("#refresh")
-    page.wait_for_function(f"document.querySelectorAll('[data-chart=\"Reward\"] circle.point"
-                           f"[data-series=\"rollout/raw_reward\"]').length === {STEPS + 1}")
+    page.wait_for_function(f"document.querySelector('[data-chart=\"Reward\"]').uplot.data[0].length === {STEPS + 1}")
 
 
 def test_the_check_page_shows_the_verdict_and_the_worst_turn_s_token_diff(page: Any, run_dir: Path) -> None:
@@ -204,3 +195,22 @@ def test_the_check_page_shows_the_verdict_and_the_worst_turn_s_token_diff(page: 
     assert page.locator("#worst mark.first-diff").all_inner_texts() == ["<think>", "The"]
     assert "rollout.history=tokens" in page.inner_text("#check-causes")
     shot(page, "check")
+
+
+def test_the_run_s_replay_bundle_opens_directly(browser: Any, run_dir: Path) -> None:
+    """`job=view view.dir=<output>/replay/step_1`: the bundle's manifest, loss and per-context advantages, as the
+    run's recorder wrote them, and its sessions open with their tokens."""
+    bundle = run_dir / "replay" / f"step_{STEPS - 1}"
+    credit = [c for line in (bundle / "credit.jsonl").read_text().splitlines() for c in json.loads(line)["contexts"]]
+    loss = json.loads((bundle / "metrics.json").read_text())["train/loss"]
+    for page in viewer_page(browser, bundle):
+        page.goto(page.base)
+        page.wait_for_selector("#credit tr[data-session]")
+        rows = page.locator("#credit tr[data-session]")
+        assert rows.evaluate_all("els => els.map((e) => e.dataset.session)") == [c["session_id"] for c in credit]
+        shown = [float(a) for a in rows.locator("td.advantage").all_inner_texts()]
+        assert shown == [float(f"{c['advantage']:.4g}") for c in credit]
+        assert float(page.inner_text('#bundle-metrics dt:text-is("train/loss") + dd')) == float(f"{loss:.4g}")
+        shot(page, "bundle")
+        rows.first.locator("a").click()
+        page.wait_for_selector("#ctx-0 .tok.resp")

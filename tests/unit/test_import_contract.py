@@ -34,7 +34,7 @@ ALLOWED: dict[str, set[str]] = {
     "run": {"agent", "certify", "config", "data", "engine", "gateway", "infra", "loop", "models", "scheduling",
             "replay", "stages", "tracking", "train", "turn", "view"},
     "certify": {"canonical", "engine", "forest", "stages", "turn"},
-    "view": {"models", "tracking"},
+    "view": {"models", "replay", "tracking"},
     "loop": {"engine", "forest", "replay", "scheduling", "stages", "tracking"},
     "config": {"agent", "credit", "data", "engine", "gateway", "infra", "models", "protocol", "replay", "scheduling",
                "tracking", "train"},

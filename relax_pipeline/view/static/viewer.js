@@ -1,9 +1,9 @@
-// The run viewer's page: hash routes #/curves, #/steps/<step>?status=&page=, #/session/<step>/<session_id>, #/check.
-// Draws from the JSON API of view/app.py; curves are inline SVG drawn here (no library, no CDN).
+// The run viewer's page: hash routes #/curves, #/steps/<step>?status=&page=, #/session/<step>/<session_id>,
+// #/check, #/bundle (a replay bundle opened directly). Draws from the JSON API of view/app.py; the charts and the
+// trace timeline are in charts.js (uPlot, vendored under vendor/uplot; no CDN).
 "use strict";
 
 const PAGE_SIZE = 50;
-const COLORS = ["#2463c9", "#d9480f", "#2b8a3e", "#862e9c", "#c92a2a", "#0b7285", "#5f3dc4", "#e67700"];
 const VERSION_COLORS = ["#cfe2ff", "#ffd8a8", "#c3fae8", "#eebefa", "#ffc9c9", "#d3f9d8", "#fff3bf", "#d0bfff"];
 const CHARTS = [
   ["Reward", [/^rollout\/raw_reward$/, /^rollout\/sampled_reward$/]],
@@ -14,8 +14,11 @@ const CHARTS = [
   ["Entropy", [/^train\/entropy$/]],
   ["Truncated ratio", [/^rollout\/truncated_ratio$/]],
   ["Fork count", [/^rollout\/fork_count$/]],
+  ["Mean version lag", [/^train\/version_lag\/mean$/]],
+  ["KL by version lag", [/^train\/version_lag_kl\//]],
   ["Step time (s)", [/^perf\/step_time$/]],
 ];
+const LAG_CHART = "Version lag (share of trained tokens)";
 const state = { run: null, extra: [], colorMode: "mask" };
 
 function h(tag, attrs, ...children) {
@@ -30,13 +33,6 @@ function h(tag, attrs, ...children) {
   return el;
 }
 
-function svg(tag, attrs, ...children) {
-  const el = document.createElementNS("http://www.w3.org/2000/svg", tag);
-  for (const [k, v] of Object.entries(attrs || {})) el.setAttribute(k, v);
-  for (const c of children) el.append(c instanceof Node ? c : document.createTextNode(String(c)));
-  return el;
-}
-
 async function api(path) {
   const response = await fetch(path, { cache: "no-store" });
   if (!response.ok) throw new Error(`${path}: ${response.status} ${(await response.json()).detail || ""}`);
@@ -46,32 +42,39 @@ async function api(path) {
 const fmt = (v) => (v === null || v === undefined ? "–" : typeof v === "number" ? +v.toPrecision(4) : String(v));
 
 function route() {
-  const [path, query] = (location.hash.slice(1) || "/curves").split("?");
+  const [path, query] = (location.hash.slice(1) || (state.run && state.run.bundle ? "/bundle" : "/curves")).split("?");
   return { parts: path.split("/").filter(Boolean).map(decodeURIComponent), query: new URLSearchParams(query || "") };
 }
 
 async function render() {
-  const { parts, query } = route();
   const view = document.getElementById("view");
+  let parts = [];
   try {
     state.run = await api("/api/run");
     header(state.run);
+    const where = route();
+    parts = where.parts;
+    releaseCharts();
     let page;
     if (parts[0] === "session") page = await sessionPage(parts[1], parts.slice(2).join("/"));
-    else if (parts[0] === "steps") page = await stepsPage(parts[1], query);
+    else if (parts[0] === "steps") page = await stepsPage(parts[1], where.query);
     else if (parts[0] === "check") page = await checkPage();
+    else if (parts[0] === "bundle") page = await bundlePage();
     else page = await curvesPage();
     view.replaceChildren(page);
   } catch (error) {
     view.replaceChildren(h("p", { class: "card" }, `Could not load: ${error.message}`));
   }
+  document.getElementById("nav-bundle").hidden = !(state.run && state.run.bundle);
+  document.getElementById("nav-bundle").classList.toggle("active", parts[0] === "bundle");
   document.getElementById("nav-curves").classList.toggle("active", !parts[0] || parts[0] === "curves");
   document.getElementById("nav-sessions").classList.toggle("active", parts[0] === "steps" || parts[0] === "session");
   document.getElementById("nav-check").classList.toggle("active", parts[0] === "check");
 }
 
 function header(run) {
-  document.getElementById("folder").textContent = `${run.folder} · job=${run.job ?? "?"} · model=${run.model ?? "?"}`;
+  const what = run.bundle ? `replay bundle of step ${run.bundle.step} (format v${run.bundle.format_version})` : `job=${run.job ?? "?"}`;
+  document.getElementById("folder").textContent = `${run.folder} · ${what} · model=${run.model ?? "?"}`;
   const ago = run.updated ? Math.max(0, Math.round(run.now - run.updated)) : null;
   document.getElementById("updated").textContent = ago === null ? "nothing written yet" : `last write ${ago}s ago`;
 }
@@ -120,62 +123,35 @@ function marked(text) {
 
 // ---- curves ----------------------------------------------------------------------------------------------
 
+// One card per chart that has data (a chart with no points is left out and named in the toolbar); the charts
+// are drawn by charts.js once their cards exist.
 async function curvesPage() {
   const { source, curves } = await api("/api/metrics");
-  const keys = Object.keys(curves).sort();
-  const used = new Set();
-  const cards = CHARTS.map(([title, patterns]) => {
+  const keys = Object.keys(curves).filter((k) => curves[k].length).sort();
+  const used = new Set(keys.filter((k) => k.startsWith("train/version_lag/") && k !== "train/version_lag/mean"));
+  const cards = [], empty = [];
+  if (used.size) cards.push(chartCard(LAG_CHART, (card) => lagChart(card, curves)));
+  for (const [title, patterns] of CHARTS) {
     const series = keys.filter((k) => patterns.some((p) => p.test(k)));
     series.forEach((k) => used.add(k));
-    return chartCard(title, series, curves);
-  });
-  for (const key of state.extra) if (curves[key]) cards.push(chartCard(key, [key], curves));
+    if (series.length) cards.push(chartCard(title, (card) => lineChart(card, series, curves)));
+    else empty.push(title);
+  }
+  for (const key of state.extra) if (curves[key]) cards.push(chartCard(key, (card) => lineChart(card, [key], curves)));
   const others = keys.filter((k) => !used.has(k) && !state.extra.includes(k));
   const pick = h("select", { id: "add-metric", onchange: (e) => { state.extra.push(e.target.value); render(); } },
     h("option", { value: "" }, `add a chart (${others.length} more metrics)…`), others.map((k) => h("option", { value: k }, k)));
+  const steps = state.run.steps.filter((s) => s.kind === "train").length;
   return h("div", {},
-    h("div", { class: "toolbar" }, h("h2", {}, "Curves"), h("span", { class: "muted" }, `from ${source}, ${state.run.steps.filter((s) => s.kind === "train").length} step dumps`), pick),
+    h("div", { class: "toolbar" }, h("h2", {}, "Curves"), h("span", { class: "muted" }, `from ${source}, ${steps} step dumps · drag to zoom, double-click to reset`), pick,
+      empty.length ? h("span", { class: "muted", id: "no-data" }, `no data: ${empty.join(", ")}`) : null),
     h("div", { class: "charts" }, cards));
 }
 
-function chartCard(title, series, curves) {
+function chartCard(title, draw) {
   const card = h("div", { class: "card chart", dataset: { chart: title } }, h("h3", {}, title));
-  const lines = series.map((k) => [k, curves[k] || []]).filter(([, pts]) => pts.length);
-  if (!lines.length) {
-    card.dataset.empty = "1";
-    card.append(h("p", { class: "muted" }, "no data (yet)"));
-    return card;
-  }
-  card.append(drawChart(lines), h("div", { class: "legend" }, lines.map(([k], i) => [h("i", { style: `background:${COLORS[i % COLORS.length]}` }), k])));
+  card.uplot = draw(card);
   return card;
-}
-
-function drawChart(lines) {
-  const W = 340, H = 180, L = 44, R = 10, T = 8, B = 26;
-  const all = lines.flatMap(([, pts]) => pts);
-  const xs = all.map((p) => p[0]), ys = all.map((p) => p[1]);
-  let [x0, x1, y0, y1] = [Math.min(...xs), Math.max(...xs), Math.min(...ys), Math.max(...ys)];
-  if (x0 === x1) { x0 -= 1; x1 += 1; }
-  if (y0 === y1) { y0 -= Math.abs(y0) * 0.1 || 1; y1 += Math.abs(y1) * 0.1 || 1; }
-  const X = (x) => L + ((x - x0) / (x1 - x0)) * (W - L - R), Y = (y) => T + (1 - (y - y0) / (y1 - y0)) * (H - T - B);
-  const g = svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "img" });
-  for (let i = 0; i <= 4; i++) {
-    const v = y0 + ((y1 - y0) * i) / 4;
-    g.append(svg("line", { class: "grid", x1: L, x2: W - R, y1: Y(v), y2: Y(v) }),
-      svg("text", { x: L - 4, y: Y(v) + 3, "text-anchor": "end" }, fmt(v)));
-  }
-  for (const x of [...new Set(xs)].sort((a, b) => a - b).filter((_, i, a) => a.length < 12 || i % Math.ceil(a.length / 10) === 0))
-    g.append(svg("text", { x: X(x), y: H - B + 14, "text-anchor": "middle" }, x));
-  g.append(svg("line", { class: "axis", x1: L, x2: L, y1: T, y2: H - B }), svg("line", { class: "axis", x1: L, x2: W - R, y1: H - B, y2: H - B }),
-    svg("text", { x: W - R, y: H - 2, "text-anchor": "end" }, "step"));
-  lines.forEach(([key, pts], i) => {
-    const color = COLORS[i % COLORS.length];
-    g.append(svg("polyline", { points: pts.map(([x, y]) => `${X(x)},${Y(y)}`).join(" "), fill: "none", stroke: color, "stroke-width": 1.6 }));
-    for (const [x, y] of pts)
-      g.append(svg("circle", { class: "point", cx: X(x), cy: Y(y), r: 3.5, fill: color, "data-series": key, "data-step": x, "data-value": y },
-        svg("title", {}, `${key}\nstep ${x}: ${fmt(y)}`)));
-  });
-  return g;
 }
 
 // ---- sessions of a step -----------------------------------------------------------------------------------
@@ -213,6 +189,26 @@ function sessionTable(step, sessions) {
   return h("table", { id: "sessions" }, h("thead", {}, head), h("tbody", {}, rows));
 }
 
+// ---- a replay bundle opened directly ---------------------------------------------------------------------------
+
+async function bundlePage() {
+  const b = await api("/api/bundle");
+  const m = b.manifest, step = String(m.step);
+  const ref = (c) => (c ? `${c.path} (${Object.keys(c.sha256).join(", ")})` : "none recorded");
+  const facts = [["step", m.step], ["format version", m.format_version], ["code version", `${m.code_version?.package ?? "?"} · git ${m.code_version?.git ?? "–"}`],
+    ["samples trained", m.samples], ["checkpoint before", ref(m.checkpoint_before)], ["checkpoint after", ref(m.checkpoint_after)]];
+  const session = (id) => h("a", { href: `#/session/${encodeURIComponent(step)}/${encodeURIComponent(id)}` }, id);
+  const credit = h("table", { id: "credit" }, h("tr", {}, ["group", "session", "slot", "branch / name", "reward", "advantage", "filtered"].map((x) => h("th", {}, x))),
+    b.groups.flatMap((g) => g.contexts.map((c) => h("tr", { dataset: { session: c.session_id } }, h("td", { class: "mono" }, g.group_id), h("td", { class: "mono" }, session(c.session_id)),
+      h("td", {}, c.slot), h("td", {}, c.name ?? c.branch ?? "–"), h("td", {}, fmt(c.reward)), h("td", { class: "advantage" }, fmt(c.advantage)), h("td", {}, g.filtered || "")))));
+  return h("div", {},
+    h("div", { class: "toolbar" }, h("h2", {}, `Replay bundle: step ${step}`), h("a", { href: `#/steps/${encodeURIComponent(step)}` }, "its sessions ›"),
+      h("span", { class: "muted" }, `re-run it: python -m relax_pipeline job=replay replay.bundle=${b.folder}`)),
+    h("div", { class: "card" }, h("h3", {}, "Bundle"), h("dl", { class: "kv", id: "bundle-facts" }, facts.map(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]))),
+    h("div", { class: "card" }, h("h3", {}, "Loss and metrics"), h("dl", { class: "kv", id: "bundle-metrics" }, b.metrics.map(([k, v]) => [h("dt", {}, k), h("dd", {}, fmt(v))]))),
+    h("div", { class: "card" }, h("h3", {}, `Credit: ${b.groups.length} groups`), credit));
+}
+
 // ---- one session --------------------------------------------------------------------------------------------
 
 async function sessionPage(step, sessionId) {
@@ -221,15 +217,27 @@ async function sessionPage(step, sessionId) {
   const forks = s.forks.length
     ? h("ul", { id: "forks" }, s.forks.map((f) => h("li", {}, `turn ${f.turn}: ${f.why}`)))
     : h("p", { class: "muted" }, "no fork recorded in run.log");
+  const modes = { mask: " loss mask", version: " weight version", lag: " version lag" };
   const mode = h("div", { class: "toolbar", id: "color-mode" }, h("strong", {}, "token colour:"),
-    ["mask", "version"].map((m) => h("label", {}, h("input", { type: "radio", name: "mode", value: m, checked: state.colorMode === m,
-      onchange: () => { state.colorMode = m; document.getElementById("contexts").className = `color-${m}`; } }), m === "mask" ? " loss mask" : " weight version")),
+    Object.entries(modes).map(([m, label]) => h("label", {}, h("input", { type: "radio", name: "mode", value: m, checked: state.colorMode === m,
+      onchange: () => { state.colorMode = m; document.getElementById("contexts").className = `color-${m}`; } }), label)),
     h("span", { class: "legend" }, h("i", { style: "background:#c7ecd2" }), "loss 1 (generated)", h("i", { style: "background:#e4e8ee" }), "loss 0 (observation)",
-      h("span", { class: "muted" }, " · prompt tokens grey text · hover a token for its logprob")));
+      h("span", { class: "muted" }, " · prompt tokens grey text · hover a token for its logprob")), lagLegend(s.trained_version));
+  const trace = h("div", { class: "card", id: "trace" }, h("h3", {}, "Trace"), h("p", { class: "muted" }, "loading…"));
+  api(`/api/steps/${encodeURIComponent(step)}/sessions/${encodeURIComponent(sessionId)}/trace`)
+    .then((t) => trace.replaceChildren(h("h3", {}, "Trace ", h("span", { class: "muted" }, `${t.file} · ${t.spans.length} spans · ${fmt(t.duration_ms)} ms · hover a span`)), timelineView(t, s.trained_version)))
+    .catch(() => trace.replaceChildren(h("h3", {}, "Trace"), h("p", { class: "muted", id: "no-trace" }, "no trace recorded (tracking.traces=false?)")));
+  state.trainedVersion = s.trained_version;
   return h("div", {},
     h("div", { class: "toolbar" }, back, h("h2", {}, `Session ${s.session_id}`), h("span", { class: "muted" }, `group ${s.group_id} · tokens decoded with ${s.tokenizer}`)),
     h("div", { class: "card" }, h("h3", {}, "Forest"), renderTree(s.tree, s.contexts), h("h3", {}, "Fork records"), forks),
-    mode, h("div", { id: "contexts", class: `color-${state.colorMode}` }, s.contexts.map(renderContext)));
+    trace, mode, h("div", { id: "contexts", class: `color-${state.colorMode}` }, s.contexts.map((c, i) => renderContext(c, i, s.trained_version))));
+}
+
+function lagLegend(trained) {
+  if (trained === null || trained === undefined) return h("span", { class: "legend lag muted" }, "(no version lag: nothing trained on this dump)");
+  return h("span", { class: "legend lag" }, `lag behind v${trained}, the version step trained:`,
+    LAG_KEYS.map((k, i) => [h("i", { style: `background:${LAG_COLORS[i]}` }), k]));
 }
 
 function leafLabel(c) {
@@ -249,7 +257,7 @@ function renderTree(nodes, contexts) {
   return h("ul", { class: "tree", id: "tree" }, root.children.map((id) => item(nodes[id])));
 }
 
-function renderContext(c, i) {
+function renderContext(c, i, trained) {
   const turns = (c.timing && c.timing.turns) || [];
   const fields = [["status", h("span", { class: `status ${c.status}` }, c.status)], ["reward", fmt(c.reward)], ["advantage", fmt(c.advantage)],
     ["prompt / response tokens", `${c.prompt_length} / ${c.response_length}`], ["turns", c.turn_count], ["aborts", c.abort_count],
@@ -260,7 +268,7 @@ function renderContext(c, i) {
     (c.messages || []).map((m) => h("div", { class: `msg ${m.role}` }, h("strong", {}, m.role + ": "), messageBody(m))));
   return h("div", { class: "card context", id: `ctx-${i}`, dataset: { context: i, branch: c.branch ?? "" } },
     h("h3", {}, leafLabel(c)), h("dl", { class: "kv" }, fields.map(([k, v]) => [h("dt", {}, k), h("dd", {}, v)])),
-    timing, messages, versionLegend(c), tokenStrip(c));
+    timing, messages, versionLegend(c), tokenStrip(c, trained));
 }
 
 function messageBody(m) {
@@ -277,7 +285,7 @@ function versionLegend(c) {
   return h("div", { class: "legend versions" }, "weight versions:", versions.map((v) => [h("span", { class: "swatch", style: `background:${VERSION_COLORS[v % VERSION_COLORS.length]}` }), `v${v}`]));
 }
 
-function tokenStrip(c) {
+function tokenStrip(c, trained) {
   const strip = h("div", { class: "tokens" });
   const P = c.prompt_length;
   c.pieces.forEach((piece, i) => {
@@ -285,9 +293,10 @@ function tokenStrip(c) {
     const text = piece.replace(/\n/g, "↵\n");
     if (r < 0) { strip.append(h("span", { class: "tok prompt", dataset: { i, id: c.tokens[i] } }, text)); return; }
     const v = c.weight_versions[r];
+    const lag = trained === null || trained === undefined || v === undefined ? "" : trained - v;
     strip.append(h("span", {
-      class: `tok resp m${c.loss_mask[r]}`, style: `--vc:${VERSION_COLORS[v % VERSION_COLORS.length]}`,
-      dataset: { i, id: c.tokens[i], mask: c.loss_mask[r], lp: c.rollout_logprobs[r], v },
+      class: `tok resp m${c.loss_mask[r]}`, style: `--vc:${VERSION_COLORS[v % VERSION_COLORS.length]};--lc:${lag === "" ? "transparent" : lagColor(lag)}`,
+      dataset: { i, id: c.tokens[i], mask: c.loss_mask[r], lp: c.rollout_logprobs[r], v, lag },
     }, text));
   });
   return strip;
@@ -295,12 +304,13 @@ function tokenStrip(c) {
 
 function tooltip(event) {
   const tip = document.getElementById("tip");
-  const tok = event.target.closest && event.target.closest(".tok");
+  const tok = event.target.closest && event.target.closest(".tok, .span");
   if (!tok) { tip.hidden = true; return; }
   const d = tok.dataset, piece = JSON.stringify(tok.textContent.replace(/↵\n/g, "\n"));
-  tip.textContent = d.mask === undefined
+  if (d.tip) tip.textContent = d.tip;
+  else tip.textContent = d.mask === undefined
     ? `token ${d.i} · id ${d.id} · ${piece}\nprompt token`
-    : `token ${d.i} · id ${d.id} · ${piece}\nlogprob ${(+d.lp).toFixed(4)} · loss mask ${d.mask} · weight v${d.v}`;
+    : `token ${d.i} · id ${d.id} · ${piece}\nlogprob ${(+d.lp).toFixed(4)} · loss mask ${d.mask} · weight v${d.v}` + (d.lag === "" ? "" : ` · lag ${d.lag}`);
   tip.style.left = `${event.clientX + 12}px`;
   tip.style.top = `${event.clientY + 14}px`;
   tip.hidden = false;

@@ -4,8 +4,9 @@ It follows the `http_server.py` and `io_struct.py` of the SGLang release `SGLANG
 serves exactly the routes `engine=sglang` calls, with exactly the body fields in `ROUTES` (each one a field that
 release has: `tests/integration/test_sglang_conformance.py` reads them from its wheel): `GET /health`, `GET
 /model_info`, `GET /server_info`, `POST /generate` (`input_ids` only, `return_logprob`, `rid`, `session_params`,
-`image_data`), `POST /abort_request`, `POST /update_weights_from_disk`, `POST /update_weights_from_tensor`, `POST
-/pause_generation` (in place only), `POST /continue_generation`, `POST /open_session` and `POST /close_session`. Any
+`image_data`), `POST /abort_request`, `POST /update_weights_from_disk`, `POST /update_weights_from_tensor`, the
+weight-update group's three routes (`testing/sglang_weights_fake.py`), `POST /pause_generation` (in place only),
+`POST /continue_generation`, `POST /open_session` and `POST /close_session`. Any
 other path answers 404 and is recorded, so a test fails when the client calls a route this fake (and so the release
 it follows) does not have; a body field or sampling parameter outside its table is refused (400) for the same reason
 (SGLang itself ignores unknown top-level `/generate` fields: the fake is stricter). `GET /fake/stats` (not SGLang)
@@ -32,9 +33,13 @@ that names a `weight_version` changes the version served.
 Options: `--decode-delay-s` sleeps before each forward pass so tests can abort a generation mid-way;
 `--ignore-stop` generates to `max_new_tokens` whatever the stop tokens (exact lengths); `--kv-cache-mb 0`
 turns the prefix cache off (a benchmark replaying the same prompts then meets no warmer cache than the
-original run); `--max-total-num-tokens` is the KV capacity it reports. Not SGLang: logprobs follow the
-embedded engine's contract (full vocabulary at the sampling temperature), there is no radix cache eviction
-(`cached_tokens` outside a session is 0), no streaming or batch input, no streaming sessions.
+original run); `--max-total-num-tokens` is the KV capacity it reports and models (`testing/kv_pool.py`: requests
+hold prompt + max_new_tokens while they run, idle KV is evicted least recently used, a session turn whose KV
+was evicted is counted as a re-prefill and its `cached_tokens` drop by what was lost; `GET /fake/stats` gives
+the `kv_*` counts, `GET /metrics` SGLang's `sglang:num_used_tokens` and `sglang:max_total_num_tokens`, as
+SGLang serves them with `--enable-metrics`). Not SGLang: logprobs follow the embedded engine's contract (full
+vocabulary at the sampling temperature), `cached_tokens` outside a session is 0, no streaming or batch input,
+no streaming sessions.
 
 Run it as SGLang's launcher would be: `python -m relax_pipeline.testing.sglang_server --model-path M --host H
 --port P [--decode-delay-s S] [--max-total-num-tokens N]` (unknown SGLang flags are accepted and ignored),
@@ -64,6 +69,8 @@ from relax_pipeline.engine.base import GenerateResult, ImageFeatures, SamplingPa
 from relax_pipeline.engine.hf import HFEngine
 from relax_pipeline.engine.settings import EngineRun, HFEngineSettings
 from relax_pipeline.gateway.server import GatewayServer
+from relax_pipeline.testing import sglang_weights_fake as weights_fake
+from relax_pipeline.testing.kv_pool import KvPool
 from relax_pipeline.testing.sglang_sessions import FakeSessions, Refused
 
 log = logging.getLogger(__name__)
@@ -81,6 +88,11 @@ ROUTES: dict[tuple[str, str], frozenset[str]] = {
     ("POST", "/update_weights_from_tensor"): frozenset({"serialized_named_tensors", "load_format", "flush_cache",
                                                         "weight_version"}),
     ("POST", "/pause_generation"): frozenset({"mode"}), ("POST", "/continue_generation"): frozenset(),
+    ("POST", "/init_weights_update_group"): frozenset({"master_address", "master_port", "rank_offset", "world_size",
+                                                       "group_name", "backend"}),
+    ("POST", "/update_weights_from_distributed"): frozenset({"names", "dtypes", "shapes", "group_name", "flush_cache",
+                                                             "weight_version", "load_format"}),
+    ("POST", "/destroy_weights_update_group"): frozenset({"group_name"}),
     ("POST", "/open_session"): frozenset({"capacity_of_str_len", "session_id", "timeout"}),
     ("POST", "/close_session"): frozenset({"session_id"})}
 """The SGLang routes this fake serves (exactly those the client uses) and the body fields each accepts."""
@@ -116,9 +128,11 @@ class FakeState:
         self.running.set()
         self.running_tokens = 0
         self.peak_tokens = 0
+        self.pool = KvPool(capacity)
+        """The KV pool of `capacity` tokens: LRU eviction, re-prefills counted (`testing/kv_pool.py`)."""
 
     def stats(self) -> dict[str, Any]:
-        return {"calls": dict(self.calls), "unknown": self.unknown, "peak_tokens": self.peak_tokens,
+        return self.pool.stats() | {"calls": dict(self.calls), "unknown": self.unknown, "peak_tokens": self.peak_tokens,
                 "weight_version": self.weight_version, "rids": self.rids, "sent": sorted(self.sent),
                 "sessions_open": sorted(self.sessions.open), "sessions_closed": self.sessions.closed}
 
@@ -153,6 +167,8 @@ def create_app(state: FakeState) -> FastAPI:
         key = (request.method, request.url.path)
         if request.url.path == "/fake/stats":
             return JSONResponse(state.stats())
+        if key == ("GET", "/metrics"):  # SGLang's Prometheus metrics (--enable-metrics): a mount, not a route
+            return Response(state.pool.prometheus(state.model_path), media_type="text/plain; version=0.0.4")
         state.calls[f"{key[0]} {key[1]}"] += 1
         if key not in ROUTES or key[1] in state.disabled:
             state.unknown.append(f"{key[0]} {key[1]}")
@@ -199,6 +215,18 @@ def create_app(state: FakeState) -> FastAPI:
     async def update_from_tensor(request: Request) -> Response:
         return await _update_from_tensor(state, await state.body(request))
 
+    @app.post("/init_weights_update_group")
+    async def init_weights_group(request: Request) -> Response:
+        return await weights_fake.init_group(state, await state.body(request))
+
+    @app.post("/update_weights_from_distributed")
+    async def update_from_distributed(request: Request) -> Response:
+        return await weights_fake.update_from_distributed(state, await state.body(request), _load)
+
+    @app.post("/destroy_weights_update_group")
+    async def destroy_weights_group(request: Request) -> Response:
+        return await weights_fake.destroy_group(state, await state.body(request))
+
     @app.post("/pause_generation")
     async def pause(request: Request) -> Response:
         mode = (await state.body(request)).get("mode", "abort")
@@ -219,7 +247,9 @@ def create_app(state: FakeState) -> FastAPI:
 
     @app.post("/close_session")
     async def close_session(request: Request) -> Response:
-        await state.abort(state.sessions.close(str((await state.body(request)).get("session_id"))))
+        session_id = str((await state.body(request)).get("session_id"))
+        await state.abort(state.sessions.close(session_id))
+        await state.pool.drop(session_id)
         return Response(status_code=200)
 
     return app
@@ -245,6 +275,8 @@ async def _generate(state: FakeState, body: dict[str, Any]) -> Response:
         ids, kept, aborted = state.sessions.assemble(session, ids, rid, state.engine.tokenizer.bos_token_id)
         await state.abort(aborted)
     tokens = len(ids) + sampling.max_new_tokens
+    held = await state.pool.acquire(str(session.get("id")) if session else rid, tuple(ids), sampling.max_new_tokens)
+    kept = max(kept - held.reprefilled, 0)
     state.live.add(rid)
     state.rids.append(rid)
     state.running_tokens += tokens
@@ -258,6 +290,7 @@ async def _generate(state: FakeState, body: dict[str, Any]) -> Response:
     finally:
         state.live.discard(rid)
         state.running_tokens -= tokens
+        await state.pool.release(held, tuple(output))
         if session:
             state.sessions.finish(str(session.get("id")), rid, output)
     prompt_tokens = len(ids) + sum(m.tokens - 1 for m in media)

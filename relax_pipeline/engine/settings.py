@@ -25,6 +25,8 @@ WEIGHT_UPDATES = ("abort", "pause")
 """`engine.weight_update` of engine=sglang: generations are aborted and resumed around an update, or paused in place."""
 WEIGHT_TRANSFERS = ("disk", "tensor", "distributed")
 """`engine.weight_transfer` of engine=sglang: how new weights reach the servers (engine/sglang_weights.py)."""
+WEIGHT_BACKENDS = ("nccl", "gloo")
+"""`engine.weight_backend` of weight_transfer=distributed (null: nccl with CUDA, else gloo)."""
 ADMISSIONS = ("none", "kv", "program")
 """`engine.admission` of engine=sglang: none, KV-aware admission per request, or per agent session (program)."""
 HF_ADMISSIONS = ("none", "program")
@@ -237,8 +239,15 @@ class SglangEngineSettings:
     weight_transfer: str = "disk"
     """How new weights reach the servers: disk (a Hugging Face folder under weights_dir, `/update_weights_from_disk`;
     the servers must read that storage), tensor (the tensors themselves in `/update_weights_from_tensor` requests,
-    pickled CPU tensors in buckets: no shared storage needed), or distributed (`/update_weights_from_distributed`,
-    an NCCL broadcast: needs CUDA and a process group with the servers; refused at start without them)."""
+    pickled CPU tensors in buckets: no shared storage needed), or distributed (`/init_weights_update_group` once, then
+    `/update_weights_from_distributed` per bucket while this process broadcasts the tensors as rank 0 of a process
+    group with every server's ranks; engine/sglang_weights.py)."""
+    weight_backend: str | None = None
+    """weight_transfer=distributed: the process group's backend, nccl (GPU to GPU; the trainer's GPU must be none of
+    the servers') or gloo (through host memory; the CPU tests); null: nccl where this process has CUDA, else gloo."""
+    weight_master_address: str | None = None
+    """weight_transfer=distributed: the address the servers reach this process at (rank 0 hosts the group's TCP
+    store on a free port); null: the address this machine reaches the first server from."""
 
     def __post_init__(self) -> None:
         check_choice("engine.router", self.router, ROUTERS)
@@ -247,6 +256,8 @@ class SglangEngineSettings:
                         self.admission_growth_prior)
         check_choice("engine.weight_update", self.weight_update, WEIGHT_UPDATES)
         check_choice("engine.weight_transfer", self.weight_transfer, WEIGHT_TRANSFERS)
+        if self.weight_backend is not None:
+            check_choice("engine.weight_backend", self.weight_backend, WEIGHT_BACKENDS)
         if bool(self.urls) == bool(self.launch):
             raise ValueError("engine=sglang needs exactly one of engine.urls=[http://HOST:PORT,...] (running SGLang "
                              "servers) and engine.launch=true (start engine.servers of them)")

@@ -25,7 +25,9 @@ this client calls a route or sends a field the release lacks. Routes used, and n
   Hugging Face folder (`<weights_dir>/v<version>`, model files copied from `model.path`) on storage the servers
   can read (the previous folder is removed); `tensor` sends the tensors themselves, in buckets, as
   `POST /update_weights_from_tensor {"serialized_named_tensors", "flush_cache", "weight_version"}`;
-  `distributed` is refused at start (it needs CUDA and a process group with the servers). SGLang flushes its
+  `distributed` broadcasts them in a process group with the servers (`POST /init_weights_update_group` once,
+  `POST /update_weights_from_distributed {"names", "dtypes", "shapes", "group_name", "flush_cache",
+  "weight_version"}` per bucket, `POST /destroy_weights_update_group` at close). SGLang flushes its
   radix cache itself on an update. With `engine.weight_update=pause` the load is wrapped in
   `POST /pause_generation {"mode": "in_place"}` and `POST /continue_generation` (sent with
   `flush_cache=false`): running generations keep their KV and go on
@@ -70,6 +72,7 @@ import shutil
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -84,7 +87,7 @@ from relax_pipeline.engine.sglang_media import SglangVision, expanded_length
 from relax_pipeline.engine.sglang_ray import RayServers
 from relax_pipeline.engine.sglang_routing import ROUTING_KEY_HEADER, Affinity, KvAdmission, WorkerLoad, WorkerPool
 from relax_pipeline.engine.sglang_sessions import OpenSession, Sessions
-from relax_pipeline.engine.sglang_weights import check_transfer, tensor_bodies, write_weights
+from relax_pipeline.engine.sglang_weights import DistributedWeights, check_transfer, tensor_bodies, write_weights
 from relax_pipeline.engine.sglang_wire import SglangError, parse_generate, payload, stopped_across
 from relax_pipeline.infra.ports import free_port
 
@@ -155,6 +158,10 @@ class SglangEngine:
         self._http: httpx.AsyncClient | None = None
         self._tokenizer: Any = None
         self._written: Path | None = None
+        self.distributed = DistributedWeights(partial(self._call, "POST"), settings.weight_backend,
+                                              settings.weight_master_address) \
+            if settings.weight_transfer == "distributed" else None
+        """engine.weight_transfer=distributed: rank 0 of the weight-update group with the servers."""
 
     @property
     def tokenizer(self) -> Any:
@@ -169,7 +176,7 @@ class SglangEngine:
             return
         from transformers import AutoTokenizer
 
-        check_transfer(self.settings.weight_transfer)
+        check_transfer(self.settings.weight_transfer, self.settings.weight_backend)
         self._tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, self.model_path)
         if (Path(self.model_path) / "config.json").is_file():
             self.vision = await asyncio.to_thread(SglangVision.load, self.model_path)
@@ -300,6 +307,8 @@ class SglangEngine:
         try:
             if self.sessions is not None and self._http is not None:
                 await self.sessions.close_all()
+            if self.distributed is not None and self._http is not None:
+                await self.distributed.close()
             await self.processes.stop()
             if self.ray_servers is not None:
                 await self.ray_servers.stop()
@@ -318,6 +327,9 @@ class SglangEngine:
             body: dict[str, Any] = {"model_path": str(folder), "weight_version": str(version), "flush_cache": flush}
             return self._succeeded("/update_weights_from_disk",
                                    await self._on_every_server("/update_weights_from_disk", body))
+        if self.distributed is not None:
+            tp_sizes = [int(self.server_info.get(url, {}).get("tp_size") or 1) for url in self._targets.urls]
+            return await self.distributed.update(self._targets.urls, tp_sizes, state_dict, version, flush)
         tp_size = max((int(i.get("tp_size") or 1) for i in self.server_info.values()), default=1)
         async for body in tensor_bodies(state_dict, tp_size, version, flush):
             self._succeeded("/update_weights_from_tensor",

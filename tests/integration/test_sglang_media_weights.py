@@ -4,7 +4,8 @@
   fake processes them with its embedded engine's own vision, and the tokens are those a separate embedded engine
   gives for that prompt and those images. Such a turn is never a session turn.
 - `engine.weight_transfer=tensor`: `/update_weights_from_tensor` in buckets, the version set by the last one; new
-  weights change the output, versions are carried; `distributed` is refused at start on the CPU, naming the key.
+  weights change the output, versions are carried; `distributed` over NCCL is refused at start on the CPU, naming
+  the key (over gloo it runs: `test_sglang_distributed.py`).
 """
 
 from __future__ import annotations
@@ -103,12 +104,17 @@ def test_tensor_bodies_set_the_version_and_flush_on_the_last_bucket_only(tiny_pa
     assert [b["flush_cache"] for b in bodies] == [False] * (len(bodies) - 1) + [True]
 
 
-def test_distributed_transfer_is_refused_at_start_on_the_cpu(tiny_path: Path, tmp_path: Path) -> None:
+def test_distributed_transfer_over_nccl_is_refused_at_start_on_the_cpu(tiny_path: Path, tmp_path: Path) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA machine may broadcast over NCCL")
+
     async def go() -> None:
         async with fakes(tiny_path) as [server]:
-            settings = SglangEngineSettings(urls=[server.url], weight_transfer="distributed")
+            settings = SglangEngineSettings(urls=[server.url], weight_transfer="distributed", weight_backend="nccl")
             engine = SglangEngine(settings, EngineRun(str(tiny_path), output_dir=str(tmp_path)))
-            with pytest.raises(ValueError, match="engine.weight_transfer=distributed .* needs CUDA"):
+            with pytest.raises(ValueError, match="engine.weight_backend=nccl .* needs CUDA"):
                 await engine.start()
 
     asyncio.run(go())

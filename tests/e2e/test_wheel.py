@@ -55,7 +55,9 @@ def test_wheel_carries_the_config_groups_and_examples(wheel: Path) -> None:
     assert "relax_pipeline/conf/config.yaml" in names
     assert "relax_pipeline/examples/toy_digits/agent.py" in names
     assert "relax_pipeline/examples/toy_digits/data.jsonl" in names
-    assert {f"relax_pipeline/view/static/{f}" for f in ("index.html", "viewer.js", "viewer.css")} <= names
+    assert {f"relax_pipeline/view/static/{f}" for f in ("index.html", "viewer.js", "charts.js", "viewer.css",
+                                                       "vendor/uplot/uPlot.iife.min.js", "vendor/uplot/uPlot.min.css",
+                                                       "vendor/uplot/LICENSE", "vendor/uplot/README.md")} <= names
 
 
 def test_installed_wheel_runs_job_check_from_an_empty_directory(fresh_python: Path, tmp_path: Path) -> None:

@@ -14,6 +14,13 @@ The dynamic budget counts PADDED tokens (`rows × longest row`), because the bac
 deterministic. A sample longer than the budget gets a micro-batch of its own and a warning; nothing is
 ever dropped.
 
+With `tree` (`trainer.batching.tree`, on by default) the rows that share leading tokens form prefix trees
+(`prefix_tree.tree_groups`: a forked session's leaves, a GRPO group) and a tree's rows stay in one micro-batch:
+fixed-size chunks take the rows tree by tree (each tree in the order of its first row), and dynamic batching
+packs whole trees first-fit-decreasing, counting a micro-batch as its trees × the largest tree's tokens (the
+packed [R, N] batch `tree_batch.pack_trees` builds); a tree over the budget is cut, in row order, into parts
+that fit. Rows that share nothing are one-row trees, packed exactly as without `tree`.
+
 Samples of vision-language models carry `multimodal_train_inputs` (`pixel_values`, `image_grid_thw`);
 their `tokens` are the processor-expanded ids, so the padded-token budget counts image tokens too.
 
@@ -28,6 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from relax_pipeline.forest.sample import Sample
+from relax_pipeline.train.prefix_tree import TrieBuilder, tree_groups
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +55,10 @@ class BatchSettings:
     """Pack micro-batches by token count (required when a session exports several contexts)."""
     max_tokens_per_gpu: int = 8192
     """Token budget of one packed micro-batch under dynamic batching."""
+    tree: bool = True
+    """Pack rows that share leading tokens (a forked session's leaves, a GRPO group) as prefix trees, computing
+    each shared token once (train/tree_batch.py), wherever that costs less than the padded rows; the logprobs,
+    loss, gradients and metrics are the per-row path's (float summation order aside). Vision models stay per row."""
 
     def __post_init__(self) -> None:
         if self.global_batch_size is not None and self.global_batch_size <= 0:
@@ -66,10 +78,52 @@ def global_batches(samples: Sequence[Sample], batching: BatchSettings) -> list[l
 
 
 def micro_batches(samples: Sequence[Sample], batching: BatchSettings) -> list[list[Sample]]:
-    """Pack one global batch into micro-batches: fixed-size chunks, or FFD by padded token count."""
+    """Pack one global batch into micro-batches: fixed-size chunks, or FFD by padded token count. With
+    `tree`, the rows of one prefix tree stay together: trees in order of their first row for chunks, and
+    under dynamic batching whole trees packed by their tree tokens (`_tree_bins`)."""
+    if batching.tree and batching.use_dynamic_batch_size:
+        return _tree_bins(samples, batching.max_tokens_per_gpu)
+    if batching.tree:
+        samples = [samples[i] for g in tree_groups([s.tokens for s in samples]) for i in g.rows]
     if not batching.use_dynamic_batch_size:
         return _chunks(samples, batching.micro_batch_size)
     return _first_fit_decreasing(samples, batching.max_tokens_per_gpu)
+
+
+def _tree_bins(samples: Sequence[Sample], budget: int) -> list[list[Sample]]:
+    """Trees (cut to fit `budget` tree tokens) first-fit-decreasing into micro-batches of at most `budget`
+    packed tokens (trees × the largest tree), or of the rows' padded tokens when that is less."""
+    for index, sample in enumerate(samples):
+        _warn_if_oversized(sample, index, budget)
+    groups = tree_groups([s.tokens for s in samples])
+    units = [part for g in groups for part in _fitting([samples[i] for i in g.rows], budget)]
+    order = sorted(range(len(units)), key=lambda i: -units[i][1])
+    bins: list[list[tuple[list[Sample], int]]] = []
+    for index in order:
+        target = next((b for b in bins if _tree_fits(b, units[index], budget)), None)
+        if target is None:
+            bins.append([units[index]])
+        else:
+            target.append(units[index])
+    return [[s for rows, _ in b for s in rows] for b in bins]
+
+
+def _fitting(rows: list[Sample], budget: int) -> list[tuple[list[Sample], int]]:
+    """A tree's rows in order, cut into parts of at most `budget` tree tokens (a longer row: a part alone)."""
+    parts: list[tuple[list[Sample], int]] = [([], 0)]
+    builder = TrieBuilder()
+    for row in rows:
+        if parts[-1][0] and builder.size + len(row.tokens) - builder.shared(row.tokens) > budget:
+            builder = TrieBuilder()
+            parts.append(([], 0))
+        builder.add(row.tokens)
+        parts[-1] = ([*parts[-1][0], row], builder.size)
+    return parts
+
+
+def _tree_fits(bin_: list[tuple[list[Sample], int]], unit: tuple[list[Sample], int], budget: int) -> bool:
+    """Trees are placed largest first, so a bin's first tree is its largest."""
+    return (len(bin_) + 1) * max(bin_[0][1], unit[1]) <= budget
 
 
 def padded_tokens(samples: Sequence[Sample]) -> int:

@@ -20,7 +20,12 @@ their whole prompt, and all samples share the chat template's preamble. Each dis
 row of a prefix batch, and its keys and values are copied (or, for one prefix, expanded) to the rows that
 start with it for the forward of the rest: the same logprobs (float tolerance) and the same gradient, since
 autograd sums the rows' gradients back through the copy. So a micro-batch may hold several whole groups and
-still compute each prompt once. A micro-batch whose
+still compute each prompt once. With `trainer.batching.tree` (`collate(..., tree="auto")`) the rows may instead be
+packed as prefix trees (train/tree_batch.py), the generalisation of the shared prompt to forks at any depth (a
+forked session's leaves): every tree token runs once, and the forward gathers the same [B, T] logprobs the rows
+give, so everything after it is unchanged; `collate` packs trees only where `prefix_tree.cost` says they cost
+less than the padded rows (through their shared prefix), and the model's attention kernel must take a 4-D mask
+(`tree_batch.supports_trees`; otherwise the rows run). A micro-batch whose
 samples carry `multimodal_train_inputs` also feeds their `pixel_values` and `image_grid_thw` (concatenated
 in row order) and the image-token mask, so a vision-language model computes the same mrope positions and
 image embeddings as the engine did.
@@ -50,7 +55,9 @@ from relax_pipeline.train.advantages import AdvantageSettings, token_advantages,
 from relax_pipeline.train.batching import BatchSettings
 from relax_pipeline.train.data_parallel import AllSum, RankShare, shard, sum_metrics, whiten_across
 from relax_pipeline.train.losses import LossBatch, LossSettings, policy_loss
+from relax_pipeline.train.prefix_tree import cost, tree_groups
 from relax_pipeline.train.provenance import MicroBatchTime, lag_kl_metrics, lag_kl_sums
+from relax_pipeline.train.tree_batch import TreeBatch, pack_trees, supports_trees, tree_logits
 
 Model = Callable[..., object]
 """A Hugging Face causal LM, or a DeepSpeed engine wrapping one (same call signature)."""
@@ -119,14 +126,21 @@ class Collated:
     """One row per distinct prefix: its first `shared` tokens run in the prefix forward."""
     prefix_of: tuple[int, ...] = ()
     """Per row, which of `prefix_rows` it starts with (empty: every row starts with the one prefix)."""
+    tree: TreeBatch | None = None
+    """The rows packed as prefix trees (train/tree_batch.py), run instead of the padded rows; None: per row."""
 
 
 MIN_SHARED_PREFIX = 8
 """A common prefix shorter than this runs in every row: a separate forward pass has a fixed cost."""
 
 
-def collate(samples: Sequence[Sample], pad_id: int, device: torch.device | str) -> Collated:
-    """Right-pad `samples` into tensors on `device`; T is the longest response (at least 1)."""
+TREE_MODES = ("off", "auto", "always")
+"""`collate`'s tree packing: never, when `prefix_tree.cost` says it is cheaper than the rows, or always (tests)."""
+
+
+def collate(samples: Sequence[Sample], pad_id: int, device: torch.device | str, tree: str = "off") -> Collated:
+    """Right-pad `samples` into tensors on `device`; T is the longest response (at least 1). With `tree`
+    ("auto": when cheaper, "always"), text rows are also packed as prefix trees, which the forward then runs."""
     length = max(len(s.tokens) for s in samples)
     width = max(1, max(s.response_length for s in samples))
     start = min(s.prompt_length for s in samples) - 1
@@ -136,8 +150,29 @@ def collate(samples: Sequence[Sample], pad_id: int, device: torch.device | str) 
     base = torch.tensor([s.advantage for s in samples], dtype=torch.float32, device=device)
     multimodal = _multimodal(samples, device)
     prefixes = shared_prefixes(samples, start) if multimodal is None else Prefixes()
+    trees = _trees(samples, prefixes, tree, width, pad_id, device) if multimodal is None else None
     return Collated(ids, attention, length - start, index, targets, mask.float(), rollout.float(), base,
-                    multimodal, prefixes.length, prefixes.rows, prefixes.of)
+                    multimodal, prefixes.length, prefixes.rows, prefixes.of, trees)
+
+
+def _trees(samples: Sequence[Sample], prefixes: Prefixes, mode: str, width: int, pad_id: int,
+           device: torch.device | str) -> TreeBatch | None:
+    """The packed trees of `samples` when `mode` asks for them and (under "auto") they cost less than the rows."""
+    if mode not in TREE_MODES:
+        raise ValueError(f"collate(tree={mode!r}); choose one of {TREE_MODES}")
+    if mode == "off" or (mode == "auto" and len(samples) < 2):
+        return None
+    groups = tree_groups([s.tokens for s in samples])
+    longest = max(g.tree.size for g in groups)
+    if mode == "auto" and len(groups) * cost(longest, longest) >= _rows_cost(samples, prefixes):
+        return None
+    return pack_trees(samples, groups, width, pad_id, device)
+
+
+def _rows_cost(samples: Sequence[Sample], prefixes: Prefixes) -> float:
+    """`prefix_tree.cost` of the padded rows, through the shared prefix when there is one."""
+    length, shared = max(len(s.tokens) for s in samples), prefixes.length
+    return len(prefixes.rows) * cost(shared, shared) * (shared > 0) + len(samples) * cost(length - shared, length)
 
 
 @dataclass(frozen=True)
@@ -220,6 +255,8 @@ def response_logprobs(
     "metric" returns a detached entropy (no autograd graph is kept for it); "train" keeps its gradient.
     `autocast` runs the model's forward in that mixed-precision dtype (see the module).
     """
+    if batch.tree is not None and supports_trees(model):
+        return _tree_logprobs(model, batch, batch.tree, temperature, entropy, autocast)
     dtype = autocast_dtype(autocast)
     with torch.autocast(batch.input_ids.device.type, dtype=dtype, enabled=dtype is not None):
         logits = _forward(model, batch).logits  # type: ignore[attr-defined]
@@ -230,6 +267,20 @@ def response_logprobs(
         return chosen, None
     source = logp if entropy == "train" else logp.detach()
     return chosen, -(source.exp() * source).sum(-1)
+
+
+def _tree_logprobs(model: Model, batch: Collated, tree: TreeBatch, temperature: float, entropy: Entropy,
+                   autocast: str | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`response_logprobs` through the packed trees: each predicting node's log-softmax once, gathered per row."""
+    dtype = autocast_dtype(autocast)
+    with torch.autocast(tree.input_ids.device.type, dtype=dtype, enabled=dtype is not None):
+        logits = tree_logits(model, tree)
+    logp = torch.log_softmax(logits.float() / (temperature if temperature > 0 else 1.0), dim=-1)
+    chosen = logp[tree.slot, batch.targets]
+    if entropy == "none":
+        return chosen, None
+    source = logp if entropy == "train" else logp.detach()
+    return chosen, -(source.exp() * source).sum(-1)[tree.slot]
 
 
 def _forward(model: Model, batch: Collated) -> object:
@@ -310,7 +361,8 @@ def share_step(
     """One optimizer step over this rank's `share` of a global batch; `all_sum` (None: one rank) makes the
     whitening and the metrics cover every rank (train/data_parallel.py). Metrics are the global batch's. `timeline`
     (when given) gets when each micro-batch ran and its samples."""
-    batches = [collate(g, pad_id, device) for g in share.micro_batches]
+    mode = "auto" if settings.batching.tree else "off"
+    batches = [collate(g, pad_id, device, mode) for g in share.micro_batches]
     prepared = _prepare(model, frozen, batches, settings, all_sum)
     metrics: dict[str, float] = {}
     for i, item in enumerate(prepared):

@@ -1,0 +1,139 @@
+"""Rows that share leading tokens as one prefix tree: which rows form a tree, and what a tree costs to compute.
+
+A training row is a root-to-leaf chain of tokens. Rows that start with the same tokens (the leaves of one forked
+session, the samples of one GRPO group) are the paths of a prefix tree (a trie): each node is one token at one
+depth, and a row is the path of nodes of its tokens. `PrefixTree` is that tree over a list of rows: for each
+node its token, its parent and its depth (its position in every row through it), and for each row its path.
+Nodes are numbered in insertion order, so a node's parent always comes before it and a row's new nodes after
+the fork are consecutive (the attention mask is built per such run, `runs`).
+
+Which rows form one tree is a cost decision (`tree_groups`): a packed tree row of n tokens costs its n tokens'
+linear layers plus n × n attention pairs, so merging rows that share little into one long tree row can cost
+more than it saves. `cost(queries, keys)` is the model of that: queries + queries × keys / `ATTENTION_WIDTH`.
+Rows join, in order, the tree that saves the most, or start their own.
+
+What this module does not do: tensors, masks or models (train/tree_batch.py packs a tree for the forward), or
+decide the loss: every row keeps its own response positions, so its reductions are untouched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+ATTENTION_WIDTH = 2048
+"""Keys per query at which a row's attention costs about what its linear layers cost (per token per layer:
+SmolLM2-135M's projections and MLP are 3.5 M multiply-adds, its attention 2 × 576 a key, so about 3000; the
+tiny test model's about 1000). Only the choice of packing depends on it, never a result."""
+
+Tokens = Sequence[int]
+
+
+def cost(queries: int, keys: int) -> float:
+    """What a row of `queries` tokens attending to `keys` tokens costs, in token-equivalents of linear layers."""
+    return queries + queries * keys / ATTENTION_WIDTH
+
+
+@dataclass(frozen=True)
+class PrefixTree:
+    """The distinct prefixes of some rows as one tree; connects `build_tree` to the packed tree batch."""
+
+    tokens: tuple[int, ...]
+    """Token id of each node."""
+    parents: tuple[int, ...]
+    """Each node's parent (-1 for a root; a tree over rows with different first tokens has several roots)."""
+    depths: tuple[int, ...]
+    """Each node's depth: its position (0-based) in every row that runs through it."""
+    paths: tuple[tuple[int, ...], ...]
+    """Per row, the node of each of its tokens."""
+
+    @property
+    def size(self) -> int:
+        """Tokens the tree computes (each shared prefix once)."""
+        return len(self.tokens)
+
+    def runs(self) -> list[tuple[int, int]]:
+        """Maximal runs [start, end) of nodes each of whose parent is the node before it (after the first)."""
+        starts = [i for i in range(self.size) if i == 0 or self.parents[i] != i - 1]
+        return list(zip(starts, [*starts[1:], self.size], strict=True))
+
+
+class TrieBuilder:
+    """A prefix tree grown row by row; `shared(tokens)` says how many leading tokens a row would reuse."""
+
+    def __init__(self) -> None:
+        self.children: dict[tuple[int, int], int] = {}
+        self.tokens: list[int] = []
+        self.parents: list[int] = []
+        self.depths: list[int] = []
+        self.paths: list[tuple[int, ...]] = []
+
+    @property
+    def size(self) -> int:
+        return len(self.tokens)
+
+    def shared(self, tokens: Tokens) -> int:
+        """Leading tokens of `tokens` already in the tree."""
+        node = -1
+        for depth, token in enumerate(tokens):
+            node = self.children.get((node, token), -2)
+            if node == -2:
+                return depth
+        return len(tokens)
+
+    def add(self, tokens: Tokens) -> None:
+        """Insert one row, creating the nodes of its tokens past the longest prefix already present."""
+        node, path = -1, []
+        for depth, token in enumerate(tokens):
+            child = self.children.get((node, token))
+            if child is None:
+                child = self.children[(node, token)] = len(self.tokens)
+                self.tokens.append(token)
+                self.parents.append(node)
+                self.depths.append(depth)
+            path.append(child)
+            node = child
+        self.paths.append(tuple(path))
+
+    def tree(self) -> PrefixTree:
+        return PrefixTree(tuple(self.tokens), tuple(self.parents), tuple(self.depths), tuple(self.paths))
+
+
+def build_tree(rows: Sequence[Tokens]) -> PrefixTree:
+    """The prefix tree of `rows`, in order."""
+    builder = TrieBuilder()
+    for row in rows:
+        builder.add(row)
+    return builder.tree()
+
+
+@dataclass(frozen=True)
+class TreeGroup:
+    """Rows packed as one tree; connects `tree_groups` to the micro-batch packing and the tree batch."""
+
+    rows: tuple[int, ...]
+    """Indices of the rows, in order."""
+    tree: PrefixTree
+
+
+def tree_groups(rows: Sequence[Tokens]) -> list[TreeGroup]:
+    """Rows grouped into trees, in order: each row joins the tree where adding it saves the most `cost`
+    against a row of its own, or starts a new tree when none saves."""
+    builders: list[TrieBuilder] = []
+    members: list[list[int]] = []
+    for index, row in enumerate(rows):
+        savings = [_join_saving(b.size, len(row), b.shared(row)) for b in builders]
+        best = max(range(len(builders)), key=savings.__getitem__, default=-1)
+        if best < 0 or savings[best] <= 0:
+            builders.append(TrieBuilder())
+            members.append([])
+            best = len(builders) - 1
+        builders[best].add(row)
+        members[best].append(index)
+    return [TreeGroup(tuple(m), b.tree()) for m, b in zip(members, builders, strict=True)]
+
+
+def _join_saving(size: int, length: int, shared: int) -> float:
+    """Cost saved by adding a row of `length` tokens (`shared` already present) to a tree of `size` nodes."""
+    grown = size + length - shared
+    return cost(size, size) + cost(length, length) - cost(grown, grown)

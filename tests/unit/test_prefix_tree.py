@@ -1,0 +1,80 @@
+"""Prefix trees of training rows (train/prefix_tree.py, train/tree_batch.py's mask and slots) and the tree-aware
+micro-batch packing (train/batching.py): shapes, ancestry against a brute-force check, grouping by cost."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from relax_pipeline.forest.sample import Sample
+from relax_pipeline.train.batching import BatchSettings, micro_batches
+from relax_pipeline.train.prefix_tree import build_tree, tree_groups
+from relax_pipeline.train.tree_batch import ancestor_matrix, pack_trees
+
+
+def row(tokens: tuple[int, ...], prompt: int) -> Sample:
+    size = len(tokens) - prompt
+    return Sample(tokens, prompt, (1,) * size, (0.0,) * size, advantage=0.0)
+
+
+FORKS = [(1, 2, 3, 4, 5), (1, 2, 3, 9), (1, 2, 7), (1, 2, 3, 4, 5), (1, 2, 3), (8, 2, 3)]
+"""Forks at depths 3 and 2, a duplicate, a row that is another's prefix, and a second root."""
+
+
+def test_a_tree_holds_each_distinct_prefix_once_at_its_depth() -> None:
+    tree = build_tree(FORKS)
+    assert tree.tokens == (1, 2, 3, 4, 5, 9, 7, 8, 2, 3)
+    assert tree.parents == (-1, 0, 1, 2, 3, 2, 1, -1, 7, 8)
+    assert tree.depths == (0, 1, 2, 3, 4, 3, 2, 0, 1, 2)
+    assert tree.paths[0] == tree.paths[3] == (0, 1, 2, 3, 4) and tree.paths[4] == (0, 1, 2)
+    assert [tuple(tree.tokens[n] for n in p) for p in tree.paths] == [tuple(r) for r in FORKS]
+    assert tree.runs() == [(0, 5), (5, 6), (6, 7), (7, 10)]
+
+
+def test_each_node_sees_exactly_itself_and_its_ancestors() -> None:
+    rng = random.Random(3)
+    rows = [tuple(rng.choice((1, 2)) for _ in range(rng.randint(1, 9))) for _ in range(12)]
+    tree = build_tree(rows)
+    matrix = ancestor_matrix(tree)
+    for node in range(tree.size):
+        seen, walk = set(), node
+        while walk >= 0:
+            seen.add(walk)
+            walk = tree.parents[walk]
+        assert set(torch.nonzero(matrix[node]).flatten().tolist()) == seen
+
+
+def test_rows_that_share_much_form_one_tree_and_unrelated_rows_their_own() -> None:
+    rng = random.Random(0)
+    trunk = tuple(rng.randrange(10, 1000) for _ in range(300))
+    forks = [trunk[:cut] + tuple(rng.randrange(10, 1000) for _ in range(40)) for cut in (100, 200, 300)]
+    alone = [(*trunk[:4], *(rng.randrange(10, 1000) for _ in range(300))) for _ in range(2)]
+    groups = tree_groups([forks[0], alone[0], forks[1], alone[1], forks[2]])
+    assert [g.rows for g in groups] == [(0, 2, 4), (1,), (3,)], "a 4-token preamble is not worth a long tree row"
+    assert groups[0].tree.size == 300 + 3 * 40
+
+
+def test_slots_point_each_response_token_at_the_node_before_it() -> None:
+    samples = [row((1, 2, 3, 4, 5), 2), row((1, 2, 3, 9), 3), row((8, 2, 3), 1)]
+    groups = tree_groups([s.tokens for s in samples])
+    batch = pack_trees(samples, groups, 3, 0, "cpu")
+    assert batch.computed == 6 + 3 and batch.input_ids.shape == (len(groups), max(g.tree.size for g in groups))
+    kept = batch.input_ids[:, batch.keep].flatten()[batch.nodes]
+    predictors = kept[batch.slot]
+    assert predictors.tolist() == [[2, 3, 4], [3, 2, 2], [8, 2, 2]], "padding slots point at node 0 of nodes"
+    assert batch.positions[0, : groups[0].tree.size].tolist() == list(groups[0].tree.depths)
+
+
+def test_tree_packing_keeps_a_tree_in_one_micro_batch() -> None:
+    trunk = tuple(range(10, 110))
+    forks = [row(trunk[:cut] + (5,) * 10, cut) for cut in (40, 70, 100)]
+    other = [row(tuple(range(500, 560)), 30), row(tuple(range(600, 650)), 30)]
+    samples = [forks[0], other[0], forks[1], other[1], forks[2]]
+    chunks = micro_batches(samples, BatchSettings(micro_batch_size=3))
+    assert chunks == [forks, other], "trees in the order of their first row"
+    assert micro_batches(samples, BatchSettings(micro_batch_size=3, tree=False))[0] == samples[:3]
+    dynamic = micro_batches(samples, BatchSettings(use_dynamic_batch_size=True, max_tokens_per_gpu=130))
+    assert dynamic == [forks, [other[0], other[1]]], "130 tree tokens hold the 130-token tree; two rows of 60"
+    cut = micro_batches(samples, BatchSettings(use_dynamic_batch_size=True, max_tokens_per_gpu=120))
+    assert cut == [[forks[2]], forks[:2], other], "cut at 120: forks 1-2 (90 tokens), fork 3 (110), largest first"

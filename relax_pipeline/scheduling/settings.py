@@ -61,7 +61,8 @@ class RuntimeSettings:
     max_aborted_count: int = 2
     """Partial rollout: aborts after which a request is protected."""
     barrier_warn_s: float = 60.0
-    """Log the missing sessions when a group's first-request barrier waits longer than this."""
+    """Log the missing sessions when a group's first-request barrier waits longer than this (credit=group_rm: an
+    ordinary reward runs singleton runtime groups, with no barrier)."""
     max_staleness: int | None = None
     """fully_async: drop groups whose first token is more than this many weight versions old; None: no bound."""
     external_slots: int | None = None

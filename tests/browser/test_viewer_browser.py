@@ -214,3 +214,19 @@ def test_the_run_s_replay_bundle_opens_directly(browser: Any, run_dir: Path) -> 
         shot(page, "bundle")
         rows.first.locator("a").click()
         page.wait_for_selector("#ctx-0 .tok.resp")
+
+
+def test_a_session_s_trace_from_the_run_shows_each_turn_on_its_timeline(page: Any, run_dir: Path) -> None:
+    """The run writes its traces (`tracking.traces`, on by default): a session's page lays out its spans, one
+    `turn` bar per model turn of its row, coloured by its lag behind the step's trained version (0 here: sync)."""
+    row = next(r for r in rows_of(run_dir, 0) if r["branch"] is None and r["turn_count"])
+    page.goto(page.base + f"#/session/0/{row['session_id']}")
+    page.wait_for_selector("#timeline .span")
+    turns = page.locator('#timeline .span[data-name="turn"]')
+    assert turns.count() == row["turn_count"]
+    assert set(turns.evaluate_all("els => els.map((e) => e.dataset.lag)")) == {"0"}
+    names = set(page.locator("#timeline .span").evaluate_all("els => els.map((e) => e.dataset.name)"))
+    assert {"session", "turn", "decode", "export", "reward", "train_step", "micro_batch"} <= names
+    turns.first.hover()
+    assert page.inner_text("#tip").startswith("turn · ")
+    shot(page, "trace_run")

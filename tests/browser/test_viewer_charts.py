@@ -168,6 +168,13 @@ def test_the_session_page_shows_its_trace_as_a_timeline(page: Any, folder: Path)
     tip = page.inner_text("#tip")
     assert tip.startswith("turn · 15 ms (from +0 ms)") and f"relax.weight_version = {STEPS - 2}" in tip
     shot(page, "trace")
+    export = page.locator('#timeline .span[data-name="export"]')
+    export.click()
+    zoomed = page.locator("#timeline").evaluate("e => [+e.dataset.from, +e.dataset.to]")
+    assert zoomed == [40.0, 41.0], "clicking a span zooms the timeline to it"
+    assert export.bounding_box()["width"] == pytest.approx(area["width"], abs=3)
+    page.locator("#timeline .bars").dblclick(position={"x": 5, "y": 5})
+    assert page.locator("#timeline").evaluate("e => [+e.dataset.from, +e.dataset.to]") == [0, 64.0]
 
 
 def test_tokens_are_coloured_by_their_lag_behind_the_step_that_trained_them(page: Any) -> None:

@@ -105,21 +105,36 @@ function spanTitle(s) {
 }
 
 // One bar per span, a row per depth (overlapping spans of a depth get rows of their own, server side); turn spans
-// are coloured by their weight version's lag behind `trainedVersion` when both are known.
+// are coloured by their weight version's lag behind `trainedVersion` when both are known. Clicking a span zooms the
+// timeline to it; double-click shows the whole trace again.
 function timelineView(trace, trainedVersion) {
   const total = trace.duration_ms || 1;
   const bars = h("div", { class: "bars", style: `height:${trace.rows * TIMELINE_ROW}px` });
   for (const s of trace.spans) {
     const version = s.attributes["relax.weight_version"];
     const lag = version != null && trainedVersion != null ? trainedVersion - version : null;
-    const width = (100 * (s.end_ms - s.start_ms)) / total;
-    bars.append(h("div", {
-      class: `span ${s.name}`, dataset: { name: s.name, row: s.row, depth: s.depth, lag: lag ?? "", tip: spanTitle(s) },
-      style: `left:${(100 * s.start_ms) / total}%;width:max(${width}%,2px);top:${s.row * TIMELINE_ROW}px` + (lag === null ? "" : `;background:${lagColor(lag)}`),
-    }, width > 6 ? s.name : ""));
+    const bar = h("div", { class: `span ${s.name}`, dataset: { name: s.name, row: s.row, depth: s.depth, lag: lag ?? "", tip: spanTitle(s) },
+      style: `top:${s.row * TIMELINE_ROW}px` + (lag === null ? "" : `;background:${lagColor(lag)}`) });
+    bar.span = s;
+    bars.append(bar);
   }
-  const step = niceStep(total, 8);
   const ticks = h("div", { class: "ticks" });
-  for (let t = 0; t <= total + 1e-9; t += step) ticks.append(h("span", { style: `left:${(100 * t) / total}%` }, `${+t.toFixed(6)} ms`));
-  return h("div", { class: "timeline", id: "timeline" }, bars, ticks);
+  const box = h("div", { class: "timeline", id: "timeline" }, bars, ticks);
+  const place = (from, to) => {
+    const scale = 100 / (to - from || 1);
+    for (const bar of bars.children) {
+      const s = bar.span, width = (s.end_ms - s.start_ms) * scale;
+      Object.assign(bar.style, { left: `${(s.start_ms - from) * scale}%`, width: `max(${width}%, 2px)` });
+      bar.textContent = width > 6 ? s.name : "";
+    }
+    const step = niceStep(to - from || 1, 8);
+    const at = [];
+    for (let t = Math.ceil(from / step) * step; t <= to + 1e-9; t += step) at.push(t);
+    ticks.replaceChildren(...at.map((t) => h("span", { style: `left:${(t - from) * scale}%` }, `${+t.toFixed(6)} ms`)));
+    Object.assign(box.dataset, { from, to });
+  };
+  bars.addEventListener("click", (e) => { const bar = e.target.closest(".span"); if (bar) place(bar.span.start_ms, bar.span.end_ms); });
+  bars.addEventListener("dblclick", () => place(0, total));
+  place(0, total);
+  return box;
 }

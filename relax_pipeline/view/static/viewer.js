@@ -225,7 +225,7 @@ async function sessionPage(step, sessionId) {
       h("span", { class: "muted" }, " · prompt tokens grey text · hover a token for its logprob")), lagLegend(s.trained_version));
   const trace = h("div", { class: "card", id: "trace" }, h("h3", {}, "Trace"), h("p", { class: "muted" }, "loading…"));
   api(`/api/steps/${encodeURIComponent(step)}/sessions/${encodeURIComponent(sessionId)}/trace`)
-    .then((t) => trace.replaceChildren(h("h3", {}, "Trace ", h("span", { class: "muted" }, `${t.file} · ${t.spans.length} spans · ${fmt(t.duration_ms)} ms · hover a span`)), timelineView(t, s.trained_version)))
+    .then((t) => trace.replaceChildren(h("h3", {}, "Trace ", h("span", { class: "muted" }, `${t.file} · ${t.spans.length} spans · ${fmt(t.duration_ms)} ms · hover a span, click one to zoom to it, double-click for the whole trace`)), timelineView(t, s.trained_version)))
     .catch(() => trace.replaceChildren(h("h3", {}, "Trace"), h("p", { class: "muted", id: "no-trace" }, "no trace recorded (tracking.traces=false?)")));
   state.trainedVersion = s.trained_version;
   return h("div", {},

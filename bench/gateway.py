@@ -12,6 +12,13 @@ threads, microsecond resolution, where /proc/<pid>/stat counts 10 ms ticks). The
   run.log (`run_logging`; the report counts the lines), and the garbage collector is settled as the
   step loop does before a step (`settle_garbage`).
 
+Tracing (`tracking.traces`, tracking/traces.py): a third server, `traced`, is ours with session traces on. The
+turn service stamps a turn's times either way (a few clock reads per engine call); what tracing adds is the work
+at the end of a step: each session's spans built from those stamps, made OpenTelemetry spans and written as OTLP
+JSON. The traced server does that for every session of a phase before it reports its CPU at the phase's end (so
+the phase's CPU includes it, in its background thread too), and the report prints ours' CPU per request with
+tracing on vs off, side by side in the same repeats.
+
 Every client records sessions of `--turns` turns (default 32) on one keep-alive connection, replaying
 the whole growing history each turn. Phase one runs `--serial` sessions one after another (concurrency
 1), phase two `--clients` clients at once (default 32), each client `--rounds` sessions. Both servers
@@ -62,7 +69,8 @@ from fastapi.responses import JSONResponse  # noqa: E402
 PREFIX = "/agentic_api"
 CHAT_PATH = f"{PREFIX}/v1/chat/completions"
 WARMUP_SESSIONS = 2
-KINDS = ("bare", "ours")
+KINDS = ("bare", "ours", "traced")
+"""`traced`: ours with session traces written (see the module)."""
 TOOLS = [{"type": "function", "function": {"name": "search", "parameters": {"type": "object"}}}]
 ANSWER = "I looked at the record and the number is 1234; continuing with the next part of the task now."
 RESULT = "Record {i}: the city had about {n} residents at the last census, according to the registry."
@@ -79,13 +87,14 @@ def serve(kind: str, sessions: int, log_dir: str) -> None:
     """
     from relax_pipeline.tracking.logs import run_logging
 
-    with run_logging(Path(log_dir)) if kind == "ours" else contextlib.nullcontext():
+    logs = Path(log_dir) / ("traced" if kind == "traced" else "")  # the traced server logs the same, elsewhere
+    with run_logging(logs) if kind != "bare" else contextlib.nullcontext():
         asyncio.run(_serve(kind, sessions))
 
 
 async def _serve(kind: str, sessions: int) -> None:
     store = None
-    if kind == "ours":
+    if kind != "bare":
         server, store = await _start_ours()
         port, ids = server.port, [_open_session(store, i) for i in range(sessions)]
     else:
@@ -93,7 +102,8 @@ async def _serve(kind: str, sessions: int) -> None:
         port = server.servers[0].sockets[0].getsockname()[1]
     gc.callbacks.append(GC_CLOCK)
     asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, _report_memory_use, store)
-    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR2, _report_cpu)
+    report = Tracing(store).report_cpu if kind == "traced" else _report_cpu
+    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR2, report)
     print(json.dumps({"port": port, "ids": ids}), flush=True)
     await asyncio.Event().wait()
 
@@ -162,6 +172,35 @@ def _bare_app() -> FastAPI:
 def _report_cpu() -> None:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     print(json.dumps({"cpu": usage.ru_utime + usage.ru_stime}), flush=True)
+
+
+class Tracing:
+    """The traced server's step end: every session with new turns traced (spans built, OTLP JSON written) before its
+    CPU is reported, so each phase pays for its own sessions' traces."""
+
+    def __init__(self, store: Any) -> None:
+        from relax_pipeline.tracking.traces import TraceWriter
+
+        self.store = store
+        self.folder = tempfile.TemporaryDirectory(prefix="relax-bench-traces-")
+        self.writer = TraceWriter(self.folder.name)
+        self.traced: dict[str, int] = {}
+        """Session id → the turns it had when last traced."""
+        self.step = 0
+
+    def report_cpu(self) -> None:
+        from relax_pipeline.data.dataset import Prompt
+        from relax_pipeline.stages.group import Group
+        from relax_pipeline.stages.traces import session_trace
+
+        ended = [s for s in self.store if s.forest.turn_count > self.traced.get(s.id, 0)]
+        records = [session_trace(Group("g", Prompt(0, None), 0, "train", Path(self.folder.name), [s]), s, self.step)
+                   for s in ended]
+        self.writer.submit(self.step, records)
+        self.writer.flush()
+        self.traced.update((s.id, s.forest.turn_count) for s in ended)
+        self.step += 1
+        _report_cpu()
 
 
 @dataclass
@@ -365,6 +404,7 @@ def report(result: Result, args: argparse.Namespace) -> None:
             print(f"{kind:<7} {clients:>7} {sum(len(p.load.latencies) for p in phases):>8} {rate:>10.0f} "
                   f"{cpu:>14.3f} {percentile_ms(phases, 50):>7.2f} {percentile_ms(phases, 99):>7.2f}")
     _report_ratios(result, args)
+    _report_tracing(result)
     _report_memory(result)
     requests = sum(len(p.load.latencies) for p in result.phases["ours"][args.clients] + result.phases["ours"][1])
     _report_collector(result.after["gc"], requests)
@@ -382,6 +422,19 @@ def _report_ratios(result: Result, args: argparse.Namespace) -> None:
     rates = {kind: statistics.median(p.rate for p in result.phases[kind][args.clients]) for kind in KINDS}
     print(f"requests/s at {args.clients} clients: ours {rates['ours']:.0f}, bare {rates['bare']:.0f}, "
           f"ours / bare {rates['ours'] / rates['bare']:.2f}; target >= 500")
+
+
+def _report_tracing(result: Result) -> None:
+    """Ours' CPU per request with session traces on vs off, per concurrency (median of the repeats' differences)."""
+    parts = []
+    for clients, traced in result.phases["traced"].items():
+        off = result.phases["ours"][clients]
+        extra = sorted(t.cpu_ms - o.cpu_ms for t, o in zip(traced, off, strict=True))
+        base = statistics.median(o.cpu_ms for o in off)
+        parts.append(f"{statistics.median(t.cpu_ms for t in traced):.3f} vs {base:.3f} ms "
+                     f"({statistics.median(extra) * 1e3:+.1f} us, {statistics.median(extra) / base:+.1%}) at {clients} "
+                     "client(s)")
+    print(f"tracing: ours CPU per request with session traces on vs off: {'; '.join(parts)}")
 
 
 def _report_memory(result: Result) -> None:
@@ -405,7 +458,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="sessions per client in phase two")
     parser.add_argument("--serial", type=int, default=8, help="sessions one after another in phase one")
     parser.add_argument("--repeats", type=int, default=3, help="times each phase runs on each server")
-    parser.add_argument("--serve", choices=("ours", "bare"))
+    parser.add_argument("--serve", choices=KINDS)
     parser.add_argument("--sessions", type=int, default=0, help="sessions a --serve process opens")
     parser.add_argument("--log-dir", default=tempfile.gettempdir(), help="where a --serve process writes run.log")
     args = parse_args(parser, turns=2, clients=2, rounds=1, serial=1, repeats=1)

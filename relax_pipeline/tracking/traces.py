@@ -32,8 +32,11 @@ times of its `train_step`). A session whose group was dropped or filtered has no
 
 Cost: nothing here runs per token or per request. The turn service and the stages already stamp the times a trace
 needs (`forest.store.TurnTiming`, `Session.timing`); at the end of a step the stages turn them into `SpanRecord`
-trees, and `TraceWriter` makes them OpenTelemetry spans (the SDK, with explicit start and end times) and writes
-them, in one background thread so the event loop does not wait for the disk or the collector. With
+trees, and `TraceWriter` makes them OpenTelemetry spans and writes them, in one background thread so the event
+loop does not wait for the disk or the collector. The spans are the SDK's finished-span records (`ReadableSpan`,
+what its exporters take) made directly with their known times, ids from the SDK's `RandomIdGenerator` and the
+SDK's `Resource`: a `Tracer`'s start and end per span (context, sampler, attribute copies) cost about three times
+as much and add nothing for spans whose times are already recorded (`bench/gateway.py` prints the cost). With
 `tracking.otlp_endpoint` set the same spans also go to that OTLP/HTTP endpoint (the SDK's OTLP exporter, optional
 dependency `opentelemetry-exporter-otlp-proto-http`, imported only then). `tracking.traces=false` writes nothing.
 
@@ -43,7 +46,6 @@ path), or propagate a trace context to agents.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -52,11 +54,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from opentelemetry import trace
-from opentelemetry.context import Context
+import orjson
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.sampling import ALWAYS_ON
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import SpanContext, TraceFlags
 
 log = logging.getLogger(__name__)
 SCOPE = "relax_pipeline"
@@ -86,30 +89,16 @@ def trace_file(output_dir: Path | str, step: int) -> Path:
     return Path(output_dir) / TRACES_DIR / f"step_{step}.jsonl"
 
 
-class _Collect(SpanProcessor):
-    """The SDK's finished spans, kept in a list until taken."""
-
-    def __init__(self) -> None:
-        self.spans: list[ReadableSpan] = []
-
-    def on_end(self, span: ReadableSpan) -> None:
-        self.spans.append(span)
-
-    def take(self) -> list[ReadableSpan]:
-        spans, self.spans = self.spans, []
-        return spans
-
-
 class TraceWriter:
     """Writes each step's session traces (`tracking.traces`, `tracking.otlp_endpoint`); see the module."""
 
     def __init__(self, output_dir: Path | str, enabled: bool = True, endpoint: str | None = None) -> None:
         self.output_dir = Path(output_dir)
         self.enabled = enabled
-        self._collect = _Collect()
-        self._provider = TracerProvider(resource=Resource.create({"service.name": SCOPE}), sampler=ALWAYS_ON)
-        self._provider.add_span_processor(self._collect)
-        self._tracer = self._provider.get_tracer(SCOPE)
+        self._resource = Resource.create({"service.name": SCOPE})
+        self._resource_json = {"attributes": _attributes(self._resource.attributes)}
+        self._scope = InstrumentationScope(SCOPE)
+        self._ids = RandomIdGenerator()
         self._exporter = otlp_exporter(endpoint) if enabled and endpoint else None
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="relax-traces")
         self._pending: list[Future[Path | None]] = []
@@ -127,10 +116,10 @@ class TraceWriter:
         path = trace_file(self.output_dir, step)
         path.parent.mkdir(parents=True, exist_ok=True)
         exported: list[ReadableSpan] = []
-        with path.open("a") as out:
+        with path.open("ab") as out:
             for record in sessions:
                 spans = self.spans(record)
-                out.write(json.dumps(otlp_json(spans), separators=(",", ":")) + "\n")
+                out.write(orjson.dumps(self.otlp_json(spans)) + b"\n")
                 exported += spans
         if self._exporter is not None:
             self._export(exported)
@@ -138,17 +127,22 @@ class TraceWriter:
 
     def spans(self, root: SpanRecord) -> list[ReadableSpan]:
         """`root`'s tree as finished SDK spans of one new trace, parents first."""
-        self._start(root, None)
-        spans = self._collect.take()
-        return spans[::-1]  # children end before their parents
+        spans: list[ReadableSpan] = []
+        self._add(root, self._ids.generate_trace_id(), None, spans)
+        return spans
 
-    def _start(self, record: SpanRecord, parent: trace.Span | None) -> None:
-        context = trace.set_span_in_context(parent) if parent is not None else Context()  # a root: a new trace
-        span = self._tracer.start_span(record.name, context, attributes=dict(record.attributes),
-                                       start_time=record.start_ns)
-        for child in reversed(record.children):
-            self._start(child, span)
-        span.end(end_time=record.end_ns)
+    def _add(self, record: SpanRecord, trace_id: int, parent: SpanContext | None, spans: list[ReadableSpan]) -> None:
+        context = SpanContext(trace_id, self._ids.generate_span_id(), False, TraceFlags(TraceFlags.SAMPLED))
+        spans.append(ReadableSpan(record.name, context, parent, self._resource, record.attributes,
+                                  start_time=record.start_ns, end_time=record.end_ns,
+                                  instrumentation_scope=self._scope))
+        for child in record.children:
+            self._add(child, trace_id, context, spans)
+
+    def otlp_json(self, spans: Sequence[ReadableSpan]) -> dict[str, Any]:
+        """One `ExportTraceServiceRequest` in OTLP JSON holding `spans` (this writer's resource, one scope)."""
+        return {"resourceSpans": [{"resource": self._resource_json,
+                                   "scopeSpans": [{"scope": {"name": SCOPE}, "spans": _spans(spans)}]}]}
 
     def _export(self, spans: list[ReadableSpan]) -> None:
         from opentelemetry.sdk.trace.export import SpanExportResult
@@ -173,7 +167,6 @@ class TraceWriter:
         self._worker.shutdown(wait=True)
         if self._exporter is not None:
             self._exporter.shutdown()
-        self._provider.shutdown()
 
 
 def otlp_exporter(endpoint: str) -> Any:
@@ -191,27 +184,34 @@ def otlp_exporter(endpoint: str) -> Any:
 # --- OTLP JSON encoding ---------------------------------------------------------------------------------------
 
 
-def otlp_json(spans: Sequence[ReadableSpan]) -> dict[str, Any]:
-    """One `ExportTraceServiceRequest` in OTLP JSON holding `spans` (one resource, one scope)."""
-    resource = spans[0].resource.attributes if spans else {}
-    return {"resourceSpans": [{"resource": {"attributes": _attributes(resource)},
-                               "scopeSpans": [{"scope": {"name": SCOPE}, "spans": [_span(s) for s in spans]}]}]}
-
-
-def _span(span: ReadableSpan) -> dict[str, Any]:
-    context = span.get_span_context()
-    assert context is not None
-    out: dict[str, Any] = {"traceId": f"{context.trace_id:032x}", "spanId": f"{context.span_id:016x}"}
-    if span.parent is not None:
-        out["parentSpanId"] = f"{span.parent.span_id:016x}"
-    out.update(name=span.name, kind=span.kind.value + 1, startTimeUnixNano=str(span.start_time),
-               endTimeUnixNano=str(span.end_time), attributes=_attributes(span.attributes or {}),
-               status={})
+def _spans(spans: Sequence[ReadableSpan]) -> list[dict[str, Any]]:
+    """`spans` in OTLP JSON; an attribute shared by many spans (the session id, the step) is encoded once."""
+    encoded: dict[tuple[str, type, Any], dict[str, Any]] = {}
+    out = []
+    for span in spans:
+        context = span.get_span_context()
+        assert context is not None
+        item: dict[str, Any] = {"traceId": f"{context.trace_id:032x}", "spanId": f"{context.span_id:016x}"}
+        if span.parent is not None:
+            item["parentSpanId"] = f"{span.parent.span_id:016x}"
+        item.update(name=span.name, kind=span.kind.value + 1, startTimeUnixNano=str(span.start_time),
+                    endTimeUnixNano=str(span.end_time), attributes=_attributes(span.attributes or {}, encoded),
+                    status={})
+        out.append(item)
     return out
 
 
-def _attributes(attributes: Mapping[str, Any]) -> list[dict[str, Any]]:
-    return [{"key": key, "value": any_value(value)} for key, value in attributes.items()]
+def _attributes(attributes: Mapping[str, Any], encoded: dict[tuple[str, type, Any], dict[str, Any]] | None = None
+                ) -> list[dict[str, Any]]:
+    if encoded is None:
+        return [{"key": key, "value": any_value(value)} for key, value in attributes.items()]
+    out = []
+    for key, value in attributes.items():
+        memo = (key, type(value), value if isinstance(value, str | int | float | bool) else id(value))
+        if memo not in encoded:
+            encoded[memo] = {"key": key, "value": any_value(value)}
+        out.append(encoded[memo])
+    return out
 
 
 def any_value(value: Any) -> dict[str, Any]:

@@ -108,11 +108,11 @@ def report(results: dict[str, list[StepFigures]], args: argparse.Namespace) -> N
           f"others {args.turns}), {args.tokens} tokens a turn + {args.obs_tokens}-token observations, "
           f"KV pool {args.kv_tokens} tokens, prefill {args.prefill_ms_per_1k} ms per 1k tokens")
     print(f"{'admission':<10} {'step':>4} {'re-prefilled sessions':>22} {'re-prefill tokens':>18} "
-          f"{'evictions':>10} {'step s':>8} {'admission wait s':>17}")
+          f"{'evictions':>10} {'step s':>8} {'wait s (sum)':>13}")
     for mode, steps in results.items():
         for step, f in enumerate(steps):
             print(f"{mode:<10} {step:>4} {f'{f.reprefilled_sessions}/{args.sessions}':>22} {f.reprefill_tokens:>18} "
-                  f"{f.evictions:>10} {f.step_s:>8.2f} {f.wait_s:>17.2f}")
+                  f"{f.evictions:>10} {f.step_s:>8.2f} {f.wait_s:>13.2f}")
     base = results["none"][-1]
     for mode in ("kv", "program"):
         last = results[mode][-1]

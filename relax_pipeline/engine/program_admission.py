@@ -265,6 +265,7 @@ class ProgramLedger:
     def _reset(self) -> None:
         self._counts = dict.fromkeys(("admitted", "waiting", "wait_s", "timeouts", "expired", "ended",
                                       "predicted", "actual"), 0.0)
+        self._counts["waiting"] = float(len(self._queue))  # still waiting: counted in the next step too
 
 
 GenerateCall = Callable[[], Awaitable[GenerateResult]]

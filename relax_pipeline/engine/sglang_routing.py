@@ -21,7 +21,10 @@ a request that does not fit waits (FIFO per worker) until others release, at mos
 starts anyway and is counted. A request larger than the whole budget starts alone. Behind sglang-router
 the client does not learn which worker serves a key, so admission reserves against the pool's summed
 capacity (one budget). Not done here: SGLang's own scheduler still decides the batch; this only keeps the
-client from sending more than the cache holds.
+client from sending more than the cache holds. Admission of whole agent sessions (`engine.admission=program`) is
+`program_admission.py`.
+
+`WorkerLoad.checked` reads one server at start (`/health`, `/model_info`, `/server_info`): its KV capacity.
 """
 
 from __future__ import annotations

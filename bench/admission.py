@@ -14,7 +14,8 @@ of the first `--long-tasks` tasks run `--long-turns` turns, the others `--turns`
 `engine.sessions` SGLang session, closed when it ends (as the turn service does).
 
 Three clients, one fresh fake each, the same `--steps` steps (the same workload each step, so program admission
-learns each task's growth in the first and uses it after): `engine.admission=none`, `kv` (per request:
+learns each task's growth in the first and uses it after; the clients take turns step by step, so a busy moment
+of a shared machine hits them alike): `engine.admission=none`, `kv` (per request:
 prompt + max_new_tokens reserved against max_total_num_tokens) and `program` (per session: context + the growth
 learned per task, `--growth-prior` before any session finished). Printed per client and step: sessions
 re-prefilled because their KV was evicted (of all sessions), tokens re-prefilled, evictions, the step's wall time,
@@ -31,6 +32,7 @@ import asyncio
 import sys
 import tempfile
 import time
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,19 +90,19 @@ async def one_step(engine: SglangEngine, server: FakeSglangServer, step: int,
                        metrics.get("agentic_kv/wait_s", metrics.get("engine/admission_wait_s", 0.0)))
 
 
-async def run_mode(mode: str, model: str, args: argparse.Namespace) -> list[StepFigures]:
-    """The workload's steps on a fresh fake through a client with `engine.admission=mode`."""
-    async with FakeSglangServer(model, capacity=args.kv_tokens, ignore_stop=True, kv_cache_mb=16,
-                                max_context_len=4096) as server:
-        server.state.pool.prefill_s_per_1k = args.prefill_ms_per_1k / 1000
-        settings = SglangEngineSettings(urls=[server.url], admission=mode, kv_headroom=1.0,
-                                        admission_growth_prior=args.growth_prior)
-        engine = SglangEngine(settings, EngineRun(model, output_dir=tempfile.mkdtemp(prefix="bench-admission-")))
-        await engine.start()
-        try:
-            return [await one_step(engine, server, step, args) for step in range(args.steps)]
-        finally:
-            await engine.close()
+async def client(mode: str, model: str, args: argparse.Namespace, stack: AsyncExitStack
+                 ) -> tuple[SglangEngine, FakeSglangServer]:
+    """A fresh fake and a client with `engine.admission=mode` in front of it (closed with `stack`)."""
+    server = await stack.enter_async_context(FakeSglangServer(model, capacity=args.kv_tokens, ignore_stop=True,
+                                                              kv_cache_mb=16, max_context_len=4096))
+    server.state.pool.prefill_s_per_1k = args.prefill_ms_per_1k / 1000
+    settings = SglangEngineSettings(urls=[server.url], admission=mode, kv_headroom=1.0,
+                                    admission_growth_prior=args.growth_prior)
+    engine = SglangEngine(settings, EngineRun(model, output_dir=tempfile.mkdtemp(prefix="bench-admission-")))
+    await engine.start()
+    stack.push_async_callback(engine.close)
+    await engine.generate([5] * 16, SamplingParams(args.tokens), "warm-up")  # no session, no task prompt
+    return engine, server
 
 
 def report(results: dict[str, list[StepFigures]], args: argparse.Namespace) -> None:
@@ -124,7 +126,12 @@ async def main(args: argparse.Namespace) -> None:
     from relax_pipeline.models.tiny import build_tiny
 
     model = args.model or str(build_tiny(Path(tempfile.gettempdir()) / "relax-bench"))
-    results = {mode: await run_mode(mode, model, args) for mode in MODES}
+    results: dict[str, list[StepFigures]] = {mode: [] for mode in MODES}
+    async with AsyncExitStack() as stack:
+        clients = {mode: await client(mode, model, args, stack) for mode in MODES}
+        for step in range(args.steps):  # modes take turns, so a busy moment of the machine hits them alike
+            for mode, (engine, server) in clients.items():
+                results[mode].append(await one_step(engine, server, step, args))
     report(results, args)
 
 

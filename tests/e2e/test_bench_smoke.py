@@ -28,7 +28,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 BENCHES = sorted(path.name for path in (REPO / "bench").glob("*.py") if not path.name.startswith("_"))
 HEADLINES = {
-    "admission.py": r"^last step, program / none: re-prefilled sessions \d+/\d+, step time \d+\.\d+x",
+    "admission.py": r"^steps 1\+ \(median\), program / none: re-prefilled sessions [\d.]+/[\d.]+, step time \d+\.\d+x",
     "agents_ray.py": r"^Ray overhead per session: [-+]\d",
     "engine.py": r"prefix cache speed-up \d+\.\d+x",
     "engine_sglang.py": r"^ratio ours/server \d+\.\d+x",

@@ -2,8 +2,9 @@
 (Playwright driving the OS's executable, as in `test_viewer_browser.py`), on synthetic folders
 (`relax_pipeline/testing/run_folders.py`) whose values are chosen to break a naive chart: 24 steps, a loss near
 -12,345 (the labels that were clipped at the left edge), rewards such as 0.2235 (the ticks that were not round),
-no pass-rate metric (the chart that was shown empty), version-lag shares, a session whose tokens and turns come
-from older weights, and its trace in the OTLP/JSON files the run's tracing writes.
+an entropy that moves in its fifth decimal, a KL near 1e-8 and counts near a million (labels that must still tell
+ticks apart), no pass-rate metric (the chart that was shown empty), version-lag shares, a session whose tokens and
+turns come from older weights, and its trace in the OTLP/JSON files the run's tracing writes.
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ def lag_metrics(step: int) -> dict[str, float]:
 
 def step_metrics(step: int) -> dict[str, float]:
     return {"rollout/raw_reward": 0.2235 + 0.01493 * step, "train/loss": -12345.678 + 37.1 * step,
-            "train/entropy": 1.5 - 0.01 * step, "train/weight_version": float(step + 1), **lag_metrics(step)}
+            "train/entropy": 7.2965 + 0.00002 * step, "train/ppo_kl": 2e-8 * (1 + step / 10),
+            "rollout/fork_count": 1e6 + 5e4 * step, "train/weight_version": float(step + 1), **lag_metrics(step)}
 
 
 @pytest.fixture(scope="module")
@@ -86,6 +88,12 @@ def shown(value: float) -> float:
     return float(f"{value:.4g}")
 
 
+def label_value(label: str) -> float:
+    """A tick label read back as a number (`1.2M`, `-12250`, `2.5e-8`, `75%`)."""
+    scale = {"K": 1e3, "M": 1e6, "B": 1e9, "%": 0.01}.get(label[-1], 1)
+    return float(label.rstrip("KMB%")) * scale
+
+
 def is_round(splits: list[float]) -> bool:
     """Evenly spaced ticks, each a whole multiple of a step of 1, 2, 2.5 or 5 times a power of ten."""
     step = splits[1] - splits[0]
@@ -97,11 +105,15 @@ def is_round(splits: list[float]) -> bool:
 
 def test_charts_have_round_ticks_and_labels_inside_the_canvas(page: Any) -> None:
     found = charts(page)
-    assert {"Reward", "Loss", "Entropy", "Mean version lag", "Version lag (share of trained tokens)"} <= set(found)
+    assert {"Reward", "Loss", "Entropy", "KL", "Fork count", "Mean version lag",
+            "Version lag (share of trained tokens)"} <= set(found)
     for title, axes in found.items():
         assert len(axes["splits"]) >= 2 and is_round(axes["splits"]), (title, axes["values"])
         assert axes["left"] >= 0, f"{title}: the widest y label starts {axes['left']:.1f}px left of the canvas"
         assert all(float(x) == int(x) for x in axes["xsplits"]), f"{title}: a step tick between steps"
+        step = axes["splits"][1] - axes["splits"][0]
+        read = [label_value(v) for v in axes["values"]]
+        assert all(abs(r - v) < step / 2 for r, v in zip(read, axes["splits"], strict=True)), (title, axes["values"])
     loss = found["Loss"]["values"]
     assert all(v.startswith("-") for v in loss) and all(len(v.lstrip("-").split(".")[0]) == 5 for v in loss), loss
     assert not any(v in found["Reward"]["values"] for v in ("0.2235", "0.373", "0.5224"))
@@ -114,7 +126,7 @@ def test_a_chart_without_data_is_not_shown(page: Any) -> None:
     assert "Pass rate" in page.inner_text("#no-data")
 
 
-def test_hover_shows_the_value_and_drag_zooms_and_double_click_resets(page: Any) -> None:
+def test_hover_shows_the_value_and_drag_zooms_and_a_refresh_keeps_it_until_double_click(page: Any) -> None:
     charts(page)
     card = page.locator('[data-chart="Reward"]')
     over = card.locator(".u-over").bounding_box()
@@ -130,6 +142,11 @@ def test_hover_shows_the_value_and_drag_zooms_and_double_click_resets(page: Any)
     page.mouse.up()
     low, high = card.evaluate(scale)
     assert 0 < low < high < STEPS - 1, "dragging zoomed in"
+    page.evaluate("document.querySelector('[data-chart=\"Reward\"]').uplot.marked = 1")
+    page.click("#refresh")
+    page.wait_for_function("!document.querySelector('[data-chart=\"Reward\"]').uplot.marked")
+    card = page.locator('[data-chart="Reward"]')
+    assert card.evaluate(scale) == [low, high], "a refresh keeps the zoom"
     page.mouse.dblclick(over["x"] + over["width"] / 2, over["y"] + 20)
     assert card.evaluate(scale) == [0, STEPS - 1], "double-click resets"
 
@@ -212,7 +229,7 @@ def test_a_replay_bundle_opens_directly_with_its_credit_and_loss(browser: Any, t
         advantages = table.locator("td.advantage").all_inner_texts()
         assert [float(a) for a in advantages] == [shown(r["advantage"]) for r in rows]
         assert "train/loss\n-0.0123" in page.inner_text("#bundle-metrics")
-        shot(page, "bundle")
+        shot(page, "bundle_fixture")
         table.first.locator("a").click()
         page.wait_for_selector(f'h2:has-text("{rows[0]["session_id"]}")')
         assert page.locator("#ctx-0 .tok").count() == len(rows[0]["tokens"])

@@ -14,16 +14,26 @@ const chartObservers = [];
 
 const lagIndex = (lag) => Math.min(Math.max(lag, 0), LAG_KEYS.length - 1);
 const lagColor = (lag) => LAG_COLORS[lagIndex(lag)];
-const compact = new Intl.NumberFormat("en-US", { notation: "compact", maximumSignificantDigits: 3 });
 
-// Tick labels with exactly the decimals the tick increment needs (0.25 → 2, 5 → 0); compact or exponent
-// notation for very large or very small scales.
+// Tick labels that tell every tick apart and no more: `place` is the last digit the increment needs (0.25 → the
+// hundredths, 5 → the units); fixed decimals to that place, exponent notation for tiny values (2.5e-8), compact
+// for large increments (1.025M).
 function tickLabels(u, splits, axisIdx, space, incr) {
-  const mag = Math.abs(incr);
-  if (mag >= 1e5) return splits.map((v) => (v == null ? "" : compact.format(v)));
-  if (mag > 0 && mag < 1e-4) return splits.map((v) => (v == null ? "" : v.toExponential(1)));
-  const decimals = (String(+incr.toPrecision(3)).split(".")[1] || "").length;
-  return splits.map((v) => (v == null ? "" : (Math.abs(v) < mag / 1e6 ? 0 : v).toFixed(decimals)));
+  const top = Math.max(...splits.map((v) => Math.abs(v ?? 0)));
+  const power = Math.floor(Math.log10(incr));
+  const place = power - (+(incr / 10 ** power).toFixed(3) % 1 ? 1 : 0);
+  const digits = Math.max(1, Math.floor(Math.log10(top || incr)) - place + 1);
+  const label = top < 1e-4 ? (v) => v.toExponential(Math.min(20, digits - 1))
+    : place >= 4 ? (v) => new Intl.NumberFormat("en-US", { notation: "compact", maximumSignificantDigits: Math.min(21, digits) }).format(v)
+    : (v) => v.toFixed(Math.min(100, Math.max(0, -place)));
+  return splits.map((v) => (v == null ? "" : Math.abs(v) < incr / 1e6 ? "0" : label(v)));
+}
+
+// A flat series gets a band around its value (uPlot's own default for a constant 0 is 0 to 100).
+function yRange(u, min, max) {
+  if (min !== max) return uPlot.rangeNum(min, max, 0.1, true);
+  const pad = Math.abs(min) * 0.1 || 1;
+  return [min - pad, max + pad];
 }
 
 // The y axis is as wide as its longest label (uPlot's fixed default clips "-12,345.5" at the left edge).
@@ -62,7 +72,7 @@ function releaseCharts() {
 function lineChart(card, keys, curves) {
   const series = keys.map((k, i) => ({ label: k, stroke: COLORS[i % COLORS.length], width: 1.6, spanGaps: true,
     points: { size: 5 }, value: (u, v) => fmt(v) }));
-  const opts = { width: 340, height: CHART_HEIGHT, scales: { x: { time: false } }, axes: [xAxis(), yAxis()],
+  const opts = { width: 340, height: CHART_HEIGHT, scales: { x: { time: false }, y: { range: yRange } }, axes: [xAxis(), yAxis()],
     series: [{ label: "step", value: (u, v) => (v == null ? "–" : v) }, ...series], cursor: { drag: { x: true, y: false } } };
   const u = new uPlot(opts, columns(keys, curves), card);
   fitWidth(u, card);

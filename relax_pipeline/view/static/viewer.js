@@ -19,7 +19,7 @@ const CHARTS = [
   ["Step time (s)", [/^perf\/step_time$/]],
 ];
 const LAG_CHART = "Version lag (share of trained tokens)";
-const state = { run: null, extra: [], colorMode: "mask" };
+const state = { run: null, extra: [], colorMode: "mask", zoom: {} };
 
 function h(tag, attrs, ...children) {
   const el = document.createElement(tag);
@@ -151,7 +151,18 @@ async function curvesPage() {
 function chartCard(title, draw) {
   const card = h("div", { class: "card chart", dataset: { chart: title } }, h("h3", {}, title));
   card.uplot = draw(card);
+  keepZoom(title, card.uplot);
   return card;
+}
+
+// A chart zoomed in stays zoomed when the page is drawn again (Refresh, auto-refresh); zoomed out, it shows new steps.
+function keepZoom(title, u) {
+  if (state.zoom[title]) u.setScale("x", state.zoom[title]);
+  u.hooks.setScale = [(chart, key) => {
+    if (key !== "x") return;
+    const steps = chart.data[0], { min, max } = chart.scales.x;
+    state.zoom[title] = min > steps[0] || max < steps[steps.length - 1] ? { min, max } : null;
+  }];
 }
 
 // ---- sessions of a step -----------------------------------------------------------------------------------

@@ -3,13 +3,15 @@
 Each line is an `ExportTraceServiceRequest` (`{"resourceSpans": [{"resource": ..., "scopeSpans": [{"scope": ...,
 "spans": [...]}]}]}`) holding one session's spans: `session`, `turn`, `queue`, `prefill`, `decode`, `abort`,
 `resume`, `agent_gap`, `export`, `reward`, `credit`, `train_step`, `micro_batch`; every span carries the attributes
-`relax.session_id` and `relax.step` (turn spans also `relax.turn` and `relax.weight_version`).
+`relax.session_id` and `relax.step` (turn spans also `relax.turn` and `relax.weight_version`). Eval sessions are
+not traced.
 
 `TraceIndex.find(session_id, step)` returns the session's spans as a timeline: each span with its depth below
 the session (from `parentSpanId`), a row (spans of one depth that overlap in time get rows of their own), its
 start and end in ms from the trace's first span, and its attributes as plain values. The step's own file is
-looked up first, then every other step file (a session trained in a later step under `runtime=fully_async` is
-written there). Each file is indexed once (session id → byte ranges of its lines; the id is found by a pattern
+looked up first, then the later steps' files in order (a session trained in a later step under
+`runtime=fully_async` is written there), then the earlier ones, nearest first; an eval dump's session is not
+looked up. Each file is indexed once (session id → byte ranges of its lines; the id is found by a pattern
 over the line, the line parsed whole only when the pattern misses) and re-indexed when its size or mtime
 changed; a torn last line (no newline yet) is skipped until it is complete.
 
@@ -141,11 +143,11 @@ class TraceIndex:
         self.folder = Path(root) / TRACES_DIR
         self._files: dict[Path, TraceFile] = {}
 
-    def files(self, first_step: str | None = None) -> list[Path]:
-        """The step files, the one of `first_step` first, the rest by step."""
-        found = sorted((p for p in self.folder.glob("step_*.jsonl") if STEP_FILE.search(p.name)),
-                       key=lambda p: int(STEP_FILE.search(p.name).group(1)))  # type: ignore[union-attr]
-        return sorted(found, key=lambda p: p.name != f"step_{first_step}.jsonl")
+    def files(self, first_step: int = 0) -> list[Path]:
+        """The step files in search order: `first_step`'s, the later ones by step, then the earlier ones nearest
+        first."""
+        steps = {int(m.group(1)): p for p in self.folder.glob("step_*.jsonl") if (m := STEP_FILE.search(p.name))}
+        return [steps[n] for n in sorted(steps, key=lambda n: (n < first_step, abs(n - first_step)))]
 
     def _indexed(self, path: Path) -> TraceFile:
         stat = path.stat()
@@ -154,9 +156,12 @@ class TraceIndex:
             known = self._files[path] = TraceFile.build(path)
         return known
 
-    def find(self, session_id: str, step: str | None = None) -> dict[str, Any] | None:
-        """The session's timeline (`timeline`) and the file it came from; None when no trace file holds it."""
-        for path in self.files(step):
+    def find(self, session_id: str, step: str = "0") -> dict[str, Any] | None:
+        """The session's timeline (`timeline`) and the file it came from; None when no trace file holds it or
+        `step` is an eval dump's id."""
+        if not step.isdigit():
+            return None
+        for path in self.files(int(step)):
             indexed = self._indexed(path)
             if session_id in indexed.lines:
                 spans = [s for request in indexed.read(session_id) for s in otlp_spans(request)]

@@ -56,13 +56,15 @@ def test_attribute_values_of_every_otlp_type() -> None:
 
 
 def test_a_session_is_found_in_another_step_s_file_and_compact_lines_parse(tmp_path: Path) -> None:
-    write_traces(tmp_path, 0, {"a": [0]})
+    for step in (0, 1, 3, 4):
+        write_traces(tmp_path, step, {f"s{step}": [step]})
     folder = tmp_path / "traces"
     (folder / "step_2.jsonl").write_text(json.dumps(trace_request("late", 2, [0]), separators=(",", ":")) + "\n")
     index = TraceIndex(tmp_path)
-    assert [p.name for p in index.files("2")] == ["step_2.jsonl", "step_0.jsonl"]
+    assert [p.name[5:-6] for p in index.files(2)] == ["2", "3", "4", "1", "0"], "own step, later ones, earlier ones"
     assert index.find("late", "0")["file"] == "traces/step_2.jsonl"
     assert index.find("nobody", "0") is None and TraceIndex(tmp_path / "nowhere").find("a") is None
+    assert index.find("s0", "eval_toy_2") is None, "eval sessions are not traced"
 
 
 def test_a_file_is_reindexed_as_it_grows_and_a_torn_last_line_waits(tmp_path: Path) -> None:

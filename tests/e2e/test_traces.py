@@ -1,7 +1,7 @@
 """Session traces end to end (tracking/traces.py, stages/traces.py): a real `job=train` step on the tiny model
 writes one OTLP JSON trace per session that covers every turn, whose turns and agent gaps add up to the session's
-recorded time, joined to the training step and micro-batches that consumed its tokens; `tracking.traces=false`
-writes nothing."""
+recorded time, joined to the training step and micro-batches that consumed its tokens; a turn preempted under
+`runtime=partial` shows its abort and resume; `tracking.traces=false` writes nothing."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from hydra import compose, initialize_config_dir
 
 from relax_pipeline.config import CONF_DIR, quote_placeholders, register
 from relax_pipeline.run import run
+from relax_pipeline.testing.engines import register_paced
 
 TOLERANCE_NS = 3_000_000
 """A few milliseconds: a turn's commit after its last engine call, clock reads between stages."""
@@ -107,3 +108,32 @@ def _check_turns(turns: list[dict], by_parent: dict[str, list[dict]], row: dict)
 def test_tracing_off_writes_nothing(tmp_path: Path, tiny_path: Path) -> None:
     run(train_config(tmp_path, tiny_path, "tracking.traces=false"))
     assert (tmp_path / "dump" / "r_0.jsonl").exists() and not (tmp_path / "traces").exists()
+
+
+def test_a_preempted_turn_shows_its_abort_and_resume(tmp_path: Path, tiny_path: Path) -> None:
+    """runtime=partial: the long session's generation is aborted at step 0's close and resumed in step 1; its turn
+    has queue, decode (the paced engine gives no first-token time), abort (parked) and resume spans."""
+    register()
+    register_paced()
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"input": f"task {i}", "metadata": {"max_tokens": m, "turns": 1}}) + "\n"
+                            for i, m in enumerate((120, 300, 900))))
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=quote_placeholders([
+            "job=rollout", f"output_dir={tmp_path}", f"model.cache_dir={tiny_path.parent}", f"dataset.path={data}",
+            "dataset.shuffle=false", "agent=long_tail", "engine=paced", "rollout.max_response_len=1000",
+            "rollout.max_context_len=4096", "runtime=partial", "rollout.num_steps=2", "rollout.batch_size=1",
+            "rollout.over_sampling_batch_size=2", "rollout.n_samples_per_prompt=1", "engine.token_s=0.005",
+            "engine.mean_tokens=5000", "engine.sigma=0.01", "runtime.max_aborted_count=2"]))
+    run(cfg)
+    traces = [spans_of(line) for step in (0, 1) for line in (tmp_path / "traces" / f"step_{step}.jsonl")
+              .read_text().splitlines()]
+    resumed = [spans for spans in traces if any(s["name"] == "resume" for s in spans)]
+    assert len(resumed) == 1, [sorted({s["name"] for s in spans}) for spans in traces]
+    spans = resumed[0]
+    (turn,) = (s for s in spans if s["name"] == "turn")
+    parts = _children(spans)[turn["spanId"]]
+    assert [p["name"] for p in parts] == ["queue", "decode", "abort", "resume"]
+    assert attrs(parts[1])["relax.prefill_included"] is True and attrs(turn)["relax.aborts"] == 1
+    assert abs(sum(map(duration, parts)) - duration(turn)) < TOLERANCE_NS
+    assert [c["name"] for c in _children(spans)[parts[3]["spanId"]]] == ["decode"]

@@ -233,3 +233,6 @@ def test_a_replay_bundle_opens_directly_with_its_credit_and_loss(browser: Any, t
         table.first.locator("a").click()
         page.wait_for_selector(f'h2:has-text("{rows[0]["session_id"]}")')
         assert page.locator("#ctx-0 .tok").count() == len(rows[0]["tokens"])
+        page.goto(page.base + "#/curves")
+        page.wait_for_selector('[data-chart="Loss"] canvas')
+        assert page.locator('[data-chart="Loss"]').evaluate("el => el.uplot.data") == [[5], [-0.0123]]

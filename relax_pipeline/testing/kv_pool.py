@@ -4,7 +4,8 @@ re-prefill an eviction caused counted (what program-aware admission is measured 
 A request holds its prompt plus its `max_new_tokens` while it runs. Its prompt reuses the idle KV sharing the
 longest token prefix with it (an SGLang session's previous turn, or a plain request's previous prompt +
 output, as SGLang's radix cache would); what is left is prefilled, and `prefill_s_per_1k` seconds per thousand
-prefilled tokens model that cost. When the pool cannot hold a new request, idle KV is evicted least recently
+prefilled tokens model that cost, one prefill at a time (the server's compute is shared: a prefill is not free
+for the others). When the pool cannot hold a new request, idle KV is evicted least recently
 used; when only running requests remain, the request waits for one to finish (SGLang's scheduler queue),
 unless nothing runs. A prompt that shares more tokens with evicted KV than with live KV is a re-prefill: its
 owner (the SGLang session id, else the rid) is counted once in `reprefilled_sessions`, every such prompt in
@@ -62,6 +63,7 @@ class KvPool:
                        "prefill_tokens": 0, "cached_tokens": 0, "queued": 0}
         self.reprefilled: set[str] = set()
         self._freed = asyncio.Condition()
+        self._compute = asyncio.Lock()
 
     @property
     def idle_tokens(self) -> int:
@@ -82,7 +84,8 @@ class KvPool:
         self.counts["prefill_tokens"] += len(prompt) - cached
         self.counts["cached_tokens"] += cached
         if self.prefill_s_per_1k > 0:
-            await asyncio.sleep(self.prefill_s_per_1k * (len(prompt) - cached) / 1000)
+            async with self._compute:
+                await asyncio.sleep(self.prefill_s_per_1k * (len(prompt) - cached) / 1000)
         return Held(owner, tokens, cached, prompt, lost)
 
     async def release(self, held: Held, output: Tokens) -> None:

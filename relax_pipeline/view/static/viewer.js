@@ -237,8 +237,8 @@ async function sessionPage(step, sessionId) {
   const trace = h("div", { class: "card", id: "trace" }, h("h3", {}, "Trace"), h("p", { class: "muted" }, "loading…"));
   api(`/api/steps/${encodeURIComponent(step)}/sessions/${encodeURIComponent(sessionId)}/trace`)
     .then((t) => trace.replaceChildren(h("h3", {}, "Trace ", h("span", { class: "muted" }, `${t.file} · ${t.spans.length} spans · ${fmt(t.duration_ms)} ms · hover a span, click one to zoom to it, double-click for the whole trace`)), timelineView(t, s.trained_version)))
-    .catch(() => trace.replaceChildren(h("h3", {}, "Trace"), h("p", { class: "muted", id: "no-trace" }, "no trace recorded (tracking.traces=false?)")));
-  state.trainedVersion = s.trained_version;
+    .catch((error) => trace.replaceChildren(h("h3", {}, "Trace"), h("p", { class: "muted", id: "no-trace" },
+      !/^\d+$/.test(step) ? "eval sessions are not traced" : / 404 /.test(error.message) ? "no trace recorded (tracking.traces=false?)" : `Could not load the trace: ${error.message}`)));
   return h("div", {},
     h("div", { class: "toolbar" }, back, h("h2", {}, `Session ${s.session_id}`), h("span", { class: "muted" }, `group ${s.group_id} · tokens decoded with ${s.tokenizer}`)),
     h("div", { class: "card" }, h("h3", {}, "Forest"), renderTree(s.tree, s.contexts), h("h3", {}, "Fork records"), forks),
@@ -247,7 +247,7 @@ async function sessionPage(step, sessionId) {
 
 function lagLegend(trained) {
   if (trained === null || trained === undefined) return h("span", { class: "legend lag muted" }, "(no version lag: nothing trained on this dump)");
-  return h("span", { class: "legend lag" }, `lag behind v${trained}, the version step trained:`,
+  return h("span", { class: "legend lag" }, `version lag (v${trained}, the weights this step trained, minus the token's version):`,
     LAG_KEYS.map((k, i) => [h("i", { style: `background:${LAG_COLORS[i]}` }), k]));
 }
 

@@ -1,4 +1,5 @@
-"""Training throughput: `TorchTrainer.train` against a bare Hugging Face step on the same padded batch.
+"""Training throughput: `TorchTrainer.train` against a bare Hugging Face step on the same padded batch
+(`--case step`), and tree training against the per-row path on forked sessions (`--case tree`).
 
 Work: 16 synthetic samples of about 300 tokens, half prompt and half response, on the tiny model, packed
 by the trainer's dynamic batching into one micro-batch (the same right-padded [16, L] batch the baseline
@@ -7,7 +8,17 @@ clipping, AdamW. The baseline is the least a trainer can do: forward, plain cros
 tokens, backward, AdamW step. The two alternate rep by rep so machine load hits both alike; the medians
 are printed as tokens/s with their ratio (target >= 0.8).
 
+`--case tree`: forked multi-turn sessions as a harness that rewrites its history exports them (smolagents; chat
+harnesses that drop reasoning): every turn forks, because the history the next turn sends holds a rewritten copy
+of the generated turn, so a session of `--turns` turns exports one row per turn, each the whole history so far plus
+that turn's generated tokens. `--sessions` such sessions share a system prompt (one GRPO group). The same samples
+train through two `TorchTrainer`s that differ only in `trainer.batching.tree` (both with dynamic batching at
+`--budget` tokens), alternating rep by rep; printed: the tokens each computes (the per-row path's padded rows,
+less its shared prompt; the tree's nodes), the median step times and their ratio, `tree speed-up N.NNx` (target
+>= 3x). The model is SmolLM2-135M-Instruct (`model=smollm2`, built locally), or `--model tiny`.
+
     python bench/train_step.py [--reps 10] [--samples 16] [--length 300] [--smoke]
+    python bench/train_step.py --case tree [--sessions 2] [--turns 8] [--reps 2] [--model smollm2|tiny] [--smoke]
 """
 
 from __future__ import annotations
@@ -27,8 +38,9 @@ from transformers import AutoModelForCausalLM  # noqa: E402
 
 from relax_pipeline.forest.sample import Sample  # noqa: E402
 from relax_pipeline.models.tiny import build_tiny  # noqa: E402
-from relax_pipeline.train.batching import BatchSettings  # noqa: E402
-from relax_pipeline.train.settings import TrainerRun, TrainerSettings
+from relax_pipeline.train.batching import BatchSettings, micro_batches  # noqa: E402
+from relax_pipeline.train.settings import TrainerRun, TrainerSettings  # noqa: E402
+from relax_pipeline.train.step import collate  # noqa: E402
 from relax_pipeline.train.torch_backend import TorchTrainer  # noqa: E402
 
 
@@ -84,23 +96,105 @@ def timed(step: object) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--case", choices=("step", "tree"), default="step")
+    parser.add_argument("--reps", type=int, default=None, help="timed reps (default: 10 for step, 2 for tree)")
     parser.add_argument("--samples", type=int, default=16)
     parser.add_argument("--length", type=int, default=300)
+    parser.add_argument("--sessions", type=int, default=2, help="--case tree: forked sessions sharing a prompt")
+    parser.add_argument("--turns", type=int, default=8, help="--case tree: turns per session (a fork at each)")
+    parser.add_argument("--budget", type=int, default=4096, help="--case tree: trainer.batching.max_tokens_per_gpu")
+    parser.add_argument("--model", choices=("smollm2", "tiny"), default="smollm2", help="--case tree's model")
     parser.add_argument("--device", default="cpu", help="trainer.device (and the bare step's), e.g. cuda")
-    args = parse_args(parser, reps=1, samples=2, length=32)
+    args = parse_args(parser, reps=1, samples=2, length=32, turns=3, model="tiny")
+    if args.case == "tree":
+        tree_case(args)
+        return
     path = build_tiny(seed=0)
     samples = synthetic_samples(args.samples, args.length)
     packing = BatchSettings(use_dynamic_batch_size=True, max_tokens_per_gpu=1 << 20)
     trainer = TorchTrainer(TrainerSettings(device=args.device, batching=packing), TrainerRun(str(path)))
     bare = BareStep(path, samples, args.device)
     ours_times, bare_times = [], []
-    for rep in range(args.reps + 2):  # two warm-up reps each
+    for rep in range((args.reps or 10) + 2):  # two warm-up reps each
         ours, base = timed(lambda: trainer.train(samples)), timed(bare)
         if rep >= 2:
             ours_times.append(ours)
             bare_times.append(base)
     report(sum(len(s.tokens) for s in samples), ours_times, bare_times)
+
+
+# ---- --case tree -------------------------------------------------------------------------------------------
+
+SYSTEM, TASK, GENERATED, REWRITTEN, OBSERVATION = 48, 8, 24, 12, 36
+"""Tokens of the shared system prompt, each session's task, a generated turn, its rewritten copy in the history
+(reasoning dropped), and a tool observation."""
+
+
+def forked_sessions(sessions: int, turns: int, seed: int = 0) -> list[Sample]:
+    """`sessions` sessions of `turns` turns, a fork at every turn: row k = history before turn k + turn k."""
+    rng = random.Random(seed)
+    system = _ids(rng, SYSTEM)
+    rows = []
+    for _ in range(sessions):
+        history = system + _ids(rng, TASK)
+        for _ in range(turns):
+            generated = _ids(rng, GENERATED)
+            logprobs = tuple(-rng.uniform(0.5, 4.0) for _ in generated)
+            rows.append(Sample(history + generated, len(history), (1,) * GENERATED, logprobs,
+                               advantage=rng.uniform(-1.0, 1.0)))
+            history = history + _ids(rng, REWRITTEN) + _ids(rng, OBSERVATION)
+    return rows
+
+
+def _ids(rng: random.Random, count: int) -> tuple[int, ...]:
+    return tuple(rng.randrange(10, 1000) for _ in range(count))
+
+
+def computed_tokens(samples: list[Sample], batching: BatchSettings) -> int:
+    """Tokens the forward computes: per micro-batch the tree's nodes, or the padded rows less the shared prefix."""
+    total = 0
+    for batch in micro_batches(samples, batching):
+        packed = collate(batch, 0, "cpu", "auto" if batching.tree else "off")
+        if packed.tree is not None:
+            total += packed.tree.computed
+        else:
+            total += packed.input_ids.numel() - (len(batch) - len(packed.prefix_rows)) * packed.shared
+    return total
+
+
+def tree_model(name: str) -> tuple[Path, str]:
+    """SmolLM2-135M-Instruct's folder (or the tiny model: asked for, or SmolLM2 unavailable) and a line naming it."""
+    if name == "smollm2":
+        try:
+            from relax_pipeline.models.smollm2 import build_smollm2
+
+            return build_smollm2(), "SmolLM2-135M-Instruct (model=smollm2)"
+        except Exception as error:  # noqa: BLE001 - any failure falls back to the tiny model, said out loud
+            return build_tiny(seed=0), f"the tiny test model (smollm2 unavailable: {type(error).__name__}: {error})"
+    return build_tiny(seed=0), "the tiny test model (--model tiny)"
+
+
+def tree_case(args: argparse.Namespace) -> None:
+    path, named = tree_model(args.model)
+    samples = forked_sessions(args.sessions, args.turns)
+    batchings = {tree: BatchSettings(use_dynamic_batch_size=True, max_tokens_per_gpu=args.budget, tree=tree)
+                 for tree in (False, True)}
+    trainers = {tree: TorchTrainer(TrainerSettings(device=args.device, batching=b), TrainerRun(str(path)))
+                for tree, b in batchings.items()}
+    times: dict[bool, list[float]] = {False: [], True: []}
+    for rep in range((args.reps or 2) + 1):  # one warm-up rep each
+        for tree, trainer in trainers.items():
+            elapsed = timed(lambda t=trainer: t.train(samples))
+            if rep >= 1:
+                times[tree].append(elapsed)
+    print(f"model: {named}, torch threads {torch.get_num_threads()}, float32")
+    print(f"workload: {args.sessions} sessions x {args.turns} turns, a fork at every turn: {len(samples)} rows, "
+          f"{sum(len(s.tokens) for s in samples)} row tokens")
+    rows, tree = (computed_tokens(samples, batchings[t]) for t in (False, True))
+    print(f"tokens computed   per-row {rows:8d}   tree {tree:8d}   ratio {rows / tree:.2f}x")
+    slow, fast = statistics.median(times[False]), statistics.median(times[True])
+    print(f"step time         per-row {slow:8.2f} s tree {fast:8.2f} s (median of {len(times[True])})")
+    print(f"tree speed-up {slow / fast:.2f}x  (target >= 3x)")
 
 
 def report(tokens: int, ours_times: list[float], bare_times: list[float]) -> None:

@@ -4,6 +4,8 @@ optimizer step exactly equal to the single-rank step on the same global batch.
 Split rule (`shard`): sample i of a global batch goes to rank i mod N (round robin in input order, so
 every rank holds within one sample of the others). Each rank packs its own samples into micro-batches with
 the ordinary rule (`batching.micro_batches`: `micro_batch_size` or `max_tokens_per_gpu` are per rank).
+With `trainer.batching.tree` each rank packs its own rows as prefix trees; the split itself does not look at
+trees, so the rows of one forked session land on different ranks and share only what each rank holds of them.
 Every rank must run the same number of forward/backward passes, because ZeRO reduces gradients (and,
 under stage 3, gathers parameters) inside them and collectives must pair up; a rank with fewer
 micro-batches gets padding micro-batches of one `padding_sample` (the global batch's shortest sample with

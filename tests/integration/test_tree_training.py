@@ -212,3 +212,28 @@ def test_deepspeed_tree_step_equals_its_rows_step(tiny_path: Path, stage: int,
     for key, value in weights.items():
         # Adam's first step is lr*g/(|g|+eps): where a gradient is near 0, rounding moves a weight by a share of lr
         torch.testing.assert_close(tree_weights[key], value, atol=OptimSettings().lr / 10, rtol=0, msg=key)
+
+
+@DEEPSPEED_WARNINGS
+def test_two_deepspeed_ranks_of_trees_take_the_one_rank_rows_step(tiny_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """ZeRO 3 on 2 ranks (worker processes), each rank packing its share as trees, against 1 rank of rows."""
+    pytest.importorskip("deepspeed")
+    from relax_pipeline.train.deepspeed_backend import DeepSpeedTrainer
+
+    samples = [*multi_context_session(9), *forks_at_depths(10)]
+    loss = LossSettings(**{**RICH_LOSS, "loss_reduction": "token_mean"})  # type: ignore[arg-type]
+    expected, weights = deepspeed_step(tiny_path, 3, False, samples, loss)
+    trees = count_tree_forwards(monkeypatch)
+    batching = BatchSettings(use_dynamic_batch_size=True, max_tokens_per_gpu=256, tree=True)
+    ds = DeepSpeedTrainer(DeepSpeedSettings(zero_stage=3, num_ranks=2, batching=batching, loss=loss),
+                          TrainerRun(str(tiny_path), advantages=AdvantageSettings(normalize_advantages=True)))
+    try:
+        metrics, tree_weights = ds.train(samples), ds.engine_weights()
+    finally:
+        ds.close()
+    assert trees, "rank 0 ran packed trees"
+    for key in ("train/loss", "train/pg_loss", "train/entropy", "train/kl", "train/grad_norm"):
+        assert metrics[key] == pytest.approx(expected[key], abs=SUM_ATOL, rel=GRAD_RTOL), key
+    for key, value in weights.items():
+        torch.testing.assert_close(tree_weights[key], value, atol=OptimSettings().lr / 10, rtol=0, msg=key)

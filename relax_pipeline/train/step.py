@@ -160,7 +160,7 @@ def _trees(samples: Sequence[Sample], prefixes: Prefixes, mode: str, width: int,
     """The packed trees of `samples` when `mode` asks for them and (under "auto") they cost less than the rows."""
     if mode not in TREE_MODES:
         raise ValueError(f"collate(tree={mode!r}); choose one of {TREE_MODES}")
-    if mode == "off" or (mode == "auto" and len(samples) < 2):
+    if mode == "off" or (mode == "auto" and len(samples) < 2) or not any(s.response_length for s in samples):
         return None
     groups = tree_groups([s.tokens for s in samples])
     longest = max(g.tree.size for g in groups)

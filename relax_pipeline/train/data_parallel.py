@@ -4,8 +4,11 @@ optimizer step exactly equal to the single-rank step on the same global batch.
 Split rule (`shard`): sample i of a global batch goes to rank i mod N (round robin in input order, so
 every rank holds within one sample of the others). Each rank packs its own samples into micro-batches with
 the ordinary rule (`batching.micro_batches`: `micro_batch_size` or `max_tokens_per_gpu` are per rank).
-With `trainer.batching.tree` each rank packs its own rows as prefix trees; the split itself does not look at
-trees, so the rows of one forked session land on different ranks and share only what each rank holds of them.
+With `trainer.batching.tree` the split keeps prefix trees whole where it can (`_tree_split`): when some rows
+share a tree (`prefix_tree.tree_groups` over the global batch), each tree that fits a rank's fair share of tree
+tokens goes whole to the rank with the fewest tree tokens so far (largest first, ties to the lower rank), and a
+larger tree is dealt row by row, round robin, from the least-loaded rank; a batch whose rows share nothing splits
+round robin as above. Each rank then packs its own rows as trees.
 Every rank must run the same number of forward/backward passes, because ZeRO reduces gradients (and,
 under stage 3, gathers parameters) inside them and collectives must pair up; a rank with fewer
 micro-batches gets padding micro-batches of one `padding_sample` (the global batch's shortest sample with
@@ -38,6 +41,7 @@ import torch
 
 from relax_pipeline.forest.sample import Sample
 from relax_pipeline.train.batching import BatchSettings, micro_batches
+from relax_pipeline.train.prefix_tree import tree_groups
 
 AllSum = Callable[[torch.Tensor], torch.Tensor]
 """Sums a float64 CPU tensor over every rank (all-reduce SUM) and returns the sum, same shape, on the CPU."""
@@ -62,15 +66,16 @@ class RankShare:
 
 def shard(samples: Sequence[Sample], world: int, batching: BatchSettings,
           version: int | None = None) -> list[RankShare]:
-    """Split one global batch over `world` ranks (rank r gets samples r, r+N, ...); one share per rank, each
-    naming the weight `version` being trained."""
+    """Split one global batch over `world` ranks (rank r gets samples r, r+N, ...; under `batching.tree`, prefix
+    trees whole where they fit, `_tree_split`); one share per rank, each naming the weight `version` being trained."""
     if world < 1:
         raise ValueError(f"trainer.num_ranks={world}; use 1 or more")
     if not samples:
         raise ValueError("shard needs a non-empty global batch")
     tokens = max(1.0, float(sum(sum(s.loss_mask) for s in samples)))
     samples = [training_row(s) for s in samples] if world > 1 else list(samples)
-    packed = [micro_batches(samples[rank::world], batching) for rank in range(world)]
+    parts = _tree_split(samples, world) if batching.tree and world > 1 else None
+    packed = [micro_batches(parts[rank] if parts else samples[rank::world], batching) for rank in range(world)]
     count = max(len(p) for p in packed)
     pad = (padding_sample(samples),)
     return [
@@ -78,6 +83,26 @@ def shard(samples: Sequence[Sample], world: int, batching: BatchSettings,
                   version)
         for p in packed
     ]
+
+
+def _tree_split(samples: Sequence[Sample], world: int) -> list[list[Sample]] | None:
+    """Rows per rank keeping trees whole (see the module); None when no two rows share a tree."""
+    groups = tree_groups([s.tokens for s in samples])
+    if len(groups) == len(samples):
+        return None
+    fair = sum(g.tree.size for g in groups) / world
+    loads = [0] * world
+    parts: list[list[int]] = [[] for _ in range(world)]
+    for group in sorted(groups, key=lambda g: -g.tree.size):
+        start = min(range(world), key=loads.__getitem__)
+        if group.tree.size <= fair:
+            parts[start].extend(group.rows)
+            loads[start] += group.tree.size
+            continue
+        for offset, index in enumerate(group.rows):
+            parts[(start + offset) % world].append(index)
+            loads[(start + offset) % world] += len(samples[index].tokens)
+    return [[samples[i] for i in sorted(part)] for part in parts]
 
 
 def training_row(sample: Sample) -> Sample:

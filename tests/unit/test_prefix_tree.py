@@ -1,5 +1,6 @@
 """Prefix trees of training rows (train/prefix_tree.py, train/tree_batch.py's mask and slots) and the tree-aware
-micro-batch packing (train/batching.py): shapes, ancestry against a brute-force check, grouping by cost."""
+micro-batch packing and rank split (train/batching.py, train/data_parallel.py): shapes, ancestry against a
+brute-force check, grouping by cost, trees kept whole."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import torch
 
 from relax_pipeline.forest.sample import Sample
 from relax_pipeline.train.batching import BatchSettings, micro_batches
+from relax_pipeline.train.data_parallel import shard
 from relax_pipeline.train.prefix_tree import build_tree, tree_groups
 from relax_pipeline.train.tree_batch import ancestor_matrix, pack_trees
 
@@ -78,3 +80,17 @@ def test_tree_packing_keeps_a_tree_in_one_micro_batch() -> None:
     assert dynamic == [forks, [other[0], other[1]]], "130 tree tokens hold the 130-token tree; two rows of 60"
     cut = micro_batches(samples, BatchSettings(use_dynamic_batch_size=True, max_tokens_per_gpu=120))
     assert cut == [[forks[2]], forks[:2], other], "cut at 120: forks 1-2 (90 tokens), fork 3 (110), largest first"
+
+
+def test_ranks_get_whole_trees_and_a_tree_too_large_for_one_rank_row_by_row() -> None:
+    trunks = [tuple(range(start, start + 90)) for start in (100, 300)]
+    sessions = [[row(trunk[:cut] + (5,) * 10, cut) for cut in (30, 60, 90)] for trunk in trunks]
+    alone = [row(tuple(range(600 + 40 * i, 640 + 40 * i)), 20) for i in range(2)]
+    samples = [sessions[0][0], sessions[1][0], alone[0], sessions[0][1], sessions[1][1], alone[1], sessions[0][2],
+               sessions[1][2]]
+    shares = shard(samples, 2, BatchSettings(micro_batch_size=8))
+    held = [{s.tokens for b in share.micro_batches for s in b} for share in shares]
+    assert held == [{s.tokens for s in sessions[0] + alone[:1]}, {s.tokens for s in sessions[1] + alone[1:]}]
+    nested = [row(tuple(range(10, 10 + n)), 1) for n in (4, 6, 8, 10)]
+    dealt = shard(nested, 2, BatchSettings(micro_batch_size=8))
+    assert [list(s.micro_batches[0]) for s in dealt] == [nested[0::2], nested[1::2]], "one big tree: row by row"

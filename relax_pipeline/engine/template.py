@@ -40,6 +40,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
+from array import array
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -91,15 +93,16 @@ class ChatTemplate:
         return self._renderer(messages, context.template_tools() if tools else None, generation_prompt,
                               context.kwargs())
 
-    def encode(self, text: str) -> list[int]:
-        return self.codec.encode(text)
+    def encode(self, text: str, keep: bool = False) -> list[int]:
+        """Token ids of `text` (no special tokens added); `keep`: remember its pieces (`Pieces`)."""
+        return self.codec.encode(text, keep)
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.codec.decode(ids)
 
     def prompt_ids(self, messages: Sequence[Message], context: Context) -> list[int]:
-        """Token ids of a first turn: the full render with the generation prompt."""
-        return self.encode(self.render(messages, context, generation_prompt=True))
+        """Token ids of a first turn: the full render with the generation prompt (its pieces kept: `Pieces`)."""
+        return self.encode(self.render(messages, context, generation_prompt=True), keep=True)
 
     def check_media(self, messages: Sequence[Message], start: int = 0) -> None:
         """A text-only model refuses the first image with a 400 naming its field (`messages[start]` is the
@@ -336,7 +339,8 @@ class Renderer:
 
 
 class Codec:
-    """Encodes without special tokens and decodes with them, through the Rust tokenizer when it agrees."""
+    """Encodes without special tokens and decodes with them, through the Rust tokenizer when it agrees; `encode`
+    takes the ids of known pieces between added tokens from `Pieces` where that is exact for the tokenizer."""
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
@@ -344,8 +348,17 @@ class Codec:
         if self._backend is not None and not self._agrees():
             self._backend = None
         self._fast = self._backend is not None and hasattr(self._backend, "encode_batch_fast")
+        self.pieces = Pieces.of(tokenizer, self._encode) if self._backend is not None else None
+        """The cache of piece ids; None where cutting at added tokens is not exact for this tokenizer."""
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, keep: bool = False) -> list[int]:
+        """Token ids of `text`; `keep`: remember its pieces for later texts (a full render that other sessions
+        may share in part: system prompt, tools, a replayed history)."""
+        if self.pieces is None:
+            return self._encode(text)
+        return self.pieces.encode(text, keep)
+
+    def _encode(self, text: str) -> list[int]:
         if self._backend is None:
             return self.tokenizer.encode(text, add_special_tokens=False)
         if self._fast:  # the same ids without computing character offsets (about 30% less CPU per delta)
@@ -365,6 +378,80 @@ class Codec:
             slow_text = self.tokenizer.decode(ids, skip_special_tokens=False)
             return ids == backend_ids and slow_text == self._backend.decode(ids, skip_special_tokens=False)
         except Exception:  # noqa: BLE001
+            return False
+
+
+PIECE_CACHE_CHARS = 1 << 24
+"""Characters of pieces `Pieces` keeps (least recently used out first): 16 Mi, a few dozen long first prompts."""
+PIECE_PROBES = ("", "a", " a", "\n\nx ", "  x  \n", "ünï 12", "{\"a\": [1, 2]}", "\t<x>")
+
+
+class Pieces:
+    """Ids of texts by their pieces between added tokens, with the ids of pieces seen before kept (an LRU).
+
+    A Hugging Face tokenizer cuts a text at its added tokens (`<|im_start|>`, `<|im_end|>`, ...) before it
+    normalizes, pre-tokenizes or merges anything, and encodes every piece between them on its own; so the ids of
+    a text are its pieces' ids joined with the added tokens' ids, and a piece seen before (a shared system prompt,
+    tool definitions, the messages of a history that a group's sessions all replay, a template's `assistant\\n`)
+    needs no tokenizing again. That holds when the added tokens are matched as plain strings (no lstrip, rstrip,
+    single_word, none normalized under a normalizer) and pieces are encoded alike wherever they stand (no
+    Metaspace-style prefix on a text's first piece only); `of` checks the flags, then probes every added token
+    between probe texts against whole-text encodes, and gives None on any difference.
+    """
+
+    def __init__(self, added: dict[str, int], encode: Callable[[str], list[int]],
+                 budget: int = PIECE_CACHE_CHARS) -> None:
+        self._added = added
+        self._split = re.compile("(" + "|".join(re.escape(t) for t in sorted(added, key=len, reverse=True)) + ")").split
+        self._encode = encode
+        self._kept: OrderedDict[str, array] = OrderedDict()
+        self._chars = 0
+        self.budget = budget
+
+    @classmethod
+    def of(cls, tokenizer: Any, encode: Callable[[str], list[int]]) -> Pieces | None:
+        """The cache for `tokenizer`, or None where cutting at its added tokens is not exact."""
+        try:
+            tokens = dict(tokenizer.added_tokens_decoder)
+            normalizer = tokenizer.backend_tokenizer.normalizer
+        except AttributeError:
+            return None
+        if not tokens or any(t.lstrip or t.rstrip or t.single_word or (t.normalized and normalizer is not None)
+                             for t in tokens.values()):
+            return None
+        pieces = cls({t.content: i for i, t in tokens.items()}, encode)
+        return pieces if pieces._agrees() else None
+
+    def encode(self, text: str, keep: bool = False) -> list[int]:
+        """The ids of `text`; `keep`: remember the pieces not known yet."""
+        parts = self._split(text)
+        ids: list[int] = []
+        for i, part in enumerate(parts):
+            if i & 1:
+                ids.append(self._added[part])
+            elif part:
+                ids += self._piece(part, keep)
+        return ids
+
+    def _piece(self, piece: str, keep: bool) -> Sequence[int]:
+        known = self._kept.get(piece)
+        if known is not None:
+            self._kept.move_to_end(piece)
+            return known
+        ids = self._encode(piece)
+        if keep and len(piece) <= self.budget:
+            self._kept[piece] = array("i", ids)
+            self._chars += len(piece)
+            while self._chars > self.budget:
+                self._chars -= len(self._kept.popitem(last=False)[0])
+        return ids
+
+    def _agrees(self) -> bool:
+        texts = [a + t + b for t in self._added for a in PIECE_PROBES for b in PIECE_PROBES[:4]]
+        texts.append("".join(self._added) + PIECE_PROBES[-1].join(self._added))
+        try:
+            return all(self.encode(text) == self._encode(text) for text in texts)
+        except Exception:  # noqa: BLE001 - any failure means: encode whole texts
             return False
 
 

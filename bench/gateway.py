@@ -25,18 +25,26 @@ the whole growing history each turn. Phase one runs `--serial` sessions one afte
 stay up and each repeat runs every phase on bare then on ours, back to back, so load from elsewhere on
 the machine hits both alike. Printed per server and phase: requests/s and server CPU ms per request
 (medians of the repeats), p50 and p99 latency (all requests); the ratio ours/bare of CPU per request
-(docs/design.md §5: ≤ 1.8× at 32 turns), requests/s at 32 clients (≥ 500); our gateway's memory per stored
+(issue 33: ≤ 1.5× at 1 and at 32 clients), requests/s at 32 clients (≥ 500); our gateway's memory per stored
 token: its RSS growth over the phases divided by the tokens its sessions' forests gained (RSS read
 after `gc.collect()`, so it counts what the forests keep, not garbage); and the CPU time its garbage
 collector spent during the phases per generation, with the longest full collection (what a p99 pays
 for; measured as thread CPU time, so other load on the machine does not inflate it the way it does
 wall-clock percentiles).
 
+First turns with a long history (`--first-turns`, default 20 and 128 turns: about 20 and 121 KiB): a new session
+whose first request replays a whole history with tool calls and results, after a system prompt and tool
+definitions that every session shares. Sessions come in groups (`--group`, the rollouts of one prompt): the
+first session of a group brings a history never seen (`fresh`), the others the same request as their group's
+first (`sibling`). One client sends them one after another to bare and to ours; printed per size: CPU ms per
+request of each and their ratio (bare only parses the body: what any forwarding proxy pays at least).
+
 The clients speak minimal HTTP/1.1 over asyncio streams (one write per request, Content-Length bodies
 only): an HTTP library's client costs about as much CPU per request as the bare server, and on a small
 machine it would cap requests/s below what the servers can do.
 
-    python bench/gateway.py [--turns 32] [--clients 32] [--rounds 2] [--serial 8] [--repeats 3] [--smoke]
+    python bench/gateway.py [--turns 32] [--clients 32] [--rounds 2] [--serial 8] [--repeats 3]
+                            [--first-turns 20,128] [--groups 3] [--group 4] [--smoke]
 
 Where the CPU goes inside our server: `py-spy record --pid <server pid>` while the bench runs.
 """
@@ -74,6 +82,13 @@ KINDS = ("bare", "ours", "traced")
 TOOLS = [{"type": "function", "function": {"name": "search", "parameters": {"type": "object"}}}]
 ANSWER = "I looked at the record and the number is 1234; continuing with the next part of the task now."
 RESULT = "Record {i}: the city had about {n} residents at the last census, according to the registry."
+FIRST_SYSTEM = "You are a careful research agent: check every record twice and cite the registry. " * 24
+FIRST_TOOLS = [{"type": "function", "function": {
+    "name": f"registry_{k}", "description": "Look up census records in the regional registry by city and year. " * 6,
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "the city"},
+                                                    "year": {"type": "integer", "description": "census year"}}}}}
+    for k in range(4)]
+"""The first-turn case's system prompt and tools: the same in every session (a harness's fixed prefix)."""
 
 
 # --- server process ---------------------------------------------------------------------------------
@@ -288,6 +303,31 @@ async def _session(conn: Connection, session_id: str, turns: int, load: Load) ->
                      {"role": "user", "content": RESULT.format(i=i, n=1000 + i)}]
 
 
+def first_body(turns: int, history: str) -> bytes:
+    """A first request replaying `turns` turns with tool calls; the same bytes for the same `history`."""
+    messages = [{"role": "system", "content": FIRST_SYSTEM},
+                {"role": "user", "content": f"Task {history}: find the census numbers of every city in the region."}]
+    for i in range(turns - 1):
+        call = {"id": f"call_{i}", "type": "function",
+                "function": {"name": "registry_1", "arguments": json.dumps({"city": f"{history}-{i}", "year": 2000})}}
+        messages += [{"role": "assistant", "content": "Checking the next record.", "tool_calls": [call]},
+                     {"role": "tool", "tool_call_id": f"call_{i}",
+                      "content": f"({history}) " + RESULT.format(i=i, n=1000 + i) * 8}]
+    return json.dumps({"model": "m", "messages": messages, "tools": FIRST_TOOLS}).encode()
+
+
+async def _first_turns(port: int, requests: list[tuple[str, bytes]], load: Load) -> None:
+    conn = await Connection.open(port)
+    try:
+        for session_id, body in requests:
+            start = time.perf_counter()
+            await conn.post(CHAT_PATH, session_id, body)
+            load.latencies.append(time.perf_counter() - start)
+            load.body_bytes = len(body)
+    finally:
+        conn.close()
+
+
 async def _client(port: int, session_ids: list[str], turns: int, load: Load) -> None:
     conn = await Connection.open(port)
     try:
@@ -345,6 +385,14 @@ class Server:
         wall = time.perf_counter() - wall0
         return Phase(wall, self.ask(signal.SIGUSR2)["cpu"] - cpu0, load)
 
+    def first(self, bodies: list[bytes]) -> Phase:
+        """One new session per body, one request each, from one client."""
+        cpu0, wall0 = self.ask(signal.SIGUSR2)["cpu"], time.perf_counter()
+        load = Load()
+        asyncio.run(_first_turns(self.port, list(zip(self.take(len(bodies)), bodies, strict=True)), load))
+        wall = time.perf_counter() - wall0
+        return Phase(wall, self.ask(signal.SIGUSR2)["cpu"] - cpu0, load)
+
     def stop(self) -> None:
         self.process.kill()
         self.process.wait()
@@ -359,12 +407,18 @@ class Result:
     after: dict[str, Any] = field(default_factory=dict)
     access_lines: int = 0
     """Access lines our server wrote to its run.log."""
+    first: dict[tuple[str, int, str], list[Phase]] = field(default_factory=dict)
+    """(server, history turns, fresh|sibling) → the first-turn phases, one per repeat."""
+    first_requests: int = 0
+    """Requests ours served in the first-turn case (its warm-up round included)."""
 
 
 def measure(args: argparse.Namespace) -> Result:
     """Both servers up at once; every repeat runs each phase on bare, then on ours, back to back."""
     plan = [(1, args.serial), (args.clients, args.clients * args.rounds)]
+    first_turns = [int(t) for t in args.first_turns.split(",") if t]
     total = WARMUP_SESSIONS + args.repeats * sum(sessions for _, sessions in plan)
+    total += (1 + args.repeats) * len(first_turns) * args.groups * args.group
     log_dir = tempfile.TemporaryDirectory(prefix="relax-bench-gateway-")
     servers = {kind: Server(kind, total, log_dir.name) for kind in KINDS}
     result = Result({kind: {clients: [] for clients, _ in plan} for kind in KINDS})
@@ -377,6 +431,7 @@ def measure(args: argparse.Namespace) -> Result:
                 for kind, server in servers.items():
                     result.phases[kind][clients].append(server.run(sessions, clients, args.turns))
         result.after = servers["ours"].ask(signal.SIGUSR1)
+        measure_first(servers, result, first_turns, args)
     finally:
         for server in servers.values():
             server.stop()
@@ -384,6 +439,22 @@ def measure(args: argparse.Namespace) -> Result:
         result.access_lines = run_log.read_text().count(" relax_pipeline.gateway.access: ") if run_log.exists() else 0
         log_dir.cleanup()
     return result
+
+
+def measure_first(servers: dict[str, Server], result: Result, first_turns: list[int], args: argparse.Namespace) -> None:
+    """First turns per history size: a warm-up round, then each repeat's fresh and sibling sessions on bare, then
+    ours, with histories no earlier round used."""
+    for repeat in range(1 + args.repeats):
+        for turns in first_turns:
+            histories = [f"r{repeat}-t{turns}-g{g}" for g in range(args.groups)]
+            fresh = [first_body(turns, history) for history in histories]
+            siblings = [body for body in fresh for _ in range(args.group - 1)]
+            for kind in ("bare", "ours"):
+                for name, bodies in (("fresh", fresh), ("sibling", siblings)):
+                    phase = servers[kind].first(bodies)
+                    result.first_requests += len(bodies) if kind == "ours" else 0
+                    if repeat and bodies:
+                        result.first.setdefault((kind, turns, name), []).append(phase)
 
 
 def percentile_ms(phases: list[Phase], q: int) -> float:
@@ -404,12 +475,13 @@ def report(result: Result, args: argparse.Namespace) -> None:
             print(f"{kind:<7} {clients:>7} {sum(len(p.load.latencies) for p in phases):>8} {rate:>10.0f} "
                   f"{cpu:>14.3f} {percentile_ms(phases, 50):>7.2f} {percentile_ms(phases, 99):>7.2f}")
     _report_ratios(result, args)
+    _report_first(result)
     _report_tracing(result)
     _report_memory(result)
     requests = sum(len(p.load.latencies) for p in result.phases["ours"][args.clients] + result.phases["ours"][1])
     _report_collector(result.after["gc"], requests)
-    print(f"ours access lines in run.log: {result.access_lines} for {requests} measured requests and "
-          f"{WARMUP_SESSIONS * args.turns} warm-up requests")
+    print(f"ours access lines in run.log: {result.access_lines} for {requests} measured requests, "
+          f"{WARMUP_SESSIONS * args.turns} warm-up requests and {result.first_requests} first turns")
 
 
 def _report_ratios(result: Result, args: argparse.Namespace) -> None:
@@ -418,10 +490,26 @@ def _report_ratios(result: Result, args: argparse.Namespace) -> None:
     for clients in ours:
         ratios = sorted(o.cpu_ms / b.cpu_ms for o, b in zip(ours[clients], bare[clients], strict=True))
         parts.append(f"{statistics.median(ratios):.2f}x ({ratios[0]:.2f}-{ratios[-1]:.2f}) at {clients} client(s)")
-    print(f"ours / bare CPU per request, median (range) of the repeats: {', '.join(parts)}; target <= 1.8x")
+    print(f"ours / bare CPU per request, median (range) of the repeats: {', '.join(parts)}; target <= 1.5x")
     rates = {kind: statistics.median(p.rate for p in result.phases[kind][args.clients]) for kind in KINDS}
     print(f"requests/s at {args.clients} clients: ours {rates['ours']:.0f}, bare {rates['bare']:.0f}, "
           f"ours / bare {rates['ours'] / rates['bare']:.2f}; target >= 500")
+
+
+def _report_first(result: Result) -> None:
+    """First turns with a long history: CPU per request of bare and ours per size, fresh and sibling sessions."""
+    sizes = sorted({turns for _, turns, _ in result.first})
+    for turns in sizes:
+        parts = []
+        for name in ("fresh", "sibling"):
+            ours, bare = result.first.get(("ours", turns, name)), result.first.get(("bare", turns, name))
+            if not ours or not bare:
+                continue
+            o, b = statistics.median(p.cpu_ms for p in ours), statistics.median(p.cpu_ms for p in bare)
+            p50 = statistics.median(latency for p in ours for latency in p.load.latencies) * 1e3
+            parts.append(f"{name} ours {o:.2f} ms, bare {b:.2f} ms ({o / b:.1f}x), ours p50 {p50:.1f} ms")
+        kib = result.first[("ours", turns, "fresh")][-1].load.body_bytes / 1024
+        print(f"first turn, {turns}-turn history ({kib:.0f} KiB), CPU per request: {'; '.join(parts)}")
 
 
 def _report_tracing(result: Result) -> None:
@@ -458,10 +546,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="sessions per client in phase two")
     parser.add_argument("--serial", type=int, default=8, help="sessions one after another in phase one")
     parser.add_argument("--repeats", type=int, default=3, help="times each phase runs on each server")
+    parser.add_argument("--first-turns", default="20,128", help="history turns of the first-turn case (comma list)")
+    parser.add_argument("--groups", type=int, default=3, help="first-turn case: histories (groups) per size and repeat")
+    parser.add_argument("--group", type=int, default=4, help="first-turn case: sessions per group (same first request)")
     parser.add_argument("--serve", choices=KINDS)
     parser.add_argument("--sessions", type=int, default=0, help="sessions a --serve process opens")
     parser.add_argument("--log-dir", default=tempfile.gettempdir(), help="where a --serve process writes run.log")
-    args = parse_args(parser, turns=2, clients=2, rounds=1, serial=1, repeats=1)
+    args = parse_args(parser, turns=2, clients=2, rounds=1, serial=1, repeats=1, first_turns="3", groups=1, group=2)
     if args.serve:
         return serve(args.serve, args.sessions, args.log_dir)
     report(measure(args), args)

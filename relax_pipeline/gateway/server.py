@@ -17,10 +17,10 @@ connection (it does so only for sockets whose protocol is TCP, and an accepted s
 listener's). With protocol 0, uvicorn's separate header and body writes left the body waiting for the
 client's delayed ACK: about 40 ms per keep-alive request instead of about 1 ms. With NODELAY on, uvicorn's two
 writes were two segments and two wake-ups of the client (about a third of our server's CPU per request at 32
-clients went to sends), so each connection's writes of one loop step leave as one send (`OneSend`). This module does not
-pick the event loop (the run's `asyncio.run` loop serves), does not terminate TLS (put a proxy in front
-and name it in `gateway.public_url`) and does not authenticate (the app does). Nor does it handle signals:
-uvicorn's own SIGINT/SIGTERM handlers are left out (`_Server`), so a Ctrl-C reaches the run's stop path
+clients went to sends), so a response's head waits for its body and both leave as one send (`OneSend`).
+This module does not pick the event loop (the run's `asyncio.run` loop serves), does not terminate TLS (put a
+proxy in front and name it in `gateway.public_url`) and does not authenticate (the app does). Nor does it handle
+signals: uvicorn's own SIGINT/SIGTERM handlers are left out (`_Server`), so a Ctrl-C reaches the run's stop path
 (which drops the running groups first) instead of closing the gateway under the agents.
 """
 
@@ -103,8 +103,8 @@ class GatewayServer:
 
 
 def http_protocol() -> type[asyncio.Protocol] | str:
-    """uvicorn's httptools protocol writing each connection's output of one loop step as one send; uvicorn's own
-    choice ("auto") where httptools is missing."""
+    """uvicorn's httptools protocol sending each response's head with its body (`OneSend`); uvicorn's own choice
+    ("auto") where httptools is missing."""
     try:
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
     except ImportError:
@@ -114,38 +114,50 @@ def http_protocol() -> type[asyncio.Protocol] | str:
         def connection_made(self, transport: asyncio.BaseTransport) -> None:  # type: ignore[override]
             super().connection_made(OneSend(transport))  # type: ignore[arg-type]
 
+        def on_response_complete(self) -> None:
+            self.transport.next_response()  # type: ignore[attr-defined]
+            super().on_response_complete()
+
     return OneSendHttp
 
 
 class OneSend:
-    """A connection's transport whose writes in one loop step leave as one send.
+    """A connection's transport that holds a response's head until its first body bytes and sends them as one.
 
     uvicorn writes a response's head and body separately; with TCP_NODELAY each is its own segment and its own
-    wake-up of the client, which then reads a head without its body. Held writes go out at the end of the loop
-    step (`call_soon`) or before the transport closes; everything else is the transport's.
+    wake-up of the client, which then reads a head without its body. Only the head waits (a streamed body's
+    chunks, SSE heartbeats included, leave as they come); a head still held leaves when the response completes
+    or the connection closes, and an interim `100 Continue` is never held.
     """
 
-    __slots__ = ("_held", "_loop", "_transport")
+    __slots__ = ("_held", "_hold", "_transport")
 
     def __init__(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport
-        self._held: list[bytes] | None = None
-        self._loop = asyncio.get_running_loop()
+        self._held: bytes | None = None
+        self._hold = True
+        """The next write is a response's head."""
 
     def write(self, data: bytes) -> None:
-        if self._held is None:
-            self._held = [data]
-            self._loop.call_soon(self.flush)
-        else:
-            self._held.append(data)
+        if self._held is not None:
+            data, self._held = self._held + data, None
+        elif self._hold and not data.startswith(b"HTTP/1.1 100 "):
+            self._held, self._hold = data, False
+            return
+        self._transport.write(data)  # type: ignore[attr-defined]
 
-    def flush(self) -> None:
-        held, self._held = self._held, None
-        if held:
-            self._transport.write(held[0] if len(held) == 1 else b"".join(held))  # type: ignore[attr-defined]
+    def next_response(self) -> None:
+        """The response is complete: send what is held; the next write is the next response's head."""
+        self._flush()
+        self._hold = True
+
+    def _flush(self) -> None:
+        if self._held is not None:
+            held, self._held = self._held, None
+            self._transport.write(held)  # type: ignore[attr-defined]
 
     def close(self) -> None:
-        self.flush()
+        self._flush()
         self._transport.close()
 
     def __getattr__(self, name: str) -> Any:

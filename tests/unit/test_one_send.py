@@ -1,9 +1,9 @@
-"""`gateway/server.py` `OneSend`: a connection's writes in one loop step leave as one send, in order, and
-nothing held is lost when the connection closes (over real HTTP: tests/integration/test_gateway_one_send.py)."""
+"""`gateway/server.py` `OneSend`: a response's head leaves with its first body bytes, streamed chunks as they
+come, an interim 100 Continue at once, and nothing held is lost when the connection closes (over real HTTP:
+tests/integration/test_gateway_one_send.py)."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from relax_pipeline.gateway.server import OneSend
@@ -26,30 +26,25 @@ class Recorder:
         return f"info:{name}"
 
 
-def test_writes_of_one_step_leave_together() -> None:
-    async def go() -> Recorder:
-        transport = Recorder()
-        one = OneSend(transport)  # type: ignore[arg-type]
-        one.write(b"HTTP/1.1 200 OK\r\n\r\n")
-        one.write(b"body")
-        assert transport.sent == []
-        await asyncio.sleep(0)
-        one.write(b"next")
-        await asyncio.sleep(0)
-        assert one.get_extra_info("peername") == "info:peername"
-        return transport
-
-    assert asyncio.run(go()).sent == [b"HTTP/1.1 200 OK\r\n\r\nbody", b"next"]
+def test_head_leaves_with_the_body_and_chunks_as_they_come() -> None:
+    transport = Recorder()
+    one = OneSend(transport)  # type: ignore[arg-type]
+    one.write(b"HTTP/1.1 200 OK\r\n\r\n")
+    assert transport.sent == []
+    one.write(b"first chunk")
+    one.write(b"heartbeat")
+    one.next_response()
+    one.write(b"HTTP/1.1 200 OK\r\n\r\n")
+    one.next_response()  # a head-only response (HEAD) leaves when it completes
+    assert one.get_extra_info("peername") == "info:peername"
+    assert transport.sent == [b"HTTP/1.1 200 OK\r\n\r\nfirst chunk", b"heartbeat", b"HTTP/1.1 200 OK\r\n\r\n"]
 
 
-def test_close_sends_what_is_held_first() -> None:
-    async def go() -> Recorder:
-        transport = Recorder()
-        one = OneSend(transport)  # type: ignore[arg-type]
-        one.write(b"last words")
-        one.close()
-        await asyncio.sleep(0)
-        return transport
-
-    transport = asyncio.run(go())
-    assert transport.sent == [b"last words"] and transport.closed
+def test_continue_is_not_held_and_close_sends_what_is() -> None:
+    transport = Recorder()
+    one = OneSend(transport)  # type: ignore[arg-type]
+    one.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+    one.write(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+    one.close()
+    assert transport.sent == [b"HTTP/1.1 100 Continue\r\n\r\n", b"HTTP/1.1 400 Bad Request\r\n\r\n"]
+    assert transport.closed

@@ -20,7 +20,9 @@ executors without the pipeline (`executor_cost`), local, on Ray's defaults and, 
 memory, on Ray with the session files on this machine's disk (`ray.node_tmpdir` = its temp folder, the default
 before); printed: ms beyond the sleep, Ray's overhead (target < 50 ms) and the nodes' runner CPU per session
 (target < 2 ms; what the runners use with no session running, Ray's own threads, about 5 ms a second each, taken
-out), each the median over `--repeats` runs with every run's figure.
+out), each the median over `--repeats` runs with every run's figure, and the median of the runs' mean phases of the
+Ray sessions' `ray: timing ms:` lines (where a Ray session's time goes). Odd runs take the modes in reverse order, so
+load that rises or falls over the runs weighs on local and Ray alike; the load average at each run's end is printed.
 
 Why not the difference of `agent_s` (what this bench printed first): its start point is not the same in both
 modes. A local session is marked running just before its own spawn, and the prepare stage spawns one session
@@ -45,6 +47,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import statistics
 import sys
@@ -120,9 +123,14 @@ def measure(args: argparse.Namespace, extra: list[str]) -> dict[str, float]:
 
 def ray_phases(io_root: Path, rows: list[dict]) -> dict[str, float]:
     """Mean ms of each phase of the `ray: timing ms:` line in the sessions' agent.log (none for local agents)."""
+    return phase_means([io_root / f"{row['group_id']}-{row['index']}" for row in rows])
+
+
+def phase_means(io_dirs: list[Path]) -> dict[str, float]:
+    """Mean ms of each phase of the `ray: timing ms:` line in these sessions' agent.log (none for local agents)."""
     phases: dict[str, list[float]] = {}
-    for row in rows:
-        log = (io_root / f"{row['group_id']}-{row['index']}" / "agent.log").read_text(errors="replace")
+    for io_dir in io_dirs:
+        log = (io_dir / "agent.log").read_text(errors="replace")
         line = next((x for x in log.splitlines() if x.startswith(TIMING)), None)
         for part in line[len(TIMING):].split(", ") if line else []:
             label, _, ms = part.strip().rpartition(" ")
@@ -148,6 +156,10 @@ class Cost:
     runners use with no session, measured for `IDLE_S` before the clock starts); None for local agents."""
     idle_cpu_s: float | None
     """Ray: the runners' idle background per session over the same time (taken out of `runner_cpu_s`)."""
+    phases: dict[str, float]
+    """Ray: mean ms of each phase of the sessions' `ray: timing ms:` lines (`phase_means`); empty for local."""
+    load: float
+    """The 1-minute load average when the run ended (this machine's other work shows here)."""
 
 
 SLEEPER = 'sleep "$(cat "$RELAX_INPUT_JSON")"'
@@ -184,10 +196,11 @@ async def executor_cost(executor: str, address: str | None, sleeps: list[float],
     try:
         mean = statistics.fmean(await asyncio.gather(*(beyond(a, s) for a, s in zip(agents, sleeps, strict=True))))
         cpu_after, elapsed = await runners_cpu(spec), time.monotonic() - begin
+        phases, load = phase_means(io_dirs), os.getloadavg()[0]
         if cpu_before is None or cpu_after is None or idle_rate is None:
-            return Cost(mean, None, None)
+            return Cost(mean, None, None, phases, load)
         idle = idle_rate * elapsed / len(sleeps)
-        return Cost(mean, (cpu_after - cpu_before) / len(sleeps) - idle, idle)
+        return Cost(mean, (cpu_after - cpu_before) / len(sleeps) - idle, idle, phases, load)
     finally:
         ray_runtime.shutdown()
 
@@ -212,20 +225,23 @@ async def runners_cpu(spec: AgentSpec) -> float | None:
     return sum(await asyncio.gather(*(runner.actor.cpu_seconds.remote() for runner in runners)))
 
 
-def executor_costs(address: str, sessions: int, longest_s: float) -> dict[str, Cost]:
+def executor_costs(address: str, sessions: int, longest_s: float, run: int = 0) -> dict[str, Cost]:
     """`executor_cost` for local subprocesses, for Ray on its defaults (`ray.node_tmpdir=null`: the node's choice,
     `ray_node.session_root`), and, where that choice is memory-backed, for Ray with the session files on this
-    machine's disk (`ray.node_tmpdir` set to the temp folder, the default before), on the same seeded sleeps."""
+    machine's disk (`ray.node_tmpdir` set to the temp folder, the default before), on the same seeded sleeps.
+    Odd runs go in the reverse order, so a machine getting busier or quieter during the runs weighs on each mode
+    alike (the local run first and last in turn)."""
     waits = seeded_sleeps(sessions, longest_s, seed=1)
-    default = session_root(None, "this machine")
+    default, disk = session_root(None, "this machine"), tempfile.gettempdir()
+    modes: dict[str, tuple[str, str | None, str | None]] = {
+        "local subprocesses": ("local", None, None), f"ray (default: {default.path})": ("ray", address, None)}
+    if default.memory and not memory_backed(disk):
+        modes[f"ray, node_tmpdir={disk} (disk)"] = ("ray", address, disk)
+    order = list(modes) if run % 2 == 0 else list(reversed(modes))
     with tempfile.TemporaryDirectory() as tmp:
-        costs = {"local subprocesses": asyncio.run(executor_cost("local", None, waits, Path(tmp))),
-                 f"ray (default: {default.path})": asyncio.run(executor_cost("ray", address, waits, Path(tmp)))}
-        disk = tempfile.gettempdir()
-        if default.memory and not memory_backed(disk):
-            costs[f"ray, node_tmpdir={disk} (disk)"] = asyncio.run(
-                executor_cost("ray", address, waits, Path(tmp), disk))
-        return costs
+        costs = {name: asyncio.run(executor_cost(modes[name][0], modes[name][1], waits, Path(tmp), modes[name][2]))
+                 for name in order}
+    return {name: costs[name] for name in modes}
 
 
 def main() -> None:
@@ -243,7 +259,7 @@ def main() -> None:
     local = None if args.executor_only else measure(args, ["agent.executor=local"])
     with separate_cluster(workers=1, cpus=2, head_cpus=2) as address:
         on_ray = None if local is None else measure(args, ["agent.executor=ray", f"ray.address={address}"])
-        light = [executor_costs(address, sessions, args.sleep_s) for _ in range(args.repeats)]
+        light = [executor_costs(address, sessions, args.sleep_s, run) for run in range(args.repeats)]
     if local is not None and on_ray is not None:
         report_pipeline(args, local, on_ray)
     report_executors(sessions, light, args.sleep_s)
@@ -279,6 +295,11 @@ def report_executors(sessions: int, runs: list[dict[str, Cost]], longest_s: floa
             print(f"  {'':<32} Ray overhead {_figures(extra, '+.1f', '+.0f')} ms (target < 50 ms); runner CPU "
                   f"{_figures(cpu, '.2f', '.2f')} ms/session (target < 2 ms; Ray's idle background, taken out: "
                   f"{statistics.median(idle):.2f})")
+            phases = {label: statistics.median(run[name].phases.get(label, 0.0) for run in runs)
+                      for label in runs[0][name].phases}
+            print(f"  {'':<32} phases, median of the runs' mean ms: "
+                  + ", ".join(f"{label} {ms:.1f}" for label, ms in phases.items()))
+    print(f"  load average (1 min) at each run's end: {', '.join(f'{run[n].load:.1f}' for run in runs for n in run)}")
 
 
 def _figures(values: list[float], median: str, each: str) -> str:

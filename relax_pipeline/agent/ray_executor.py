@@ -322,12 +322,15 @@ class RayAgent(RemoteAgent):
         if answer is None:
             answer = self._submit(pool, await pool.acquire(), call)
         assert self._runner is not None
-        # written here, not in `_submit`: a file open (up to a millisecond on a slow disk) after the start returned
-        self._note(f"ray: session {call.session_id} runs on node {self._runner.name}")
+        # in a thread: the note creates agent.log, 0.1-4 ms on this machine's disk, which 256 sessions started
+        # together paid one after another on the loop that also takes their answers (and serves the gateway)
+        noted = asyncio.ensure_future(asyncio.to_thread(
+            self._note, f"ray: session {call.session_id} runs on node {self._runner.name}"))
         try:
             return await answer
         finally:
             self._marks["returned"] = time.time()
+            await asyncio.shield(noted)  # before the answer's lines, and never left running
 
     def _submit(self, pool: RunnerPool, runner: Runner, call: NodeCall) -> asyncio.Future[NodeAnswer]:
         """Give `call` to `runner` (its room taken by `acquire`); the room is freed when the answer is done."""

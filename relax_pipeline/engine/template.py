@@ -25,6 +25,15 @@ larger than the work of a one-message delta, so the compiled template and the Ru
 directly, but only after checking once at start that they give exactly what the Hugging Face calls give on
 a probe conversation; any mismatch or a missing internal falls back to the Hugging Face calls.
 
+Kept ids (`Pieces`, `Kept`): a Hugging Face tokenizer cuts a text at its added tokens (`<|im_end|>`, ...) before
+anything else and encodes each piece between them on its own, so a text's ids are its pieces' ids joined with the
+added tokens' ids. The pieces of first prompts are kept (an LRU in characters), so what sessions share (a system
+prompt, tool definitions, a group's replayed history, the template's `assistant\n`) is tokenized once. Used only
+where that is exact: added tokens matched as plain strings (no lstrip/rstrip/single_word, none normalized under a
+normalizer) and pieces encoded alike wherever they stand (checked on probes against whole-text encodes). The ids
+of whole first prompts are kept too, by a digest of the render's inputs (message dicts, tools in their order,
+kwargs), so the sessions of a group, which send the same first request, pay for one render.
+
 Images render as `{"type": "image"}` content parts (`Message.to_template`), which a vision-language
 template writes as one unexpanded placeholder (Qwen2-VL: `<|vision_start|><|image_pad|><|vision_end|>`).
 `vision` is the model's image processor (bound by the turn service from its engine; None for text-only
@@ -47,9 +56,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import jinja2
+import orjson
 from jinja2 import nodes
 
-from relax_pipeline.canonical.form import TEXT_ONLY_MESSAGE, CanonicalError, Context, Message
+from relax_pipeline.canonical.form import TEXT_ONLY_MESSAGE, CanonicalError, Context, Message, digest
 
 if TYPE_CHECKING:
     from relax_pipeline.engine.vision import Vision
@@ -82,6 +92,7 @@ class ChatTemplate:
         self.end_of_turn_ids = tuple(self.encode(self.end_of_turn))
         self.vision: Vision | None = None
         """The model's image processor when it sees images, else None."""
+        self._prompts = Kept(PROMPT_CACHE_TOKENS)
 
     def render(self, messages: Sequence[Message], context: Context, generation_prompt: bool) -> str:
         """Full-render text of a conversation (used by first turns, checks and tests)."""
@@ -101,8 +112,19 @@ class ChatTemplate:
         return self.codec.decode(ids)
 
     def prompt_ids(self, messages: Sequence[Message], context: Context) -> list[int]:
-        """Token ids of a first turn: the full render with the generation prompt (its pieces kept: `Pieces`)."""
-        return self.encode(self.render(messages, context, generation_prompt=True), keep=True)
+        """Token ids of a first turn: the full render with the generation prompt, kept by a digest of everything
+        the template reads (see the module), its pieces kept too (`Pieces`)."""
+        dicts = [m.to_template() for m in messages]
+        try:
+            key = digest(orjson.dumps([dicts, context.tools, context.template_kwargs]))
+        except TypeError:  # what orjson refuses (big ints, non-string keys): no reuse
+            key = None
+        if (known := self._prompts.get(key)) is not None:
+            return known.tolist()
+        ids = self.encode(self._render(dicts, context, True), keep=True)
+        if key is not None:
+            self._prompts.put(key, ids)
+        return ids
 
     def check_media(self, messages: Sequence[Message], start: int = 0) -> None:
         """A text-only model refuses the first image with a 400 naming its field (`messages[start]` is the
@@ -348,15 +370,11 @@ class Codec:
         if self._backend is not None and not self._agrees():
             self._backend = None
         self._fast = self._backend is not None and hasattr(self._backend, "encode_batch_fast")
-        self.pieces = Pieces.of(tokenizer, self._encode) if self._backend is not None else None
-        """The cache of piece ids; None where cutting at added tokens is not exact for this tokenizer."""
+        self.pieces = Pieces.of(tokenizer, self._encode) if self._backend is not None else None  # None: not exact
 
     def encode(self, text: str, keep: bool = False) -> list[int]:
-        """Token ids of `text`; `keep`: remember its pieces for later texts (a full render that other sessions
-        may share in part: system prompt, tools, a replayed history)."""
-        if self.pieces is None:
-            return self._encode(text)
-        return self.pieces.encode(text, keep)
+        """Token ids of `text`; `keep`: remember its pieces for later texts (a first prompt's: `Pieces`)."""
+        return self._encode(text) if self.pieces is None else self.pieces.encode(text, keep)
 
     def _encode(self, text: str) -> list[int]:
         if self._backend is None:
@@ -381,32 +399,44 @@ class Codec:
             return False
 
 
-PIECE_CACHE_CHARS = 1 << 24
-"""Characters of pieces `Pieces` keeps (least recently used out first): 16 Mi, a few dozen long first prompts."""
+PROMPT_CACHE_TOKENS = 1 << 22  # tokens of first prompts `ChatTemplate.prompt_ids` keeps: 4 Mi, 16 MiB
+
+
+class Kept:
+    """Token ids by key, least recently used out first once the keys' (`by_key`) or the ids' lengths pass `budget`."""
+
+    def __init__(self, budget: int, by_key: bool = False) -> None:
+        self._kept: OrderedDict[Any, array] = OrderedDict()
+        self._size = 0
+        self.budget = budget
+        self.by_key = by_key
+
+    def get(self, key: Any) -> array | None:
+        if (known := self._kept.get(key)) is not None:
+            self._kept.move_to_end(key)
+        return known
+
+    def put(self, key: Any, ids: Sequence[int]) -> None:
+        self._kept[key] = array("i", ids)
+        self._size += len(key if self.by_key else ids)
+        while self._size > self.budget:
+            old, dropped = self._kept.popitem(last=False)
+            self._size -= len(old if self.by_key else dropped)
+
+
+PIECE_CACHE_CHARS = 1 << 24  # characters of pieces `Pieces` keeps: 16 Mi, a few dozen long first prompts
 PIECE_PROBES = ("", "a", " a", "\n\nx ", "  x  \n", "ünï 12", "{\"a\": [1, 2]}", "\t<x>")
 
 
 class Pieces:
-    """Ids of texts by their pieces between added tokens, with the ids of pieces seen before kept (an LRU).
+    """Ids of texts by their pieces between added tokens, the ids of pieces seen before kept (see the module)."""
 
-    A Hugging Face tokenizer cuts a text at its added tokens (`<|im_start|>`, `<|im_end|>`, ...) before it
-    normalizes, pre-tokenizes or merges anything, and encodes every piece between them on its own; so the ids of
-    a text are its pieces' ids joined with the added tokens' ids, and a piece seen before (a shared system prompt,
-    tool definitions, the messages of a history that a group's sessions all replay, a template's `assistant\\n`)
-    needs no tokenizing again. That holds when the added tokens are matched as plain strings (no lstrip, rstrip,
-    single_word, none normalized under a normalizer) and pieces are encoded alike wherever they stand (no
-    Metaspace-style prefix on a text's first piece only); `of` checks the flags, then probes every added token
-    between probe texts against whole-text encodes, and gives None on any difference.
-    """
-
-    def __init__(self, added: dict[str, int], encode: Callable[[str], list[int]],
-                 budget: int = PIECE_CACHE_CHARS) -> None:
+    def __init__(self, added: dict[str, int], encode: Callable[[str], list[int]], budget: int = PIECE_CACHE_CHARS
+                 ) -> None:
         self._added = added
         self._split = re.compile("(" + "|".join(re.escape(t) for t in sorted(added, key=len, reverse=True)) + ")").split
         self._encode = encode
-        self._kept: OrderedDict[str, array] = OrderedDict()
-        self._chars = 0
-        self.budget = budget
+        self.kept = Kept(budget, by_key=True)
 
     @classmethod
     def of(cls, tokenizer: Any, encode: Callable[[str], list[int]]) -> Pieces | None:
@@ -424,9 +454,8 @@ class Pieces:
 
     def encode(self, text: str, keep: bool = False) -> list[int]:
         """The ids of `text`; `keep`: remember the pieces not known yet."""
-        parts = self._split(text)
         ids: list[int] = []
-        for i, part in enumerate(parts):
+        for i, part in enumerate(self._split(text)):
             if i & 1:
                 ids.append(self._added[part])
             elif part:
@@ -434,16 +463,11 @@ class Pieces:
         return ids
 
     def _piece(self, piece: str, keep: bool) -> Sequence[int]:
-        known = self._kept.get(piece)
-        if known is not None:
-            self._kept.move_to_end(piece)
+        if (known := self.kept.get(piece)) is not None:
             return known
         ids = self._encode(piece)
-        if keep and len(piece) <= self.budget:
-            self._kept[piece] = array("i", ids)
-            self._chars += len(piece)
-            while self._chars > self.budget:
-                self._chars -= len(self._kept.popitem(last=False)[0])
+        if keep:
+            self.kept.put(piece, ids)
         return ids
 
     def _agrees(self) -> bool:

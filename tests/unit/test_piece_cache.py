@@ -1,5 +1,6 @@
-"""Piece cache (`engine/template.py` `Pieces`): ids of a text from its pieces between added tokens equal the
-tokenizer's whole-text ids, kept pieces are reused across texts, and tokenizers where cutting is not exact get none.
+"""Kept ids (`engine/template.py`): ids of a text from its pieces between added tokens equal the tokenizer's
+whole-text ids, kept pieces are reused across texts, tokenizers where cutting is not exact get none, and a first
+prompt is rendered once for a group's identical first requests but again for anything the template reads.
 """
 
 from __future__ import annotations
@@ -10,8 +11,10 @@ from typing import Any
 
 from tokenizers import AddedToken
 
-from relax_pipeline.canonical.form import Context, Message
+from relax_pipeline.canonical.form import Context, Message, ToolCall
 from relax_pipeline.engine.template import ChatTemplate, Codec, Pieces
+
+TOOL = {"type": "function", "function": {"name": "calc", "parameters": {"type": "object"}}}
 
 
 def _random_texts(tokenizer: Any, count: int) -> list[str]:
@@ -48,9 +51,9 @@ def test_first_prompt_keeps_its_pieces_for_the_next_session(tokenizer: Any) -> N
 def test_budget_drops_least_recently_used(tokenizer: Any) -> None:
     codec = Codec(tokenizer)
     assert codec.pieces is not None
-    codec.pieces.budget = 10
+    codec.pieces.kept.budget = 10
     codec.encode("aaaaaa<|im_end|>bbbbbb", keep=True)
-    assert list(codec.pieces._kept) == ["bbbbbb"]
+    assert list(codec.pieces.kept._kept) == ["bbbbbb"]
     assert codec.encode("aaaaaa<|im_end|>bbbbbb") == codec._encode("aaaaaa<|im_end|>bbbbbb")
 
 
@@ -59,3 +62,21 @@ def test_no_pieces_where_an_added_token_strips_spaces(tokenizer: Any) -> None:
     stripping.add_tokens([AddedToken("<obs>", lstrip=True, rstrip=True)])
     assert Pieces.of(stripping, Codec(stripping)._encode) is None
     assert Codec(stripping).encode("x <obs> y") == stripping.encode("x <obs> y", add_special_tokens=False)
+
+
+def test_a_groups_same_first_request_renders_once(tokenizer: Any) -> None:
+    template = ChatTemplate(tokenizer)
+    renders: list[int] = []
+    render = template._render
+    template._render = lambda *a, **k: renders.append(1) or render(*a, **k)  # type: ignore[method-assign]
+    tools = (TOOL,)
+    history = [Message("user", "go"), Message("assistant", "", tool_calls=(ToolCall("calc", "{}", "call_1"),)),
+               Message("tool", "4", tool_call_id="call_1")]
+    first = template.prompt_ids(tuple(history), Context(tools))
+    again = template.prompt_ids(tuple(history), Context(tools))
+    assert again == first and len(renders) == 1
+    other_id = [history[0], Message("assistant", "", tool_calls=(ToolCall("calc", "{}", "call_2"),)),
+                Message("tool", "4", tool_call_id="call_2")]
+    assert template.prompt_ids(tuple(other_id), Context(tools)) == template.codec._encode(
+        render([m.to_template() for m in other_id], Context(tools), True))
+    assert len(renders) == 2  # a tool-call id is not in a message's hash, but the template may read it

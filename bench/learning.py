@@ -1,4 +1,5 @@
-"""Where a learning step's time goes: `experiment=smollm2_arith` for a few steps, its mean step and the split.
+"""Where a learning step's time goes: a learning preset (`experiment=smollm2_arith`, or `--experiment
+smollm2_agent`, the multi-turn calculator agent) for a few steps, its mean step, the split and the memory peak.
 
 Runs the preset in-process (`relax_pipeline.run.run`) for `--steps` training steps with the held-out eval off
 (it is not part of a step), the rollout dump on, in a temporary folder, and reads back `metrics.jsonl` and the
@@ -17,8 +18,10 @@ is over the others. Per step:
 - train: `perf/train_time` (the optimizer step over the kept samples);
 - weight sync: `perf/weight_sync_s` (trainer weights into the engine).
 
-Last, the CPU seconds of the whole run (every step and the start-up): the pipeline's own process (engine,
-gateway, trainer) against its reaped child processes (the agents), per session, from `getrusage`. On a
+Last, the peak resident memory of the pipeline's process (`ru_maxrss`: engine, gateway and trainer together;
+target at most 4 GB) and of the largest agent process, and the CPU seconds of the whole run
+(every step and the start-up): the pipeline's own process (engine, gateway, trainer) against its reaped child
+processes (the agents), per session, from `getrusage`. On a
 2-core machine both draw on the same two cores, so an agent's start-up CPU is time the engine waits for.
 
 The target on a 2-core machine is a mean step of at most 25 s. Nothing here is asserted; the numbers depend on
@@ -27,7 +30,7 @@ the machine and its load.
 `--model tiny` runs the preset on the tiny test model instead of SmolLM2 (`--smoke` does, with one small group a
 step and no filter: the tiny model's rewards are all alike, so the drop-uniform filter would reject every group).
 
-    python bench/learning.py [--steps 5] [--model tiny] [--smoke] [override ...]
+    python bench/learning.py [--experiment smollm2_agent] [--steps 5] [--model tiny] [--smoke] [override ...]
 """
 
 from __future__ import annotations
@@ -56,9 +59,9 @@ SMOKE_OVERRIDES = ["rollout.batch_size=1", "rollout.n_samples_per_prompt=2", "ro
 """What `--smoke` adds: one group of two sessions a step, no filter."""
 
 
-def run_preset(folder: Path, steps: int, extra: list[str]) -> None:
+def run_preset(folder: Path, experiment: str, steps: int, extra: list[str]) -> None:
     register()
-    overrides = ["experiment=smollm2_arith", f"rollout.num_steps={steps}", "eval.interval=null", "eval.datasets=[]",
+    overrides = [f"experiment={experiment}", f"rollout.num_steps={steps}", "eval.interval=null", "eval.datasets=[]",
                  f"output_dir={folder}", f"debug.save_rollout_data={folder}/dump/r_{{rollout_id}}.jsonl", *extra]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=quote_placeholders(overrides))
@@ -120,6 +123,14 @@ def cpu_seconds(who: int) -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def report_memory() -> None:
+    """Peak resident memory of this process and of the largest reaped child (Linux reports KiB)."""
+    main_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    child_gb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20
+    print(f"peak resident memory: pipeline process {main_gb:.2f} GB (target <= 4 GB), largest agent process "
+          f"{child_gb:.2f} GB")
+
+
 def report_cpu(main_s: float, agents_s: float, sessions: int) -> None:
     print(f"CPU over the whole run: pipeline process {main_s:.1f} s, agent processes {agents_s:.1f} s "
           f"({1000 * agents_s / max(sessions, 1):.0f} ms each over {sessions} sessions)")
@@ -127,6 +138,7 @@ def report_cpu(main_s: float, agents_s: float, sessions: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--experiment", default="smollm2_arith", help="the preset: smollm2_arith or smollm2_agent")
     parser.add_argument("--steps", type=int, default=5, help="training steps (the first is printed apart)")
     parser.add_argument("--model", default=None, help="model=<name> instead of the preset's smollm2, e.g. tiny")
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides, e.g. engine.max_batch_size=64")
@@ -135,12 +147,13 @@ def main() -> None:
     extra += (SMOKE_OVERRIDES if args.smoke else []) + args.overrides
     with tempfile.TemporaryDirectory() as tmp:
         before = cpu_seconds(resource.RUSAGE_SELF), cpu_seconds(resource.RUSAGE_CHILDREN)
-        run_preset(Path(tmp), args.steps, extra)
+        run_preset(Path(tmp), args.experiment, args.steps, extra)
         main_s = cpu_seconds(resource.RUSAGE_SELF) - before[0]
         agents_s = cpu_seconds(resource.RUSAGE_CHILDREN) - before[1]
         steps = step_rows(Path(tmp))
         report(steps)
         report_cpu(main_s, agents_s, int(sum(s["sessions"] for s in steps)))
+        report_memory()
 
 
 if __name__ == "__main__":

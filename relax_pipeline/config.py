@@ -118,6 +118,9 @@ class EvalDatasetConfig:
     """Media kind → row key, as `dataset.multimodal_keys`."""
     n_samples_per_prompt: int | None = None
     """Sessions per prompt of this dataset; None means eval.n_samples_per_prompt."""
+    metadata: dict[str, Any] = field(default_factory=dict)
+    """Merged into every prompt's metadata, which the agent reads: e.g. `{tools: false}` evaluates the same
+    problems with the agent's tool withheld (a single-shot control)."""
 
 
 @dataclass

@@ -392,7 +392,7 @@ def _eval_set(config: Config, index: int, entry: Any, capacity: Capacity) -> Eva
         dataset = build(with_source(config.dataset, source))
     except (ValueError, FileNotFoundError) as error:
         raise ValueError(f"eval.datasets[{index}] name={entry.name!r}: {error}") from None
-    return EvalSet(entry.name, dataset, n_samples, capacity.eval_groups(n_samples))
+    return EvalSet(entry.name, dataset, n_samples, capacity.eval_groups(n_samples), dict(entry.metadata))
 
 
 def _agent_problems(agent: Any) -> list[str]:

@@ -2,10 +2,12 @@
 
 The problem space is every `a <op> b` with `a, b` in `[low, high]` and `op` in `operations` (`+`, `-`, `*`).
 `seed` (the problem set's own seed, independent of the run's `seed`, so every run evaluates on the same
-problems) draws `heldout_size` problems for the held-out split; the train split is `train_size` other
-problems (null: all of them), so the two never share a problem. The held-out split depends only on
-`seed`, `operations`, `low`, `high` and `heldout_size`: changing `train_size` does not move it. Each row's
-prompt is `prompt` filled in (`What is 12 + 34? Answer with just the number.`) and its metadata holds
+problems) draws `heldout_size` problems for the held-out split, then `validation_size` others for the
+validation split (the one to choose settings on); the train split is `train_size` further problems (null:
+all the rest), so no two splits share a problem. The held-out split depends only on `seed`, `operations`,
+`low`, `high` and `heldout_size`, and the validation split on those and `validation_size`: changing
+`train_size` moves neither. With `validation_size: 0` the train split is what it was before the split existed.
+Each row's prompt is `prompt` filled in (`What is 12 + 34? Answer with just the number.`) and its metadata holds
 `answer` (an int), `a`, `op`, `b` and `split`.
 
 `ArithDataset` is a drop-in for `JsonlDataset` (`prompts`, `len`, `shuffle`). As an eval dataset it is
@@ -21,12 +23,13 @@ import bisect
 import operator
 import random
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from relax_pipeline.data.dataset import JsonlDataset, Prompt
 from relax_pipeline.data.settings import ArithSettings
 
 OPERATIONS: dict[str, Callable[[int, int], int]] = {"+": operator.add, "-": operator.sub, "*": operator.mul}
-SPLITS = ("train", "heldout")
+SPLITS = ("train", "validation", "heldout")
 SPLIT_PREFIX = "arith:"
 """An eval entry's `path` of the form `arith:<split>` selects a generated split."""
 MAX_ENUMERATED = 1_000_000
@@ -43,8 +46,9 @@ class ArithDataset:
             self.prompts = JsonlDataset(settings.jsonl()).prompts
             return
         split = path[len(SPLIT_PREFIX):] if path is not None else settings.split
-        self.problems = ProblemSet(tuple(settings.operations), settings.low, settings.high, settings.heldout_size,
-                                   settings.train_size, settings.seed)
+        self.problems = ProblemSet(tuple(settings.operations), settings.low, settings.high,
+                                   Sizes(settings.heldout_size, settings.validation_size, settings.train_size),
+                                   settings.seed)
         self.prompts = [self._prompt(i, problem, split, settings.prompt) for i, problem in
                         enumerate(self.problems.split(split))]
 
@@ -58,41 +62,59 @@ class ArithDataset:
         return len(self.prompts)
 
 
-class ProblemSet:
-    """The seeded problem space and its two disjoint splits; a problem is an `(a, op, b)` triple."""
+@dataclass(frozen=True)
+class Sizes:
+    """How many problems each split holds (`dataset.heldout_size`, `validation_size`, `train_size`)."""
 
-    def __init__(self, operations: tuple[str, ...], low: int, high: int, heldout_size: int,
-                 train_size: int | None, seed: int) -> None:
-        _check(operations, low, high, heldout_size, train_size)
+    heldout: int
+    validation: int = 0
+    train: int | None = None
+    """None: every problem outside the other two splits."""
+
+
+class ProblemSet:
+    """The seeded problem space and its three disjoint splits; a problem is an `(a, op, b)` triple."""
+
+    def __init__(self, operations: tuple[str, ...], low: int, high: int, sizes: Sizes, seed: int) -> None:
+        _check(operations, low, high, sizes)
         self.operations, self.low, self.width = operations, low, high - low + 1
         self.size = len(operations) * self.width**2
         """Number of distinct problems."""
-        if heldout_size >= self.size:
-            raise ValueError(f"dataset.heldout_size={heldout_size} leaves no training problems: the problem space "
-                             f"has {self.size}; lower it or widen dataset.low/high/operations")
-        self.heldout_size, self.train_size, self.seed = heldout_size, train_size, seed
+        if sizes.heldout + sizes.validation >= self.size:
+            raise ValueError(f"dataset.heldout_size={sizes.heldout} and dataset.validation_size={sizes.validation} "
+                             f"leave no training problems: the problem space has {self.size}; lower them or widen "
+                             "dataset.low/high/operations")
+        self.sizes, self.seed = sizes, seed
 
     def split(self, name: str) -> list[tuple[int, str, int]]:
-        """The problems of split `name` (`train` or `heldout`), in generation order."""
+        """The problems of split `name` (`train`, `validation` or `heldout`), in generation order."""
         if name not in SPLITS:
             raise ValueError(f"dataset.split={name!r}; choose one of {list(SPLITS)} (eval path: arith:<split>)")
-        indices = self.heldout_indices() if name == "heldout" else self.train_indices()
-        return [self.problem(i) for i in indices]
+        pick = {"heldout": self.heldout_indices, "validation": self.validation_indices, "train": self.train_indices}
+        return [self.problem(i) for i in pick[name]()]
 
     def heldout_indices(self) -> list[int]:
         """`heldout_size` problem indices drawn with `seed` alone."""
-        return random.Random(f"arith-heldout-{self.seed}").sample(range(self.size), self.heldout_size)
+        return random.Random(f"arith-heldout-{self.seed}").sample(range(self.size), self.sizes.heldout)
+
+    def validation_indices(self) -> list[int]:
+        """`validation_size` problem indices outside the held-out split, drawn with `seed` alone."""
+        heldout = sorted(self.heldout_indices())
+        picks = random.Random(f"arith-validation-{self.seed}").sample(range(self.size - len(heldout)),
+                                                                         self.sizes.validation)
+        return [_nth_outside(j, heldout) for j in picks]
 
     def train_indices(self) -> list[int]:
-        """`train_size` (default: every) problem outside the held-out split, in a seeded order."""
-        rest = self.size - self.heldout_size
-        count = rest if self.train_size is None else self.train_size
-        if count > rest or (self.train_size is None and rest > MAX_ENUMERATED):
-            raise ValueError(f"dataset.train_size={self.train_size}: the problem space has {rest} problems outside "
-                             f"the held-out split; set dataset.train_size to at most {min(rest, MAX_ENUMERATED)}")
-        heldout = sorted(self.heldout_indices())
+        """`train_size` (default: every) problem outside the held-out and validation splits, in a seeded order."""
+        taken = sorted(self.heldout_indices() + self.validation_indices())
+        rest = self.size - len(taken)
+        count = rest if self.sizes.train is None else self.sizes.train
+        if count > rest or (self.sizes.train is None and rest > MAX_ENUMERATED):
+            raise ValueError(f"dataset.train_size={self.sizes.train}: the problem space has {rest} problems outside "
+                             f"the held-out and validation splits; set dataset.train_size to at most "
+                             f"{min(rest, MAX_ENUMERATED)}")
         picks = random.Random(f"arith-train-{self.seed}").sample(range(rest), count)
-        return [_nth_outside(j, heldout) for j in picks]
+        return [_nth_outside(j, taken) for j in picks]
 
     def problem(self, index: int) -> tuple[int, str, int]:
         """Problem number `index` of the space: operation-major, then `a`, then `b`."""
@@ -113,13 +135,13 @@ def _nth_outside(j: int, taken: list[int]) -> int:
     return lo
 
 
-def _check(operations: tuple[str, ...], low: int, high: int, heldout_size: int, train_size: int | None) -> None:
+def _check(operations: tuple[str, ...], low: int, high: int, sizes: Sizes) -> None:
     unknown = [op for op in operations if op not in OPERATIONS]
     if not operations or unknown or len(set(operations)) != len(operations):
         raise ValueError(f"dataset.operations={list(operations)}; use distinct ones of {list(OPERATIONS)}")
     if high < low:
         raise ValueError(f"dataset.high={high} must be at least dataset.low={low}")
-    if heldout_size < 0 or (train_size is not None and train_size <= 0):
-        raise ValueError(f"dataset.heldout_size={heldout_size} must be >= 0 and dataset.train_size={train_size} "
-                         "positive or null")
+    if sizes.heldout < 0 or sizes.validation < 0 or (sizes.train is not None and sizes.train <= 0):
+        raise ValueError(f"dataset.heldout_size={sizes.heldout} and dataset.validation_size={sizes.validation} "
+                         f"must be >= 0, and dataset.train_size={sizes.train} positive or null")
 

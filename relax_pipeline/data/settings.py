@@ -40,7 +40,8 @@ class ArithSettings:
     _target_: str = "relax_pipeline.data.arith.ArithDataset"
     """The dataset class this node builds."""
     split: str = "train"
-    """Which split the run trains on: `train` or `heldout` (eval entries choose theirs with `path: arith:<split>`)."""
+    """Which split the run trains on: `train`, `validation` or `heldout` (eval entries choose theirs with
+    `path: arith:<split>`)."""
     operations: list[str] = field(default_factory=lambda: ["+"])
     """Operations drawn from: `+`, `-`, `*`."""
     low: int = 0
@@ -49,8 +50,11 @@ class ArithSettings:
     """Largest operand (0-99: one- and two-digit numbers)."""
     heldout_size: int = 200
     """Problems in the held-out split; it depends only on seed, operations, low, high and this size."""
+    validation_size: int = 0
+    """Problems in the validation split: drawn from outside the held-out split and left out of the train split.
+    Choose settings on it (`path: arith:validation`) and keep the held-out split for reporting."""
     train_size: int | None = None
-    """Problems in the train split, none of them held out; None: every other problem of the space."""
+    """Problems in the train split, none of them held out or validation; None: every other problem."""
     seed: int = 0
     """Seed of the problem set, independent of the run's `seed` (every run sees the same held-out problems)."""
     prompt: str = "What is {a} {op} {b}? Answer with just the number."

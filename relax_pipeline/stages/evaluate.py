@@ -29,7 +29,7 @@ import logging
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +57,12 @@ class EvalSet:
     """Sessions per prompt (the group size)."""
     concurrency: int
     """Groups in flight."""
+    metadata: dict[str, Any] = field(default_factory=dict)
+    """`eval.datasets[].metadata`: merged into every prompt's metadata (what the agent reads)."""
+
+    def prompt(self, prompt: Prompt) -> Prompt:
+        """`prompt` as this set evaluates it: its metadata with the set's merged in."""
+        return replace(prompt, metadata={**prompt.metadata, **self.metadata}) if self.metadata else prompt
 
 
 def append_eval_csv(output_dir: Path, step: int, name: str, metrics: dict[str, float]) -> Path:
@@ -180,7 +186,8 @@ class Evaluator:
         async with slots:
             if self.pipeline.stopped:
                 return None
-            group = await self.pipeline.start_group(done, "eval", prompt=prompt, n_samples=eval_set.n_samples)
+            group = await self.pipeline.start_group(done, "eval", prompt=eval_set.prompt(prompt),
+                                                    n_samples=eval_set.n_samples)
             exports = await self.pipeline.await_group(group)
         return group, await self.pipeline.score_group(group, exports)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from relax_pipeline.credit.examples import answer_reward, exact_answer, last_integer
-from relax_pipeline.data.arith import ArithDataset, ProblemSet, _nth_outside
+from relax_pipeline.data.arith import ArithDataset, ProblemSet, Sizes, _nth_outside
 from relax_pipeline.data.dataset import DataSource
 from relax_pipeline.data.settings import ArithSettings
 
@@ -61,6 +61,17 @@ def test_prompts_and_answers_are_right(ops: list[str], low: int, high: int) -> N
     assert {r.metadata["op"] for r in rows} == set(ops) and [r.index for r in rows] == list(range(len(rows)))
 
 
+def test_the_validation_split_is_apart_from_both_others_and_moves_neither() -> None:
+    heldout, validation = arith(split="heldout"), arith(split="validation", validation_size=150)
+    train = arith(validation_size=150)
+    assert len(validation) == 150 and len(train) == 100 * 100 - 200 - 150
+    assert not set(problems(validation)) & set(problems(heldout))
+    assert not set(problems(validation)) & set(problems(train))
+    assert problems(arith(split="heldout", validation_size=150)) == problems(heldout)
+    assert problems(arith(split="validation", validation_size=150, train_size=10)) == problems(validation)
+    assert problems(arith(train_size=50)) == problems(arith(train_size=50, validation_size=0))
+
+
 def test_an_eval_entry_selects_a_split_or_reads_jsonl(tmp_path: Path) -> None:
     as_eval = arith(path="arith:heldout", input_key="input", metadata_key="metadata", multimodal_keys={}, shuffle=False)
     assert as_eval.prompts == arith(split="heldout").prompts and not as_eval.shuffle
@@ -78,8 +89,10 @@ def test_the_train_split_feeds_the_data_source() -> None:
 @pytest.mark.parametrize("kwargs, fragment", [
     ({"operations": ["/"]}, "dataset.operations=['/']"),
     ({"low": 5, "high": 1}, "dataset.high=1 must be at least dataset.low=5"),
-    ({"low": 0, "high": 9, "heldout_size": 100}, "dataset.heldout_size=100 leaves no training problems"),
+    ({"low": 0, "high": 9, "heldout_size": 100}, "dataset.heldout_size=100 and dataset.validation_size=0 leave no"),
     ({"low": 0, "high": 9, "heldout_size": 10, "train_size": 91}, "dataset.train_size=91"),
+    ({"low": 0, "high": 9, "heldout_size": 50, "validation_size": 50}, "dataset.validation_size=50 leave no"),
+    ({"validation_size": -1}, "dataset.validation_size=-1 must be >= 0"),
     ({"split": "test"}, "dataset.split='test'; choose one of"),
     ({"path": "arith:dev"}, "dataset.split='dev'"),
 ])
@@ -92,7 +105,7 @@ def test_nth_outside_matches_brute_force() -> None:
     taken = [0, 3, 4, 9]
     outside = [i for i in range(20) if i not in taken]
     assert [_nth_outside(j, taken) for j in range(len(outside))] == outside
-    assert ProblemSet(("+", "*"), 1, 3, 2, None, 0).problem(9) == (1, "*", 1)
+    assert ProblemSet(("+", "*"), 1, 3, Sizes(2), 0).problem(9) == (1, "*", 1)
 
 
 @pytest.mark.parametrize("text, value", [

@@ -1,0 +1,98 @@
+"""The calculator environment of `agent=arith_calc`: the tool, the parser of the model's tool use, the episode.
+
+The protocol is plain text in the model's own chat template (no `tools` field: SmolLM2-135M never writes a
+well-formed hermes `<tool_call>` unprompted, 0 of 30 problems, while it does write a `calc` line). A reply
+whose first line starts with `calc` is a tool call: `calc 12 * 34` (two integers and `+`, `-` or `*`, parsed
+by hand, never evaluated as code). The environment answers it in a user turn, `calculator: 408`, or, for a
+call it cannot parse, `calculator: error: ...` naming the accepted form (a malformed call). Any other reply
+is the final answer: its last integer is checked against the problem's answer (reward 1.0 or 0.0). A
+session that is still calling the tool after `max_turns` replies ends with reward 0 (`too_many_turns`).
+
+`episode` runs one session against any `ask(messages) -> reply` function, so the agent process and the unit
+tests share it. What it does not do: talk HTTP (the agent does), or choose the prompt (`instruction`,
+`example` and `control` below are the agent's, kept here so the tests and the agent agree).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+INSTRUCTION = ("You have a calculator: write calc followed by two numbers and an operation (+, - or *), for "
+               "example calc 12 * 34, and it replies with the value. Then give the answer.")
+CONTROL = "Answer with just the number."
+"""The single-shot control's instruction: the same problem, no calculator."""
+_CALL = re.compile(r"calc\b:?(.*)", re.IGNORECASE)
+_EXPRESSION = re.compile(r"\s*(-?\d+)\s*([+\-*x×])\s*(-?\d+)\s*=?\s*\.?\s*")
+_INTEGER = re.compile(r"-?\d+")
+MALFORMED = "calculator: error: write calc, two numbers and +, - or *, for example calc 12 * 34"
+
+
+@dataclass
+class Outcome:
+    """What one session did: its reward and the figures the eval reports (agent output metadata)."""
+
+    reward: float = 0.0
+    turns: int = 0
+    """Model replies."""
+    calls: int = 0
+    """Well-formed calculator calls."""
+    malformed: int = 0
+    """Calls the calculator could not parse."""
+    too_many_turns: bool = False
+
+    def metadata(self, tools: bool) -> dict[str, float]:
+        """Numeric metadata for the rollout and eval metrics (`eval/<name>/used_tool/mean`, ...)."""
+        return {"used_tool": float(self.calls > 0), "turns": float(self.turns), "calls": float(self.calls),
+                "malformed": float(self.malformed), "too_many_turns": float(self.too_many_turns),
+                "tools": float(tools)}
+
+
+def calculate(expression: str) -> int | None:
+    """The value of `a op b` (two integers; `x` and `×` multiply), or None when it is not of that form."""
+    match = _EXPRESSION.fullmatch(expression)
+    if match is None:
+        return None
+    a, op, b = int(match.group(1)), match.group(2), int(match.group(3))
+    return a + b if op == "+" else a - b if op == "-" else a * b
+
+
+def tool_call(reply: str) -> str | None:
+    """The expression of a calculator call (the reply's first line starts with `calc`), else None."""
+    lines = reply.strip().splitlines()
+    match = _CALL.match(lines[0].strip()) if lines else None
+    return match.group(1) if match else None
+
+
+def respond(expression: str) -> tuple[str, bool]:
+    """The calculator's answer to a call, and whether the call was well-formed."""
+    value = calculate(expression)
+    return (MALFORMED, False) if value is None else (f"calculator: {value}", True)
+
+
+def final_answer(reply: str) -> int | None:
+    """The last integer of a final reply (thousands separators allowed), or None."""
+    numbers = _INTEGER.findall(reply.replace(",", ""))
+    return int(numbers[-1]) if numbers else None
+
+
+def episode(ask: Callable[[list[dict]], str], messages: list[dict], answer: int, max_turns: int,
+            tools: bool = True) -> Outcome:
+    """Run one session: ask, answer each calculator call, stop at the first final reply or after `max_turns`
+    replies. `messages` grows with the conversation. Without `tools` the first reply is final (the control)."""
+    outcome = Outcome()
+    for _ in range(max_turns if tools else 1):
+        reply = ask(messages)
+        messages.append({"role": "assistant", "content": reply})
+        outcome.turns += 1
+        expression = tool_call(reply) if tools else None
+        if expression is None:
+            outcome.reward = float(final_answer(reply) == answer)
+            return outcome
+        text, well_formed = respond(expression)
+        outcome.calls += well_formed
+        outcome.malformed += not well_formed
+        messages.append({"role": "user", "content": text})
+    outcome.too_many_turns = True
+    return outcome

@@ -1,0 +1,50 @@
+"""`agent=arith_calc`: the arith task as a multi-turn agent with a calculator (`experiment=smollm2_agent`).
+
+The session's input holds the question as one user message ("What is 47 * 86 + 12?") and the answer in
+`metadata.answer`. The agent prepends a worked example (one earlier exchange in which the calculator is
+used) and adds the calculator's instruction to the question, then runs `calc.episode` over plain HTTP (the
+same socket client as `agent=arith`): every `calc a op b` reply gets a `calculator: <value>` user turn, the
+first other reply is the answer. With `metadata.tools` false (an eval entry's `metadata: {tools: false}`) it
+is the single-shot control: the question alone, "Answer with just the number.", one call. It writes
+`{"reward", "metadata"}` with `used_tool`, `turns`, `calls`, `malformed`, `too_many_turns` and `tools`,
+which the run's rollout and eval metrics average. `ARITH_MAX_TURNS` (default 4) caps the replies. The
+conversation is exported implicitly; the example exchange is part of every prompt, so it trains no tokens.
+"""
+
+import json
+import os
+
+from agent import chat
+from calc import CONTROL, INSTRUCTION, episode
+
+MAX_TURNS = int(os.environ.get("ARITH_MAX_TURNS", "4"))
+EXAMPLE = [
+    {"role": "user", "content": f"What is 12 * 34 + 56? {INSTRUCTION}"},
+    {"role": "assistant", "content": "calc 12 * 34"},
+    {"role": "user", "content": "calculator: 408"},
+    {"role": "assistant", "content": "calc 408 + 56"},
+    {"role": "user", "content": "calculator: 464"},
+    {"role": "assistant", "content": "The answer is 464."},
+]
+
+
+def opening(question: str, tools: bool) -> list[dict]:
+    """The session's first messages: the worked example and the question with its instruction, or the control."""
+    if not tools:
+        return [{"role": "user", "content": f"{question} {CONTROL}"}]
+    return [*EXAMPLE, {"role": "user", "content": f"{question} {INSTRUCTION}"}]
+
+
+def main() -> None:
+    with open(os.environ["RELAX_INPUT_JSON"], encoding="utf-8") as f:
+        task = json.load(f)
+    metadata = task.get("metadata") or {}
+    tools = bool(metadata.get("tools", True))
+    question = task["messages"][-1]["content"]
+    outcome = episode(chat, opening(question, tools), metadata["answer"], MAX_TURNS, tools)
+    with open(os.environ["RELAX_OUTPUT_JSON"], "w", encoding="utf-8") as f:
+        json.dump({"reward": outcome.reward, "metadata": outcome.metadata(tools)}, f)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,7 +1,7 @@
 """`runtime=fully_async`: generation and training overlap; steps take whatever groups finished.
 
-The pool is kept full: whenever a resident group's agents finish, another group is launched (up to the
-resident capacity running, and at most one step's worth of finished groups waiting), during rollout,
+The pool is kept full: whenever a group's worth of agent slots is free (a slot per session, given back as each
+session's agent ends), another group is launched (at most one step's worth of finished groups waiting), during rollout,
 training and eval alike. A step takes the next `rollout.batch_size` finished groups in completion order
 (scoring them, replacing dropped and filtered ones as they come). Around each weight update every
 in-flight generation is preempted (aborted, its partial tokens kept) and resumed on the new weights, so
@@ -68,11 +68,12 @@ class FullyAsyncRuntime(SyncRuntime):
         return closed
 
     def _refill(self) -> None:
-        """Keep the capacity running, with at most one step's worth of finished groups waiting."""
+        """Keep the agent slots full (a group starts as soon as a group's worth is free, its siblings still
+        finishing), with at most one step's worth of finished groups waiting."""
         pool = self.pool
         if pool is None or pool.closing or self._draining or pool.pipeline.stopped:
             return
-        while pool.resident < pool.capacity and pool.pending < pool.capacity + self._need:
+        for _ in range(pool.room if pool.ready < self._need else 0):
             pool.launch(self._step, leased=self._leased)
 
     async def _drop_if_stale(self, pipeline: Pipeline, group: Group) -> int:

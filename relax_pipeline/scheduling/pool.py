@@ -1,7 +1,10 @@
 """GroupPool: the resident groups of a run, shared by every runtime strategy.
 
-The pool starts groups under the resident capacity (`runtime.concurrency` slots, held through Prepare and Runtime
-and released before Reward, so a finished, dropped or filtered group frees its slot at once), gives each of its
+The pool starts groups under the resident capacity, counted in agent slots: `runtime.concurrency` groups'
+worth (`× rollout.n_samples_per_prompt` sessions). A group takes one slot per session when it starts and gives each
+back as that session's agent is done, the rest before Reward, so a group waiting for its slowest session holds one
+slot, not the whole group's, and the next group starts as soon as a group's worth is free (a finished, dropped or
+filtered group frees everything at once). Gives each of its
 runtime groups a `GroupLease` (`stages.group.runtime_groups`: the whole group when the credit needs it whole,
 `credit=group_rm`; one lease per session, with no barrier to wait at, under an ordinary reward), and hands finished
 groups back one at a time, in completion order. A group is launched leased (a runtime group generates as soon as its
@@ -38,6 +41,28 @@ class _Resident:
     task: asyncio.Task[Outcome | None] | None = None
     group: Group | None = None
     leases: list[GroupLease] = field(default_factory=list)
+    held: int = 0
+    """Agent slots it holds: one per session whose agent is not done yet, 0 while it waits for its slots."""
+
+
+class AgentSlots:
+    """The pool's agent slots, one per live session; a group takes a group's worth at once (first come, first
+    served among waiters that fit) and gives them back one by one."""
+
+    def __init__(self, total: int) -> None:
+        self.free = total
+        self._changed = asyncio.Event()
+
+    async def take(self, count: int) -> None:
+        """Wait until `count` slots are free and take them."""
+        while self.free < count:
+            self._changed.clear()
+            await self._changed.wait()
+        self.free -= count
+
+    def give(self, count: int) -> None:
+        self.free += count
+        self._changed.set()
 
 
 @dataclass
@@ -50,15 +75,18 @@ class GroupPool:
     max_aborted_count: int = 2
     barrier_warn_s: float = 60.0
     on_done: Callable[[], None] = lambda: None
-    """Called whenever a resident group's agents have all finished (strategies refill here)."""
-    _slots: asyncio.Semaphore = field(init=False)
+    """Called whenever agent slots free up: a session's agent is done, a resident group finished (strategies
+    refill here)."""
+    _slots: AgentSlots = field(init=False)
     _resident: list[_Resident] = field(default_factory=list)
     _ready: deque[Outcome] = field(default_factory=deque)
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
     closing: bool = False
 
     def __post_init__(self) -> None:
-        self._slots = asyncio.Semaphore(self.capacity)
+        self.group_size = self.pipeline.prepare.n_samples
+        """Sessions of a train group (`rollout.n_samples_per_prompt`): the slots a group takes."""
+        self._slots = AgentSlots(self.capacity * self.group_size)
 
     @property
     def pending(self) -> int:
@@ -69,6 +97,18 @@ class GroupPool:
     def resident(self) -> int:
         """Launched groups whose agents have not all finished (opened or waiting for a slot)."""
         return len(self._resident)
+
+    @property
+    def ready(self) -> int:
+        """Finished groups not collected yet."""
+        return len(self._ready)
+
+    @property
+    def room(self) -> int:
+        """Groups that would start at once if launched now: free slots not promised to launched groups still
+        waiting for theirs, in groups' worth."""
+        waiting = sum(1 for r in self._resident if r.held == 0 and r.group is None)
+        return max(0, self._slots.free // self.group_size - waiting)
 
     @property
     def running(self) -> list[Group]:
@@ -83,11 +123,23 @@ class GroupPool:
         self._resident.append(entry)
 
     async def _run(self, entry: _Resident, rollout_id: int) -> Outcome | None:
-        async with self._slots:
+        await self._slots.take(self.group_size)
+        entry.held = self.group_size
+        try:
             if self.closing or self.pipeline.stopped:
                 return None
             group = await self.pipeline.start_group(rollout_id, on_open=lambda g: self._attach(entry, g))
-            return group, await self.pipeline.await_group(group)
+            return group, await self.pipeline.await_group(group, lambda _: self._give(entry, 1))
+        finally:
+            self._give(entry, entry.held)
+
+    def _give(self, entry: _Resident, count: int) -> None:
+        """`entry` gives back `count` of its slots (a session's agent is done, or the group left the runtime)."""
+        count = min(count, entry.held)
+        if count > 0:
+            entry.held -= count
+            self._slots.give(count)
+            self.on_done()
 
     def _attach(self, entry: _Resident, group: Group) -> None:
         store = self.pipeline.prepare.store

@@ -34,6 +34,7 @@ from relax_pipeline.stages.runtime import Runtime
 from relax_pipeline.stages.transfer import Transfer
 from relax_pipeline.tracking.dump import RolloutDump
 from relax_pipeline.tracking.metrics import generated_tokens, rollout_metrics
+from relax_pipeline.turn.service import Session
 
 log = logging.getLogger(__name__)
 SURPLUS = "surplus: the step already had rollout.batch_size groups"
@@ -94,10 +95,12 @@ class Pipeline:
             raise
         return group
 
-    async def await_group(self, group: Group) -> dict[str, list[Exported]]:
-        """Wait for the group's agents (inside the resident capacity) and match their exports."""
+    async def await_group(self, group: Group, on_session_end: Callable[[Session], None] | None = None
+                          ) -> dict[str, list[Exported]]:
+        """Wait for the group's agents (inside the resident capacity) and match their exports; `on_session_end`
+        sees each session as its agent is done (the pool frees its agent slot there)."""
         try:
-            return await self.runtime.run(group)
+            return await self.runtime.run(group, on_session_end)
         finally:
             self._running.pop(id(group), None)
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from relax_pipeline.agent.launcher import AgentFailure
@@ -55,12 +55,16 @@ class Runtime:
         """The turn budget per session mode (`train`, `eval`): what tells the pipeline's length cut from the agent's
         own `max_tokens`. Without one for a mode, no failure after a cut turn is recorded as truncated."""
 
-    async def run(self, group: Group) -> dict[str, list[Exported]]:
-        """Exports per session id; empty when the group was dropped (see `group.dropped`)."""
+    async def run(self, group: Group, on_session_end: Callable[[Session], None] | None = None
+                  ) -> dict[str, list[Exported]]:
+        """Exports per session id; empty when the group was dropped (see `group.dropped`). `on_session_end` sees
+        each session once its agent is done (exited, failed or never started), as they come."""
         tasks = {s.id: asyncio.create_task(self._finish(group, s)) for s in group.sessions}
         exports: dict[str, list[Exported]] = {}
         for future in asyncio.as_completed(list(tasks.values())):
             session, result = await future
+            if on_session_end is not None:
+                on_session_end(session)
             if isinstance(result, SessionFailure):
                 await self._drop(group, session, result)
             else:

@@ -188,11 +188,11 @@ def test_a_group_that_fails_inside_the_pipeline_is_recorded_and_replaced(
 
     original, calls = Runtime.run, []
 
-    async def flaky(self: Runtime, group: Any) -> Any:
+    async def flaky(self: Runtime, group: Any, *args: Any) -> Any:
         calls.append(group.id)
         if len(calls) == 1:
             raise RuntimeError("boom")
-        return await original(self, group)
+        return await original(self, group, *args)
 
     monkeypatch.setattr(Runtime, "run", flaky)
     data = _dataset(tmp_path, [{"turns": 1, "max_tokens": 8}] * 3)

@@ -225,10 +225,16 @@ def chain(previous: bytes, message: Message) -> bytes:
 
 def chain_all(context: Context, messages: Sequence[Message]) -> list[bytes]:
     """State hashes of every prefix: `[root, after m0, after m1, ...]`; linear in the input size."""
-    hashes = [context.root_hash]
+    return [context.root_hash, *chain_from(context.root_hash, messages)]
+
+
+def chain_from(state: bytes, messages: Sequence[Message]) -> list[bytes]:
+    """The state hash after each of `messages`, starting from `state`."""
+    states = []
     for message in messages:
-        hashes.append(chain(hashes[-1], message))
-    return hashes
+        state = chain(state, message)
+        states.append(state)
+    return states
 
 
 def canonical_arguments(arguments: Any, param: str) -> str:

@@ -45,7 +45,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from relax_pipeline.canonical.form import Context, Message, chain, chain_all
+from relax_pipeline.canonical.form import Context, Message, chain, chain_all, chain_from
 from relax_pipeline.engine.base import GenerateResult, ImageFeatures, SamplingParams
 
 NodeKind = Literal["root", "observation", "response"]
@@ -376,7 +376,7 @@ class SessionForest:
         node = Node(len(self.nodes), parent.id, "observation", match.delta, token_array(observation.token_ids),
                     state, parent.depth + len(match.delta), media=observation.media,
                     train_ids=stored_ids(observation.train_ids))
-        return self._add(node)
+        return self._add(node, match.hashes[len(match.hashes) - len(match.delta):])
 
     def _add_response(
         self, parent: Node, message: Message, result: GenerateResult, sampling: SamplingParams, ends_turn: bool,
@@ -389,24 +389,25 @@ class SessionForest:
             weight_versions=stored_ids(result.token_versions), sampling=sampling,
             finish_reason=result.finish_reason, ends_turn=ends_turn, abort_count=result.abort_count, timing=timing,
         )
-        return self._add(node)
+        return self._add(node, (node.state_hash,))
 
-    def _add(self, node: Node) -> Node:
+    def _add(self, node: Node, states: Sequence[bytes] = ()) -> Node:
+        """Add `node`; `states`: the state after each of its messages when the caller has them (else chained)."""
         self.nodes.append(node)
         self._turns += node.kind == "response"
         self.children.setdefault(node.parent if node.parent is not None else -1, []).append(node.id)
         self._by_state.setdefault(node.state_hash, node.id)
-        self._index_prefixes(node)
+        self._index_prefixes(node, states)
         if node.kind == "response" and node.parent is not None:
             self._by_visible.setdefault(self.nodes[node.parent].state_hash + node.messages[0].visible_key(), node.id)
         return node
 
-    def _index_prefixes(self, node: Node) -> None:
+    def _index_prefixes(self, node: Node, states: Sequence[bytes] = ()) -> None:
         if node.parent is None:
             return
-        state = self.nodes[node.parent].state_hash
-        for offset, message in enumerate(node.messages):
-            state = chain(state, message)
+        if len(states) != len(node.messages) or states and states[-1] != node.state_hash:
+            states = chain_from(self.nodes[node.parent].state_hash, node.messages)
+        for offset, state in enumerate(states):
             self._by_prefix.setdefault(state, (node.id, offset))
 
     def lineage(self, node: Node) -> list[Node]:

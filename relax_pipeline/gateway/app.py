@@ -41,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import random
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -65,6 +66,8 @@ from relax_pipeline.turn.service import ForestStore, PreparedTurn, Session, Stat
 
 log = logging.getLogger(__name__)
 access_log = logging.getLogger(ACCESS_LOGGER)
+_IDS = random.Random(secrets.randbits(64))
+"""Response ids: unique, not secret (a credential opens only its own session's responses), so no system call each."""
 ACCESS_LINE = "api=%s session=%s status=%d stream=%s prompt_tokens=%d completion_tokens=%d ms=%.1f"
 
 
@@ -184,7 +187,7 @@ class _Gateway:
     def _meta(self, body: Any, frontend: Frontend) -> TurnMeta:
         model = body.get("model") if isinstance(body.get("model"), str) else self.model_name
         token_text = self._token_text if body.get("logprobs") is True else None
-        return TurnMeta(f"{frontend.name}-{secrets.token_hex(12)}", int(time.time()), model, token_text)
+        return TurnMeta(f"{frontend.name}-{_IDS.getrandbits(96):024x}", int(time.time()), model, token_text)
 
     async def _generate(self, session: Session, prepared: PreparedTurn, receive: Receive) -> TurnResult:
         """Run the turn in this task; abort it (499, nothing committed) when the client goes away first."""

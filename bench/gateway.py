@@ -186,7 +186,7 @@ def _bare_app() -> FastAPI:
 
 def _report_cpu() -> None:
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    print(json.dumps({"cpu": usage.ru_utime + usage.ru_stime}), flush=True)
+    print(json.dumps({"cpu": usage.ru_utime + usage.ru_stime, "sys": usage.ru_stime}), flush=True)
 
 
 class Tracing:
@@ -350,6 +350,8 @@ class Phase:
 
     wall_s: float
     cpu_s: float
+    sys_s: float
+    """Of `cpu_s`, the kernel's (socket reads and sends, the wake-ups they cause)."""
     load: Load
 
     @property
@@ -359,6 +361,10 @@ class Phase:
     @property
     def cpu_ms(self) -> float:
         return self.cpu_s / len(self.load.latencies) * 1e3
+
+    @property
+    def sys_ms(self) -> float:
+        return self.sys_s / len(self.load.latencies) * 1e3
 
 
 class Server:
@@ -380,18 +386,19 @@ class Server:
         return json.loads(self.process.stdout.readline())
 
     def run(self, sessions: int, clients: int, turns: int) -> Phase:
-        cpu0, wall0 = self.ask(signal.SIGUSR2)["cpu"], time.perf_counter()
+        before, wall0 = self.ask(signal.SIGUSR2), time.perf_counter()
         load = asyncio.run(drive(self.port, self.take(sessions), clients, turns))
-        wall = time.perf_counter() - wall0
-        return Phase(wall, self.ask(signal.SIGUSR2)["cpu"] - cpu0, load)
+        return self._phase(before, wall0, load)
 
     def first(self, bodies: list[bytes]) -> Phase:
         """One new session per body, one request each, from one client."""
-        cpu0, wall0 = self.ask(signal.SIGUSR2)["cpu"], time.perf_counter()
-        load = Load()
+        before, wall0, load = self.ask(signal.SIGUSR2), time.perf_counter(), Load()
         asyncio.run(_first_turns(self.port, list(zip(self.take(len(bodies)), bodies, strict=True)), load))
-        wall = time.perf_counter() - wall0
-        return Phase(wall, self.ask(signal.SIGUSR2)["cpu"] - cpu0, load)
+        return self._phase(before, wall0, load)
+
+    def _phase(self, before: dict[str, float], wall0: float, load: Load) -> Phase:
+        wall, after = time.perf_counter() - wall0, self.ask(signal.SIGUSR2)
+        return Phase(wall, after["cpu"] - before["cpu"], after["sys"] - before["sys"], load)
 
     def stop(self) -> None:
         self.process.kill()
@@ -491,6 +498,9 @@ def _report_ratios(result: Result, args: argparse.Namespace) -> None:
         ratios = sorted(o.cpu_ms / b.cpu_ms for o, b in zip(ours[clients], bare[clients], strict=True))
         parts.append(f"{statistics.median(ratios):.2f}x ({ratios[0]:.2f}-{ratios[-1]:.2f}) at {clients} client(s)")
     print(f"ours / bare CPU per request, median (range) of the repeats: {', '.join(parts)}; target <= 1.5x")
+    kernel = [f"ours {statistics.median(p.sys_ms for p in ours[c]):.3f}, "
+              f"bare {statistics.median(p.sys_ms for p in bare[c]):.3f} at {c} client(s)" for c in ours]
+    print(f"of which the kernel's (socket reads, sends, wake-ups), ms per request: {'; '.join(kernel)}")
     rates = {kind: statistics.median(p.rate for p in result.phases[kind][args.clients]) for kind in KINDS}
     print(f"requests/s at {args.clients} clients: ours {rates['ours']:.0f}, bare {rates['bare']:.0f}, "
           f"ours / bare {rates['ours'] / rates['bare']:.2f}; target >= 500")

@@ -13,6 +13,14 @@ a fresh engine, printed as `prefix cache speed-up N.NNx` (target >= 4x); also ag
 prefix cache, emulated as `kv_cache_mb=0` with every prompt prefilled alone, and whether all of them produced
 the same tokens (seeded sampling).
 
+(c) roofline (`--roofline`: batch 64, bfloat16, `grouped` attention unless given): `--batch` prompts submitted at
+once decode `--roofline-tokens` tokens each (temperature 0.7, as `experiment=smollm2_arith` samples); the engine's
+mean decode step (the worker's `decode_s` per step: forward, sampling, bookkeeping) against the matrix products
+of that step alone (every linear layer, lm_head included, on `--batch` rows of one token, same dtype and threads,
+`matmul_floor`), measured right after each of `--reps` rounds; printed as `decode step / matmul floor N.NNx`
+(target <= 1.5), median of the rounds, once per `--cache-lens` (the arith prompts, then the same left-extended by
+an earlier conversation to 256 tokens: attention reads the whole cache every step, the floor does not).
+
 Generation never stops early (no stop tokens), so every run does the same work. The model is `model=smollm2`
 (`relax_pipeline.models.smollm2`, built once into the model cache); when that cannot be built a random Llama
 of SmolLM2-135M's shape with the tiny tokenizer stands in, and the output says so. Defaults take a few
@@ -21,6 +29,7 @@ minutes per case on 2 cores; shrink with --sessions/--turns/--prompts, grow with
 
     python bench/engine.py [--case all|multi|grpo] [--threads N] [--batch 32] [--dtype bfloat16] [--attention grouped]
                            [--model smollm2|tiny] [--smoke]
+    python bench/engine.py --roofline [--cache-lens 0,256] [--reps 5]
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from statistics import median
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -206,9 +216,70 @@ async def grpo(folder: Path, tokenizer: object, args: argparse.Namespace) -> Non
           f"over the engine before: {solo_s / with_s:.2f}x")
 
 
+# (c) roofline -------------------------------------------------------------------------------------------
+
+
+def matmul_floor(model: torch.nn.Module, rows: int, passes: int = 3) -> float:
+    """Seconds of the fastest of `passes` runs of every linear layer of `model` (lm_head included) on a batch of
+    `rows` rows of one token, in the model's dtype: the matrix products of one decode step and nothing else."""
+    weights = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    inputs = {w.shape[1]: torch.randn(rows, w.shape[1], dtype=w.dtype, device=w.device) for w in weights}
+    best = float("inf")
+    with torch.inference_mode():
+        for _ in range(passes):
+            start = time.perf_counter()
+            for weight in weights:
+                torch.nn.functional.linear(inputs[weight.shape[1]], weight)
+            best = min(best, time.perf_counter() - start)
+    return best
+
+
+def padded_prompts(tokenizer: object, count: int, length: int) -> list[list[int]]:
+    """`count` arith prompts; with `length`, each is left-extended to `length` tokens by an earlier conversation
+    (the same filler turn repeated), as a session's later turn carries its history."""
+    prompts = arith_prompts(tokenizer, count)
+    filler = tokenizer.encode("<|im_start|>user\nWhat is 12 + 30?<|im_end|>\n<|im_start|>assistant\n42<|im_end|>\n",  # type: ignore[attr-defined]
+                              add_special_tokens=False)
+    return [(filler * (length // len(filler) + 1))[: max(0, length - len(p))] + p for p in prompts]
+
+
+async def decode_round(engine: HFEngine, prompts: list[list[int]], tokens: int, round_: int) -> tuple[float, int]:
+    """All `prompts` at once, `tokens` each: mean seconds of the engine's decode steps (model, sampling and the
+    step's bookkeeping, `stats['decode_s']`) and the largest decode batch."""
+    before = dict(engine.stats)
+    await asyncio.gather(*(engine.generate(p, SamplingParams(max_new_tokens=tokens, temperature=0.7,
+                                                              seed=1000 * round_ + i), rid=f"r{round_}-{i}")
+                           for i, p in enumerate(prompts)))
+    steps = engine.stats["steps"] - before["steps"]
+    return (engine.stats["decode_s"] - before["decode_s"]) / steps, int(engine.stats["max_batch"])
+
+
+async def roofline(folder: Path, tokenizer: object, args: argparse.Namespace) -> None:
+    """Decode step at batch `--batch` against the matmul floor, side by side per round, for each `--cache-lens`."""
+    engine = await started(folder, args, 0)
+    try:
+        for length in args.cache_lens:
+            prompts = padded_prompts(tokenizer, args.batch, length)
+            ratios, steps, floors = [], [], []
+            for round_ in range(args.reps):
+                step, batch = await decode_round(engine, prompts, args.roofline_tokens, round_)
+                floor = matmul_floor(engine.model, args.batch)
+                steps.append(step), floors.append(floor), ratios.append(step / floor)
+            columns = f"{min(map(len, prompts))}-{max(map(len, prompts)) + args.roofline_tokens}"
+            print(f"roofline: batch {batch}, {args.dtype}, attention {args.attention or 'default'}, cache {columns} "
+                  f"columns, {args.reps} rounds of {args.roofline_tokens} steps; decode step {median(steps) * 1e3:.1f} "
+                  f"ms, matmul floor {median(floors) * 1e3:.1f} ms (per round: "
+                  + " ".join(f"{r:.2f}" for r in ratios) + ")")
+            print(f"  decode step / matmul floor {median(ratios):.2f}x (target <= 1.5)")
+    finally:
+        await engine.close()
+
+
 def parse() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--case", choices=("all", "multi", "grpo"), default="all")
+    parser.add_argument("--case", choices=("all", "multi", "grpo", "roofline"), default="all")
+    parser.add_argument("--roofline", action="store_const", const="roofline", dest="case",
+                        help="only the roofline case: a decode step at --batch against its matmul floor")
     parser.add_argument("--threads", type=int, default=None, help="engine.threads (default: torch's)")
     parser.add_argument("--batch", type=int, default=32, help="engine.max_batch_size")
     parser.add_argument("--dtype", default="float32", help="engine.dtype (smollm2_arith: bfloat16)")
@@ -221,10 +292,17 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--answer-tokens", type=int, default=16)
+    parser.add_argument("--cache-lens", type=lambda text: [int(n) for n in text.split(",")], default=[0, 256],
+                        help="roofline: prompt lengths, comma-separated (0: the arith prompts as they are)")
+    parser.add_argument("--roofline-tokens", type=int, default=32, help="roofline: decode steps a round")
+    parser.add_argument("--reps", type=int, default=5, help="roofline: rounds, each beside its own floor")
     parser.add_argument("--model", choices=("smollm2", "tiny"), default="smollm2")
     parser.add_argument("--device", default="cpu", help="engine.device, e.g. cuda")
+    if parser.parse_known_args()[0].case == "roofline":
+        parser.set_defaults(batch=64, dtype="bfloat16", attention="grouped")
     return parse_args(parser, model="tiny", batch=4, kv_cache_mb=64, sessions=2, turns=2, new_tokens=4,
-                      baseline_sessions=1, prompts=2, samples=2, answer_tokens=4)
+                      baseline_sessions=1, prompts=2, samples=2, answer_tokens=4, cache_lens="0,32",
+                      roofline_tokens=4, reps=2)
 
 
 def main() -> None:
@@ -238,6 +316,8 @@ def main() -> None:
         asyncio.run(multi_turn(folder, tokenizer, args))
     if args.case in ("all", "grpo"):
         asyncio.run(grpo(folder, tokenizer, args))
+    if args.case in ("all", "roofline"):
+        asyncio.run(roofline(folder, tokenizer, args))
 
 
 if __name__ == "__main__":

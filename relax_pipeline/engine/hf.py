@@ -75,6 +75,7 @@ from relax_pipeline.engine.prefix_cache import PrefixCache
 from relax_pipeline.engine.program_admission import ProgramAdmission, hf_capacity_tokens
 from relax_pipeline.engine.sampling import (
     StopStringMatcher,
+    Workspace,
     check_sampling,
     make_generator,
     sample_rows,
@@ -126,6 +127,7 @@ class _Scheduler:
         self.stopping = False
         self.prefix = PrefixCache(engine.kv_cache_mb * 2**20)
         self.prefiller = Prefiller(self.call, self.prefix, engine.stats)
+        self.space = Workspace()
 
     def run(self) -> None:
         """Thread body: apply commands, admit, decode; abort whatever is left on exit."""
@@ -277,7 +279,7 @@ class _Scheduler:
 
     def _sample(self, rows: list[Request], logits: torch.Tensor) -> list[FinishReason | None]:
         """Sample one token per row and record it with the current weight version."""
-        tokens, logprobs = sample_rows(logits, [r.sampling for r in rows], [r.generator for r in rows])
+        tokens, logprobs = sample_rows(logits, [r.sampling for r in rows], [r.generator for r in rows], self.space)
         version = self.engine.weight_version
         self.engine.stats["tokens"] += len(rows)
         return [r.push(t, lp, version) for r, t, lp in zip(rows, tokens, logprobs, strict=True)]

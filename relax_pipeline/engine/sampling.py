@@ -44,11 +44,37 @@ def make_generator(seed: int, device: torch.device | str) -> torch.Generator:
     return generator
 
 
-def full_logprobs(logits: torch.Tensor, temperatures: Sequence[float]) -> torch.Tensor:
-    """log_softmax(logits / T) per row in float32, T = 1 where the request is greedy (T = 0)."""
+class Workspace:
+    """Buffers that sampling reuses from one decode step to the next.
+
+    A fresh `[rows, vocab]` tensor is fresh memory from the system, paid for by one page fault per 4 KiB: at 64
+    rows of a 49k vocabulary the faults of the five such tensors a step makes cost several times the arithmetic.
+    `take` hands out the first `rows` rows of a buffer kept per name (regrown when a step has more rows or another
+    vocabulary), so each step writes into the memory the previous one used. One workspace per thread."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, torch.Tensor] = {}
+
+    def take(self, name: str, like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """A `like`-shaped `[rows, vocab]` tensor of `dtype` on `like`'s device (its contents are garbage)."""
+        rows, vocab = like.shape
+        buffer = self._buffers.get(name)
+        if buffer is None or buffer.shape[0] < rows or buffer.shape[1] != vocab or buffer.dtype != dtype \
+                or buffer.device != like.device:
+            buffer = self._buffers[name] = torch.empty(rows, vocab, dtype=dtype, device=like.device)
+        return buffer[:rows]
+
+
+def full_logprobs(logits: torch.Tensor, temperatures: Sequence[float], space: Workspace | None = None
+                  ) -> torch.Tensor:
+    """log_softmax(logits / T) per row in float32, T = 1 where the request is greedy (T = 0); into `space`'s
+    buffer when given (valid until its next use)."""
+    space = space or Workspace()
+    scaled = space.take("scaled", logits, torch.float32).copy_(logits)
     temps = [t if t > 0 else 1.0 for t in temperatures]
-    scale = torch.tensor(temps, dtype=torch.float32, device=logits.device).unsqueeze(1)
-    return torch.log_softmax(logits.float() / scale, dim=-1)
+    if any(t != 1.0 for t in temps):  # x / 1 is x: all-T=1 steps skip the division
+        scaled.div_(torch.tensor(temps, dtype=torch.float32, device=logits.device).unsqueeze(1))
+    return torch.log_softmax(scaled, dim=-1, out=space.take("logprobs", logits, torch.float32))
 
 
 def truncate(logprobs: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -78,13 +104,14 @@ def draw(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     return draw_rows(probs.unsqueeze(0), [generator])[0]
 
 
-def draw_rows(probs: torch.Tensor, generators: Sequence[torch.Generator]) -> torch.Tensor:
+def draw_rows(probs: torch.Tensor, generators: Sequence[torch.Generator], space: Workspace | None = None
+              ) -> torch.Tensor:
     """One index per row of `probs` [rows, vocab], drawn with probability proportional to the row, by inverse CDF:
     one uniform number from the row's own generator located in the row's float64 running sum, all rows in one
     cumsum and one search. Never an index of probability 0. (`torch.multinomial` does the same draw at 5-25 ms
     per 49k-token row on a CPU, as long as a decode step of a 135M model; row by row this took about 0.15 ms a
-    row, batched about a third of that.)"""
-    cdf = probs.double().cumsum(1)
+    row, batched about a third of that.) The running sum goes into `space`'s buffer when given."""
+    cdf = (space or Workspace()).take("cdf", probs, torch.float64).copy_(probs).cumsum_(1)
     uniform = torch.cat([torch.rand(1, generator=g, dtype=torch.float64, device=probs.device) for g in generators])
     index = torch.searchsorted(cdf, (uniform * cdf[:, -1]).unsqueeze(1), right=True).squeeze(1)
     for row in torch.nonzero(index >= probs.shape[1]).flatten().tolist():
@@ -92,18 +119,23 @@ def draw_rows(probs: torch.Tensor, generators: Sequence[torch.Generator]) -> tor
     return index
 
 
-def sample_rows(
-    logits: torch.Tensor, params: Sequence[SamplingParams], generators: Sequence[torch.Generator]
-) -> tuple[list[int], list[float]]:
+def sample_rows(logits: torch.Tensor, params: Sequence[SamplingParams], generators: Sequence[torch.Generator],
+                space: Workspace | None = None) -> tuple[list[int], list[float]]:
     """Sample one token per row of `logits` [rows, vocab]; returns token ids and their full logprobs. Rows that
-    sample the whole vocabulary (no top-k, no top-p) draw together (`draw_rows`), the others one by one; each
-    row's token depends only on its logits and its own generator either way."""
-    logprobs = full_logprobs(logits, [p.temperature for p in params])
+    sample the whole vocabulary (no top-k, no top-p) draw together (`draw_rows`), greedy rows take their argmax
+    together, the others sample one by one; each row's token depends only on its logits and its own generator
+    either way. `space` (one per calling thread) keeps the step's large buffers from step to step."""
+    space = space or Workspace()
+    logprobs = full_logprobs(logits, [p.temperature for p in params], space)
     picked = torch.zeros(len(params), dtype=torch.long, device=logits.device)
     whole = [i for i, p in enumerate(params) if p.temperature > 0 and p.top_k < 1 and p.top_p >= 1.0]
     if whole:
-        picked[whole] = draw_rows(logprobs[whole].exp(), [generators[i] for i in whole])
-    for i in sorted(set(range(len(params))) - set(whole)):
+        rows = logprobs if len(whole) == len(params) else logprobs[whole]
+        probs = torch.exp(rows, out=space.take("probs", rows, torch.float32))
+        picked[whole] = draw_rows(probs, [generators[i] for i in whole], space)
+    if greedy := [i for i, p in enumerate(params) if p.temperature <= 0]:
+        picked[greedy] = torch.argmax(logprobs if len(greedy) == len(params) else logprobs[greedy], dim=1)
+    for i in sorted(set(range(len(params))) - set(whole) - set(greedy)):
         picked[i] = sample_row(logprobs[i], params[i], generators[i])
     chosen = logprobs.gather(1, picked.view(-1, 1)).squeeze(1)
     return picked.tolist(), chosen.tolist()

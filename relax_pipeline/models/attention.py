@@ -55,6 +55,8 @@ def grouped_attention(
     scores = torch.matmul(query.reshape(batch, kv_heads, group * length, dim), key.transpose(2, 3)) * scaling
     if attention_mask is not None:
         mask = attention_mask[:, :, None, :, :kv_length]
+        if mask.shape[-1] < kv_length:  # keys wider than the mask: the columns past it are masked out
+            mask = torch.nn.functional.pad(mask, (0, kv_length - mask.shape[-1]), value=torch.finfo(mask.dtype).min)
         scores = (scores.view(batch, kv_heads, group, length, kv_length) + mask).view(scores.shape)
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
     output = torch.matmul(probs, value).view(batch, heads, length, dim)

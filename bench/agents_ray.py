@@ -123,7 +123,8 @@ def measure(args: argparse.Namespace, extra: list[str]) -> dict[str, float]:
 
 def ray_phases(io_root: Path, rows: list[dict]) -> dict[str, float]:
     """Mean ms of each phase of the `ray: timing ms:` line in the sessions' agent.log (none for local agents)."""
-    return phase_means([io_root / f"{row['group_id']}-{row['index']}" for row in rows])
+    phases = phase_means([io_root / f"{row['group_id']}-{row['index']}" for row in rows])
+    return {f"phase {label}": ms for label, ms in phases.items()}
 
 
 def phase_means(io_dirs: list[Path]) -> dict[str, float]:
@@ -135,7 +136,7 @@ def phase_means(io_dirs: list[Path]) -> dict[str, float]:
         for part in line[len(TIMING):].split(", ") if line else []:
             label, _, ms = part.strip().rpartition(" ")
             phases.setdefault(label, []).append(float(ms))
-    return {f"phase {label}": statistics.fmean(values) for label, values in phases.items()}
+    return {label: statistics.fmean(values) for label, values in phases.items()}
 
 
 def _rollout_time(log: Path, step: int) -> float:

@@ -82,7 +82,7 @@ import orjson
 from relax_pipeline.engine.base import GenerateResult, ImageFeatures, SamplingParams
 from relax_pipeline.engine.program_admission import ProgramAdmission, sglang_load
 from relax_pipeline.engine.settings import EngineRun, SglangEngineSettings
-from relax_pipeline.engine.sglang_launch import Processes, gpu_env, router_command, server_command
+from relax_pipeline.engine.sglang_launch import Processes, launch_servers, router_command, workers_healthy
 from relax_pipeline.engine.sglang_media import SglangVision, expanded_length
 from relax_pipeline.engine.sglang_ray import RayServers
 from relax_pipeline.engine.sglang_routing import ROUTING_KEY_HEADER, Affinity, KvAdmission, WorkerLoad, WorkerPool
@@ -479,14 +479,7 @@ class SglangEngine:
         if self.ray_servers is not None:
             return await self.ray_servers.start(launch.servers, launch.gpus_per_server, launch.command,
                                                 self.model_path, launch.server_args, launch.timeout)
-        started = []
-        for i in range(launch.servers):
-            port = free_port(launch.host)
-            command = server_command(launch.command, self.model_path, launch.host, port, launch.server_args)
-            started.append((self.processes.start(f"server_{i}", command, gpu_env(i, launch.gpus_per_server)),
-                            f"http://{launch.host}:{port}"))
-        await asyncio.gather(*(self.processes.wait_ready(p, url + "/health", launch.timeout) for p, url in started))
-        return [url for _, url in started]
+        return await launch_servers(self.processes, launch, self.model_path)
 
     async def _start_router(self, urls: list[str]) -> str:
         """The router's URL: `router_url`, or a started sglang-router once it sees every worker healthy."""
@@ -500,9 +493,7 @@ class SglangEngine:
         router = self.processes.start("router", command)
         url = f"http://{self.settings.host}:{port}"
         await self.processes.wait_ready(router, url + "/health", self.settings.launch_timeout)
-        for _ in range(int(self.settings.launch_timeout * 5)):
-            workers = (await self._call("GET", url, "/workers")).get("workers", [])
-            if len(workers) == len(urls) and all(w.get("is_healthy") for w in workers):
-                return url
-            await asyncio.sleep(0.2)
-        raise SglangError(f"sglang-router at {url} did not report {len(urls)} healthy workers; log {router.log_path}")
+        if not await workers_healthy(partial(self._call, "GET", url), len(urls), self.settings.launch_timeout):
+            raise SglangError(f"sglang-router at {url} did not report {len(urls)} healthy workers; log "
+                              f"{router.log_path}")
+        return url

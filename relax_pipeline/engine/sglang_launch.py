@@ -25,13 +25,14 @@ import shlex
 import signal
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from relax_pipeline.infra.ports import free_port
 from relax_pipeline.infra.processes import signal_group
 
 log = logging.getLogger(__name__)
@@ -140,6 +141,29 @@ class Processes:
                 signal_group(launched.process.pid, signal.SIGKILL)
                 await asyncio.to_thread(launched.process.wait)
         self.launched.clear()
+
+
+async def launch_servers(processes: Processes, launch: Any, model_path: str) -> list[str]:
+    """Start `launch.servers` SGLang servers (`SglangEngineSettings.launch_part`) on free ports of `launch.host`,
+    one per GPU group; their URLs, once each answers /health."""
+    started = []
+    for i in range(launch.servers):
+        port = free_port(launch.host)
+        command = server_command(launch.command, model_path, launch.host, port, launch.server_args)
+        started.append((processes.start(f"server_{i}", command, gpu_env(i, launch.gpus_per_server)),
+                        f"http://{launch.host}:{port}"))
+    await asyncio.gather(*(processes.wait_ready(p, url + "/health", launch.timeout) for p, url in started))
+    return [url for _, url in started]
+
+
+async def workers_healthy(get: Callable[[str], Awaitable[Any]], count: int, timeout: float) -> bool:
+    """Whether a router's `GET /workers` (`get(path)`) lists `count` healthy workers within `timeout` seconds."""
+    for _ in range(int(timeout * 5)):
+        workers = (await get("/workers")).get("workers", [])
+        if len(workers) == count and all(w.get("is_healthy") for w in workers):
+            return True
+        await asyncio.sleep(0.2)
+    return False
 
 
 async def _answers(client: httpx.AsyncClient, url: str) -> bool:

@@ -19,6 +19,7 @@ import sys
 import tempfile
 import tracemalloc
 from array import array
+from collections.abc import Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -42,10 +43,10 @@ from relax_pipeline.turn.service import SamplingDefaults, Session, TurnService  
 class TupleForest(SessionForest):
     """The former layout: tuples of Python ints and floats, and the last eight lineages cached as tuples."""
 
-    def _add(self, node: Node) -> Node:
+    def _add(self, node: Node, states: Sequence[bytes] = ()) -> Node:
         return super()._add(dataclasses.replace(
             node, token_ids=tuple(node.token_ids), logprobs=tuple(node.logprobs),
-            weight_versions=tuple(node.weight_versions), train_ids=tuple(node.train_ids)))
+            weight_versions=tuple(node.weight_versions), train_ids=tuple(node.train_ids)), states)
 
     def prompt_ids(self, node: Node) -> list[int]:
         cache: dict[int, tuple[int, ...]] = self.__dict__.setdefault("tuple_cache", {})

@@ -399,7 +399,7 @@ class Codec:
             return False
 
 
-PROMPT_CACHE_TOKENS = 1 << 22  # tokens of first prompts `ChatTemplate.prompt_ids` keeps: 4 Mi, 16 MiB
+PROMPT_CACHE_TOKENS = 1 << 20  # tokens of first prompts `ChatTemplate.prompt_ids` keeps: 1 Mi, 4 MiB
 
 
 class Kept:
@@ -424,7 +424,7 @@ class Kept:
             self._size -= len(old if self.by_key else dropped)
 
 
-PIECE_CACHE_CHARS = 1 << 24  # characters of pieces `Pieces` keeps: 16 Mi, a few dozen long first prompts
+PIECE_CACHE_CHARS = 1 << 22  # characters of pieces `Pieces` keeps: 4 Mi (about 10 MiB), dozens of long prompts
 PIECE_PROBES = ("", "a", " a", "\n\nx ", "  x  \n", "ünï 12", "{\"a\": [1, 2]}", "\t<x>")
 
 

@@ -500,7 +500,8 @@ def _report_ratios(result: Result, args: argparse.Namespace) -> None:
     print(f"ours / bare CPU per request, median (range) of the repeats: {', '.join(parts)}; target <= 1.5x")
     kernel = [f"ours {statistics.median(p.sys_ms for p in ours[c]):.3f}, "
               f"bare {statistics.median(p.sys_ms for p in bare[c]):.3f} at {c} client(s)" for c in ours]
-    print(f"of which the kernel's (socket reads, sends, wake-ups), ms per request: {'; '.join(kernel)}")
+    print(f"of which the kernel's (socket reads, sends, wake-ups; Linux splits CPU time by tick samples, so rough), "
+          f"ms per request: {'; '.join(kernel)}")
     rates = {kind: statistics.median(p.rate for p in result.phases[kind][args.clients]) for kind in KINDS}
     print(f"requests/s at {args.clients} clients: ours {rates['ours']:.0f}, bare {rates['bare']:.0f}, "
           f"ours / bare {rates['ours'] / rates['bare']:.2f}; target >= 500")

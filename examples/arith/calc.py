@@ -19,8 +19,10 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-INSTRUCTION = ("You have a calculator: write calc followed by two numbers and an operation (+, - or *), for "
-               "example calc 12 * 34, and it replies with the value. Then give the answer.")
+INSTRUCTION = ("You have a calculator: write calc a op b (two numbers, op is +, - or *) and it replies with the "
+               "value. Then give the answer.")
+"""No concrete numbers: SmolLM2-135M copies an example's numbers into its own call (`calc 12 * 34` on every
+problem, 0 of 200 validation problems right, when the instruction said "for example calc 12 * 34")."""
 CONTROL = "Answer with just the number."
 """The single-shot control's instruction: the same problem, no calculator."""
 _CALL = re.compile(r"calc\b:?(.*)", re.IGNORECASE)

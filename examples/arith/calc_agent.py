@@ -18,21 +18,24 @@ from agent import chat
 from calc import CONTROL, INSTRUCTION, episode
 
 MAX_TURNS = int(os.environ.get("ARITH_MAX_TURNS", "4"))
-EXAMPLE = [
-    {"role": "user", "content": f"What is 12 * 34 + 56? {INSTRUCTION}"},
-    {"role": "assistant", "content": "calc 12 * 34"},
-    {"role": "user", "content": "calculator: 408"},
-    {"role": "assistant", "content": "calc 408 + 56"},
-    {"role": "user", "content": "calculator: 464"},
-    {"role": "assistant", "content": "The answer is 464."},
-]
+EXAMPLES = {
+    "none": [],
+    "add": [
+        {"role": "user", "content": f"What is 12 + 34? {INSTRUCTION}"},
+        {"role": "assistant", "content": "calc 12 + 34"},
+        {"role": "user", "content": "calculator: 46"},
+        {"role": "assistant", "content": "The answer is 46."},
+    ],
+}
+"""Worked examples put in front of the question (`ARITH_EXAMPLE`, default `none`)."""
 
 
-def opening(question: str, tools: bool) -> list[dict]:
-    """The session's first messages: the worked example and the question with its instruction, or the control."""
+def opening(question: str, tools: bool, example: str = "none") -> list[dict]:
+    """The session's first messages: a worked example (if any) and the question with the calculator's
+    instruction, or the control's question alone."""
     if not tools:
         return [{"role": "user", "content": f"{question} {CONTROL}"}]
-    return [*EXAMPLE, {"role": "user", "content": f"{question} {INSTRUCTION}"}]
+    return [*EXAMPLES[example], {"role": "user", "content": f"{question} {INSTRUCTION}"}]
 
 
 def main() -> None:
@@ -41,7 +44,8 @@ def main() -> None:
     metadata = task.get("metadata") or {}
     tools = bool(metadata.get("tools", True))
     question = task["messages"][-1]["content"]
-    outcome = episode(chat, opening(question, tools), metadata["answer"], MAX_TURNS, tools)
+    messages = opening(question, tools, os.environ.get("ARITH_EXAMPLE", "none"))
+    outcome = episode(chat, messages, metadata["answer"], MAX_TURNS, tools)
     with open(os.environ["RELAX_OUTPUT_JSON"], "w", encoding="utf-8") as f:
         json.dump({"reward": outcome.reward, "metadata": outcome.metadata(tools)}, f)
 

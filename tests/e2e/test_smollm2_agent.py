@@ -1,7 +1,7 @@
 """`experiment=smollm2_agent` end to end for two steps, on the tiny model with `engine=scripted` replaying a
 tool-using transcript (`calc 47 * 86`, then the answer): the real calculator agent (examples/arith/calc_agent.py)
 as subprocesses, the gateway, the trainer. Multi-turn samples carry loss only on the model's tokens (the
-calculator's reply and the worked example carry none), and the eval writes success, tool-use share, turns and
+calculator's reply carries none), and the eval writes success, tool-use share, turns and
 the single-shot control (the same transcript without the tool: its first reply is its answer)."""
 
 from __future__ import annotations
@@ -17,10 +17,9 @@ from transformers import AutoTokenizer
 from relax_pipeline.config import CONF_DIR, quote_placeholders, register
 from relax_pipeline.run import run
 
-SCRIPT = [*[{"content": "I do not know."}] * 3, {"content": "calc 47 * 86"}, {"content": "The answer is 4042."}]
-"""The scripted engine picks a line by the assistant turns already in the prompt: the first three stand for the
-worked example's three (a tool session starts at the fourth); the control, whose prompt has none, gets the
-first, a reply with no number."""
+SCRIPT = [{"content": "calc 47 * 86"}, {"content": "The answer is 4042."}]
+"""Every session replays it (the scripted engine picks a line by the assistant turns already in the prompt): a
+tool session calls, then answers; the control's one reply is the call, whose last number (86) is wrong."""
 
 
 def compose_preset(tmp_path: Path, tiny_path: Path):  # noqa: ANN201
@@ -31,7 +30,8 @@ def compose_preset(tmp_path: Path, tiny_path: Path):  # noqa: ANN201
     register()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return compose("config", overrides=quote_placeholders([
-            "experiment=smollm2_agent", "model=tiny", f"model.cache_dir={tiny_path.parent}", "engine=scripted",
+            "experiment=smollm2_agent", "agent.env.ARITH_EXAMPLE=none", "model=tiny",
+            f"model.cache_dir={tiny_path.parent}", "engine=scripted",
             f"engine.script={tmp_path / 'script.jsonl'}", f"dataset.path={one}", "rollout.num_steps=2",
             "rollout.batch_size=1", "rollout.n_samples_per_prompt=2", "rollout.over_sampling_batch_size=1",
             "credit.filter_path=null", "eval.interval=1", f"eval.datasets={evals}", f"output_dir={tmp_path}",
@@ -62,8 +62,6 @@ def test_two_steps_train_on_model_tokens_only_and_eval_reports_the_control(tmp_p
         assert "calc 47 * 86" in trained and "The answer is 4042." in trained
         untrained = loss_text(row, tokenizer, 0)
         assert "calculator: 4042" in untrained and "calculator" not in trained
-        prompt = tokenizer.decode(row["tokens"][:row["prompt_length"]])
-        assert "calc 12 * 34" in prompt, "the worked example is prompt, not trained"
     figures = eval_figures(tmp_path)
     assert figures[("heldout", "raw_reward")] == 1.0 and figures[("heldout", "used_tool/mean")] == 1.0
     assert figures[("heldout", "num_turns/mean")] == 2.0

@@ -104,8 +104,10 @@ def test_final_answer_is_the_last_integer() -> None:
 def test_the_agent_opens_with_the_example_or_the_control(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(EXAMPLE))
     agent = load("calc_agent")
-    with_tool = agent.opening("What is 3 * 4?", tools=True)
-    assert with_tool[-1]["content"].startswith("What is 3 * 4? ") and calc.INSTRUCTION in with_tool[-1]["content"]
-    assert [m["role"] for m in with_tool[:-1]] == ["user", "assistant", "user", "assistant", "user", "assistant"]
+    assert agent.opening("What is 3 * 4?", tools=True) == [
+        {"role": "user", "content": f"What is 3 * 4? {calc.INSTRUCTION}"}]
+    with_example = agent.opening("What is 3 * 4?", tools=True, example="add")
+    assert [m["role"] for m in with_example] == ["user", "assistant", "user", "assistant", "user"]
+    assert with_example[1] == {"role": "assistant", "content": "calc 12 + 34"}
     assert agent.opening("What is 3 * 4?", tools=False) == [
         {"role": "user", "content": f"What is 3 * 4? {calc.CONTROL}"}]

@@ -1,16 +1,17 @@
 """The embedded engine's per-request record, its padded shared KV-cache batch, its forward calls and prefill.
 
-`Request` is one generation from submission to result (owned by the worker thread); `Batch` holds the
-active requests' shared cache, padded so every row ends at the same column (a row's tokens are the columns
-its attention mask marks: a prefill from a cached prefix may leave a masked hole between prefix and
-suffix); its layers are `SpareLayer`s, which append a decode step's column into spare room instead of
-copying the whole cache, and rows leave (their places taken by rows from the end) and join (into the rows
-that left) without copying it either. `ModelCall` runs the batched prefill of `Chunk`s (each a cached prefix from
-`prefix_cache.py` plus the tokens still to compute, left-padded into one forward with per-row
-positions), the prefill of one prompt with images (pixels and mrope positions), and one decode step for
-the whole batch. `Prefiller` decides what each admission round prefills and what goes into the prefix
-cache; `row_kv` reads a row's KV back out in the cache's layout. Split from `hf.py`, which owns
-scheduling, threads and the async API; this module starts no thread and touches no event loop.
+`Request` is one generation from submission to result (owned by the worker thread); `Batch` holds the active
+requests' shared cache, padded so every row ends at the same column (a row's tokens are the columns its attention
+mask marks: a prefill from a cached prefix may leave a masked hole between prefix and suffix); its layers are
+`SpareLayer`s, which append a decode step's column into spare room instead of copying the whole cache, and rows
+leave (their places taken by rows from the end) and join (into the rows that left) without copying it either;
+under `grouped` attention a decode step reads them at the buffer's full width (`SpareLayer.wide`), which a batched
+matmul takes in place. `ModelCall` runs the batched prefill of `Chunk`s (each a cached prefix from
+`prefix_cache.py` plus the tokens still to compute, left-padded into one forward with per-row positions), the
+prefill of one prompt with images (pixels and mrope positions), and one decode step for the whole batch.
+`Prefiller` decides what each admission round prefills and what goes into the prefix cache; `row_kv` reads a row's
+KV back out in the cache's layout. Split from `hf.py`, which owns scheduling, threads and the async API; this
+module starts no thread and touches no event loop.
 """
 
 from __future__ import annotations
@@ -122,8 +123,10 @@ class SpareLayer(DynamicLayer):
     at the next update.
     """
 
-    spare = 64
-    """Columns of room added at each reallocation."""
+    spare = 16
+    """Columns of room added at each reallocation, plus one per 16 in use: a wide decode step computes attention
+    over the spare columns too, and each reallocation copies the cache once (at batch 64 on a CPU the two balance
+    near 1.5 x sqrt(columns) spare)."""
 
     def __init__(self, wide: bool = False) -> None:
         super().__init__()
@@ -174,7 +177,7 @@ class SpareLayer(DynamicLayer):
 
     def _grown(self, tensor: torch.Tensor, length: int) -> torch.Tensor:
         batch, heads, used, dim = tensor.shape
-        room = tensor.new_zeros(batch, heads, length + self.spare, dim)  # zeros: `wide` reads the unused columns
+        room = tensor.new_zeros(batch, heads, length + self.spare + length // 16, dim)  # `wide` reads unused columns
         room[:, :, :used] = tensor
         return room
 

@@ -10,8 +10,11 @@ SmolLM2 at batch 64 on a CPU takes about 10% less time, more as the cache grows.
 It trains too (`trainer.attn_implementation=grouped`): a SmolLM2 step on 64 GRPO samples under bf16 autocast
 took 4.7-5.4 s against 5.6-7.8 s through sdpa's CPU flash-attention kernel. The mask is eager's (an additive
 float mask `[B, 1, Q, L]`, registered as this implementation's mask function), broadcast over the group.
-`register_grouped_attention` makes the name known to transformers; it is idempotent and `load_pretrained` calls
-it when asked for `grouped`. `IMPLEMENTATIONS` lists what the engine's and the trainer's keys accept.
+Keys and values wider than the mask (the embedded engine's decode step hands over its whole KV buffer, a
+contiguous tensor the matmuls read in place, its unused columns zero: `engine/hf_batch.SpareLayer.wide`) have
+the columns past the mask masked out. `register_grouped_attention` makes the name known to transformers; it is
+idempotent and `load_pretrained` calls it when asked for `grouped`. `IMPLEMENTATIONS` lists what the engine's
+and the trainer's keys accept.
 
 What it does not do: dropout (it is an inference and RL-training kernel; attention dropout must be 0),
 attention weights output (returns None), sliding windows or sinks beyond what the mask encodes.

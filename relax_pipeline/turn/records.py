@@ -2,12 +2,15 @@
 
 `TurnRequest` is a model call with the wire format taken off (canonical messages, tools and
 chat-template kwargs, the request's own limits); `TurnResult` is the committed turn a front-end renders;
-`SamplingDefaults` is the training config's sampling that every request gets. Nothing here does work.
+`SamplingDefaults` is the training config's sampling that every request gets; `Lease` is what a session's
+requests wait on (`turn/leases.py`'s `GroupLease`). Nothing here does work.
 """
 
 from __future__ import annotations
 
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from relax_pipeline.canonical.form import Context, Message
 from relax_pipeline.engine.base import GenerateResult
@@ -47,3 +50,16 @@ class SamplingDefaults:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
+
+
+class Lease(Protocol):
+    """The group lease a session's requests wait on (`turn/leases.py`'s `GroupLease`)."""
+
+    def notify(self) -> None:
+        """A session of the group exited or ended: the first-request barrier may be complete."""
+
+    def generation(self, session: Any, rid: str, aborts: int) -> AbstractAsyncContextManager[Any]:
+        """Wait for the barrier and the lease, then hold `session`'s generation `rid` (its flight)."""
+
+    def count_abort(self, session: Any) -> None:
+        """The lease preempted one of `session`'s generations (it resumes later)."""

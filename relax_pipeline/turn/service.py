@@ -15,12 +15,9 @@ here); `parked`: between steps under partial/fully-async modes. The gateway serv
 terminal state with a reason, so nothing is lost silently. `ForestStore` is the typed registry every stage
 and the gateway share; sessions change only through it, and it does no I/O.
 
-Credentials: each session has an id (`sess-` + 24 random hex digits; it names the session in logs, the dump
-and agent-server URLs, so it is not secret) and a separate key (`rk-` + 32 random url-safe characters from
-`secrets`, unrelated to the id, never logged). `authenticate` finds a session by its key; only when asked
-(`session_ids=True`, what a loopback gateway passes: docs/design.md §3.3's `Bearer <RELAX_SESSION_ID>`)
-also by its own id. Either way a credential opens only the session it belongs to; a forged id or key opens
-nothing. `release` forgets an ended session once its group's rows are written (the pipeline does it at the
+Credentials (docs/design.md §4, invariant 7): a session id (`sess-`, not secret) and a separate key (`rk-`,
+never logged); `authenticate` finds a session by its key, and by its id only with `session_ids=True` (a
+loopback gateway). `release` forgets an ended session once its group's rows are written (the pipeline does it at the
 end of each step), keeping only its key, id and final status, so a run of days holds the sessions of its
 live groups, not every forest it ever recorded.
 
@@ -31,14 +28,11 @@ the tokens of an identical observation that is already committed. `run` then gen
 and commits the observation and response nodes together, so a failed or aborted generation commits
 nothing. Requests are token-in, token-out: generated ids are stored as they came and never re-tokenized.
 
-Images: a text-only model refuses any image (`check_media`, a 400 naming the image's field, before any
-stream opens). For a vision-language model (the engine's `vision`), the images of the new messages are
-processed once and belong to the observation node that brought them; the engine gets the lineage's
-inference ids (one placeholder per image) with every image of the lineage, the observation node also
-keeps its processor-expanded training ids, and the context limit counts the expanded length.
-
-This module does not render wire responses (the protocol modules do) and does not read credentials off
-the wire (the gateway does).
+Images: a text-only model refuses any image (`check_media`: a 400 naming its field, before any stream
+opens). With a vision-language model (the engine's `vision`) a new message's images are processed once and
+belong to its observation node, which keeps the processor-expanded training ids; the engine gets the
+lineage's inference ids (one placeholder per image) and images; the context limit counts expanded length.
+Not done here: rendering wire responses (the protocol modules) or reading credentials (the gateway).
 """
 from __future__ import annotations
 
@@ -47,10 +41,10 @@ import logging
 import secrets
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any
 
 from relax_pipeline.canonical.form import CanonicalError, Message, RequestMemo
 from relax_pipeline.engine.base import (
@@ -74,26 +68,13 @@ from relax_pipeline.forest.store import (
     TurnTiming,
 )
 from relax_pipeline.turn.errors import LeaseClosed, ProtocolError
-from relax_pipeline.turn.records import SamplingDefaults, TurnRequest, TurnResult
+from relax_pipeline.turn.records import Lease, SamplingDefaults, TurnRequest, TurnResult
 
 __all__ = ["HISTORY_POLICIES", "ForestStore", "Lease", "SamplingDefaults", "Session", "Status", "TurnRequest",
            "TurnResult", "TurnService", "derive_seed"]
 
 log = logging.getLogger(__name__)
 HISTORY_POLICIES = ("tokens", "render")
-
-
-class Lease(Protocol):
-    """The group lease a session's requests wait on (`turn/leases.py`'s `GroupLease`)."""
-
-    def notify(self) -> None:
-        """A session of the group exited or ended: the first-request barrier may be complete."""
-
-    def generation(self, session: Session, rid: str, aborts: int) -> AbstractAsyncContextManager[Any]:
-        """Wait for the barrier and the lease, then hold the generation `rid` (its flight)."""
-
-    def count_abort(self, session: Session) -> None:
-        """The lease preempted one of `session`'s generations (it resumes later)."""
 
 
 class Status(StrEnum):

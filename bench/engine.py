@@ -27,8 +27,8 @@ of SmolLM2-135M's shape with the tiny tokenizer stands in, and the output says s
 minutes per case on 2 cores; shrink with --sessions/--turns/--prompts, grow with --baseline-sessions.
 `--model tiny` runs both cases on the tiny test model instead (what `--smoke` does, with tiny sizes).
 
-    python bench/engine.py [--case all|multi|grpo] [--threads N] [--batch 32] [--dtype bfloat16] [--attention grouped]
-                           [--model smollm2|tiny] [--smoke]
+    python bench/engine.py [--case all|multi|grpo|roofline] [--threads N] [--batch 32] [--dtype bfloat16]
+                           [--attention grouped] [--model smollm2|tiny] [--smoke]
     python bench/engine.py --roofline [--cache-lens 0,256] [--reps 5]
 """
 

@@ -1,14 +1,15 @@
 """`agent=arith_calc`: the arith task as a multi-turn agent with a calculator (`experiment=smollm2_agent`).
 
-The session's input holds the question as one user message ("What is 47 * 86 + 12?") and the answer in
-`metadata.answer`. The agent prepends a worked example (one earlier exchange in which the calculator is
-used) and adds the calculator's instruction to the question, then runs `calc.episode` over plain HTTP (the
-same socket client as `agent=arith`): every `calc a op b` reply gets a `calculator: <value>` user turn, the
-first other reply is the answer. With `metadata.tools` false (an eval entry's `metadata: {tools: false}`) it
-is the single-shot control: the question alone, "Answer with just the number.", one call. It writes
-`{"reward", "metadata"}` with `used_tool`, `turns`, `calls`, `malformed`, `too_many_turns` and `tools`,
-which the run's rollout and eval metrics average. `ARITH_MAX_TURNS` (default 4) caps the replies. The
-conversation is exported implicitly; the example exchange is part of every prompt, so it trains no tokens.
+The session's input holds the question as one user message ("What is 47 * 86?") and the answer in
+`metadata.answer`. The agent adds the calculator's instruction to the question, puts a worked example in front
+when `ARITH_EXAMPLE` names one (`call`: an earlier question answered by a calc line, showing the format only;
+`add`: a whole exchange, call, value and answer; `none`), and runs `calc.episode` over plain HTTP (the same
+socket client as `agent=arith`): every `calc a op b` reply gets a `calculator: <value>` user turn, the first
+other reply is the answer. With `metadata.tools` false (an eval entry's `metadata: {tools: false}`) it is the
+single-shot control: the question alone, "Answer with just the number.", one call. It writes
+`{"reward", "metadata"}` with `used_tool`, `turns`, `calls`, `malformed`, `too_many_turns` and `tools`, which
+the run's rollout and eval metrics average. `ARITH_MAX_TURNS` (default 4) caps the replies. The conversation
+is exported implicitly; a worked example is part of every prompt, so it trains no tokens.
 """
 
 import json
@@ -25,6 +26,10 @@ EXAMPLES = {
         {"role": "assistant", "content": "calc 12 + 34"},
         {"role": "user", "content": "calculator: 46"},
         {"role": "assistant", "content": "The answer is 46."},
+    ],
+    "call": [
+        {"role": "user", "content": f"What is 12 + 34? {INSTRUCTION}"},
+        {"role": "assistant", "content": "calc 12 + 34"},
     ],
 }
 """Worked examples put in front of the question (`ARITH_EXAMPLE`, default `none`)."""

@@ -109,5 +109,7 @@ def test_the_agent_opens_with_the_example_or_the_control(monkeypatch: pytest.Mon
     with_example = agent.opening("What is 3 * 4?", tools=True, example="add")
     assert [m["role"] for m in with_example] == ["user", "assistant", "user", "assistant", "user"]
     assert with_example[1] == {"role": "assistant", "content": "calc 12 + 34"}
+    format_only = agent.opening("What is 3 * 4?", tools=True, example="call")
+    assert [m["role"] for m in format_only] == ["user", "assistant", "user"] and format_only[:2] == with_example[:2]
     assert agent.opening("What is 3 * 4?", tools=False) == [
         {"role": "user", "content": f"What is 3 * 4? {calc.CONTROL}"}]

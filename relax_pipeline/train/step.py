@@ -7,7 +7,8 @@ optionally whiten them over the global batch, then forward, `policy_loss` and ba
 and one optimizer step. The backend only supplies `backward(loss, last)` and `step() -> grad norm`.
 
 Logprobs are computed exactly the way the engine computes them: log_softmax(logits / temperature) over
-the full vocabulary in float32, gathered at the next token, with temperature 0 (greedy) read as 1.
+the full vocabulary in float32, gathered at the next token, with temperature 0 (greedy) read as 1; a chunk of
+logits rows at a time (`token_logprobs`), so no [rows, V] float32 tensor is held for the backward.
 With `StepSettings.autocast` (`trainer.autocast=bfloat16`) the model's forward and backward run under
 `torch.autocast` in that dtype (weights, gradients and optimizer state stay float32; the softmax is float32):
 on a CPU with bf16 dot-product instructions or any recent GPU the matmuls are 1.5-3x faster, at the price of
@@ -44,7 +45,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 import torch
 from transformers import DynamicCache
@@ -57,11 +58,11 @@ from relax_pipeline.train.data_parallel import AllSum, RankShare, shard, sum_met
 from relax_pipeline.train.losses import LossBatch, LossSettings, policy_loss
 from relax_pipeline.train.prefix_tree import cost, tree_groups
 from relax_pipeline.train.provenance import MicroBatchTime, lag_kl_metrics, lag_kl_sums
+from relax_pipeline.train.token_logprobs import Entropy, token_logprobs
 from relax_pipeline.train.tree_batch import TreeBatch, pack_trees, supports_trees, tree_logits
 
 Model = Callable[..., object]
 """A Hugging Face causal LM, or a DeepSpeed engine wrapping one (same call signature)."""
-Entropy = Literal["none", "metric", "train"]
 
 
 class Backend(Protocol):
@@ -260,13 +261,8 @@ def response_logprobs(
     dtype = autocast_dtype(autocast)
     with torch.autocast(batch.input_ids.device.type, dtype=dtype, enabled=dtype is not None):
         logits = _forward(model, batch).logits  # type: ignore[attr-defined]
-    rows = logits.gather(1, batch.index.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
-    logp = torch.log_softmax(rows.float() / (temperature if temperature > 0 else 1.0), dim=-1)
-    chosen = logp.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)
-    if entropy == "none":
-        return chosen, None
-    source = logp if entropy == "train" else logp.detach()
-    return chosen, -(source.exp() * source).sum(-1)
+    offsets = torch.arange(logits.shape[0], device=logits.device).unsqueeze(1) * logits.shape[1]
+    return token_logprobs(logits.flatten(0, 1), batch.index + offsets, batch.targets, temperature, entropy)
 
 
 def _tree_logprobs(model: Model, batch: Collated, tree: TreeBatch, temperature: float, entropy: Entropy,
@@ -275,12 +271,7 @@ def _tree_logprobs(model: Model, batch: Collated, tree: TreeBatch, temperature: 
     dtype = autocast_dtype(autocast)
     with torch.autocast(tree.input_ids.device.type, dtype=dtype, enabled=dtype is not None):
         logits = tree_logits(model, tree)
-    logp = torch.log_softmax(logits.float() / (temperature if temperature > 0 else 1.0), dim=-1)
-    chosen = logp[tree.slot, batch.targets]
-    if entropy == "none":
-        return chosen, None
-    source = logp if entropy == "train" else logp.detach()
-    return chosen, -(source.exp() * source).sum(-1)[tree.slot]
+    return token_logprobs(logits, tree.nodes[tree.slot], batch.targets, temperature, entropy)
 
 
 def _forward(model: Model, batch: Collated) -> object:

@@ -7,11 +7,11 @@ its position in every row through it, so the rotary positions are the per-row pa
 tokens its rows see. Padding nodes attend to themselves only (no row reads them).
 
 The logits are kept only at the nodes that predict some row's response token (`keep`, the union of those
-columns); each distinct predicting node's log-softmax is computed once (`nodes`), and `slot` [B, T] says which
-of them predicts response token j of row b. `tree_logprobs` then gathers the very [B, T] logprobs (and
-entropies) the per-row path computes, so the loss, its reductions, the advantages and every metric run
-unchanged on them; a node shared by k rows appears k times in that [B, T] view, and autograd sums its k
-gradients back through the gather: the multiplicity weighting is the gather's backward.
+columns); each distinct predicting node's log-softmax is computed once (`nodes`, rows of the flattened kept
+logits), and `slot` [B, T] says which of them predicts response token j of row b. The step's `token_logprobs`
+then reads the very [B, T] logprobs (and entropies) the per-row path computes, so the loss, its reductions, the
+advantages and every metric run unchanged on them; a node shared by k rows appears k times in that [B, T] view,
+and its backward sums the k gradients into the node's row: the multiplicity weighting is the gather's backward.
 
 Attention kernels: transformers passes a 4-D mask through unchanged; `sdpa` takes it as booleans (True:
 attend), `eager` and `grouped` as an additive float mask (0 or the dtype's minimum). Other kernels (flash
@@ -113,11 +113,11 @@ def _predictors(samples: Sequence[Sample], groups: Sequence[TreeGroup], width: i
 
 
 def tree_logits(model: Callable[..., object], batch: TreeBatch) -> torch.Tensor:
-    """[M, V] logits of the distinct predicting nodes, from one forward over the packed trees."""
+    """[R * K, V] logits of the kept columns, from one forward over the packed trees; `nodes` indexes its rows
+    (read in place by `token_logprobs`, not copied out)."""
     output = model(input_ids=batch.input_ids, attention_mask=_mask(model, batch), position_ids=batch.positions,
                    logits_to_keep=batch.keep, use_cache=False)
-    logits = output.logits  # type: ignore[attr-defined]
-    return logits.flatten(0, 1).index_select(0, batch.nodes)
+    return output.logits.flatten(0, 1)  # type: ignore[attr-defined]
 
 
 def _mask(model: object, batch: TreeBatch) -> torch.Tensor:

@@ -85,11 +85,8 @@ from relax_pipeline.engine.vision import Vision
 from relax_pipeline.models.attention import check_implementation
 from relax_pipeline.models.spec import load_pretrained
 
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
 Command = Callable[[], None]
 _log = logging.getLogger(__name__)
-
 
 
 def _resolve(loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any], value: Any) -> None:
@@ -302,8 +299,8 @@ def _call(function: Callable[..., None], *args: Any) -> BaseException | None:
 
 
 def _load(model_path: str, device: str, dtype: str, attention: str | None) -> tuple[torch.nn.Module, Any]:
-    """Load model (eval mode, on `device`) and tokenizer from a local HF folder."""
-    model = load_pretrained(model_path, _DTYPES[dtype], attention)
+    """Load model (eval mode, on `device`, `dtype` by its torch name) and tokenizer from a local HF folder."""
+    model = load_pretrained(model_path, dtype, attention)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     return model.to(device).eval(), tokenizer
 

@@ -29,7 +29,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from relax_pipeline.engine.base import FinishReason, GenerateResult, ImageFeatures, SamplingParams, varying
-from relax_pipeline.engine.prefix_cache import Hit, PrefixCache, Tokens, shared_prefixes
+from relax_pipeline.engine.prefix_cache import Hit, PrefixCache, Tokens, buckets, shared_prefixes
 from relax_pipeline.engine.sampling import StopStringMatcher
 from relax_pipeline.models.attention import GROUPED
 
@@ -285,21 +285,6 @@ def take(cache: DynamicCache, mask: torch.Tensor, keep: list[int]) -> tuple[Dyna
         layer.keys = layer.keys[index, :, cut:]
         layer.values = layer.values[index, :, cut:]
     return cache, mask[:, cut:]
-
-
-def buckets(sizes: Sequence[int], slack: int = 64) -> list[list[int]]:
-    """Indices of `sizes` grouped into forward passes, shortest first, so that left-padding each group to
-    its longest member at most doubles its tokens (plus `slack`)."""
-    groups: list[list[int]] = []
-    total = 0
-    for i in sorted(range(len(sizes)), key=sizes.__getitem__):
-        if groups and (len(groups[-1]) + 1) * sizes[i] <= 2 * (total + sizes[i]) + slack:
-            groups[-1].append(i)
-            total += sizes[i]
-        else:
-            groups.append([i])
-            total = sizes[i]
-    return groups
 
 
 def row_kv(cache: DynamicCache, mask: torch.Tensor, row: int, start: int = 0) -> torch.Tensor:

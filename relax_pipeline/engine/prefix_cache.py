@@ -14,7 +14,7 @@ Bound: after each insert, least-recently-used leaves are evicted until the store
 `budget_bytes` (a path touched by `match`/`insert` is used as a whole, so parents outlive their children;
 the last leaf evicted keeps its head when dropping its tail is enough); a budget of 0 disables the cache.
 `shared_prefixes` finds the prefixes that several prompts of one admission round share, so the scheduler
-can compute each of them once.
+can compute each of them once; `buckets` groups a round's prompts into forward passes by length.
 
 Not done here: running the model or laying KV out into a batch (`hf_batch.py`), deciding when to match or
 insert (`hf.py`). Images are not part of the key, so requests with media bypass the cache.
@@ -184,3 +184,18 @@ def shared_prefixes(keys: Sequence[Tokens], min_len: int = 1) -> list[Tokens]:
     ordered = sorted(keys)
     found = {a[: common_len(a, b, 0, len(b))] for a, b in itertools.pairwise(ordered)}
     return sorted((p for p in found if len(p) >= min_len), key=len)
+
+
+def buckets(sizes: Sequence[int], slack: int = 64) -> list[list[int]]:
+    """Indices of `sizes` grouped into forward passes, shortest first, so that left-padding each group to
+    its longest member at most doubles its tokens (plus `slack`)."""
+    groups: list[list[int]] = []
+    total = 0
+    for i in sorted(range(len(sizes)), key=sizes.__getitem__):
+        if groups and (len(groups[-1]) + 1) * sizes[i] <= 2 * (total + sizes[i]) + slack:
+            groups[-1].append(i)
+            total += sizes[i]
+        else:
+            groups.append([i])
+            total = sizes[i]
+    return groups

@@ -50,9 +50,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import binascii
-import io
 import logging
 import pickle
 import threading
@@ -376,7 +374,7 @@ async def _update_from_tensor(state: FakeState, body: dict[str, Any]) -> Respons
         return JSONResponse({"success": False, "message": "serialized_named_tensors (a list of base64 strings, one "
                              "per TP rank) is required; this fake takes no load_format"}, status_code=400)
     try:
-        named = await asyncio.to_thread(_unpickle, str(payloads[0]))
+        named = await asyncio.to_thread(weights_fake.unpickle, str(payloads[0]))
     except (pickle.UnpicklingError, ValueError, binascii.Error) as error:
         return JSONResponse({"success": False, "message": f"serialized_named_tensors[0]: {error}"}, status_code=400)
     version = body.get("weight_version")
@@ -384,28 +382,6 @@ async def _update_from_tensor(state: FakeState, body: dict[str, Any]) -> Respons
     if version is not None:
         state.weight_version = str(version)
     return JSONResponse({"success": True, "message": "Success"})
-
-
-class _TensorUnpickler(pickle.Unpickler):
-    """Only the globals a pickled `[(name, tensor), ...]` needs (each one SGLang's SafeUnpickler admits)."""
-
-    ALLOWED = {("torch._utils", "_rebuild_tensor_v2"), ("collections", "OrderedDict"), ("torch", "Size")}
-
-    def find_class(self, module: str, name: str) -> Any:
-        if (module, name) == ("torch.storage", "_load_from_bytes"):
-            import torch
-
-            return lambda data: torch.load(io.BytesIO(data), weights_only=True)
-        if (module, name) in self.ALLOWED:
-            return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"blocked global {module}.{name} (SGLang's safe unpickler refuses it)")
-
-
-def _unpickle(data: str) -> list[tuple[str, Any]]:
-    named = _TensorUnpickler(io.BytesIO(base64.b64decode(data, validate=True))).load()
-    if not isinstance(named, list) or not all(isinstance(p, tuple) and len(p) == 2 for p in named):
-        raise ValueError("not a list of (name, tensor) pairs")
-    return named
 
 
 async def _load(state: FakeState, weights: dict[str, Any], version: str, unnamed: int) -> None:

@@ -13,6 +13,8 @@ SGLang 0.5.23's three routes, with its bodies (`io_struct.py`) and answers (`htt
   an update naming a `weight_version` changes the version served.
 - `POST /destroy_weights_update_group {group_name}`: leaves the group.
 
+`unpickle` reads `/update_weights_from_tensor`'s tensors (SGLang's safe-unpickler globals only).
+
 Not modelled: `load_format` (refused), `abort_all_requests`, more than one rank per server. The fake must run in its
 own process (launched, as SGLang is): torch refuses two groups of one name in one process, so an in-process fake
 beside the client answers `/init_weights_update_group` with that error.
@@ -21,6 +23,9 @@ beside the client answers `/init_weights_update_group` with that error.
 from __future__ import annotations
 
 import asyncio
+import base64
+import io
+import pickle
 from collections.abc import Awaitable, Callable
 from typing import Any
 from weakref import WeakKeyDictionary
@@ -97,3 +102,27 @@ async def destroy_group(state: Any, body: dict[str, Any]) -> Response:
         return _answer(False, "The group to be destroyed does not exist.")
     dist.destroy_process_group(group)
     return _answer(True, "Succeeded to destroy custom process group.")
+
+
+class _TensorUnpickler(pickle.Unpickler):
+    """Only the globals a pickled `[(name, tensor), ...]` needs (each one SGLang's SafeUnpickler admits)."""
+
+    ALLOWED = {("torch._utils", "_rebuild_tensor_v2"), ("collections", "OrderedDict"), ("torch", "Size")}
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) == ("torch.storage", "_load_from_bytes"):
+            import torch
+
+            return lambda data: torch.load(io.BytesIO(data), weights_only=True)
+        if (module, name) in self.ALLOWED:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"blocked global {module}.{name} (SGLang's safe unpickler refuses it)")
+
+
+def unpickle(data: str) -> list[tuple[str, Any]]:
+    """`serialized_named_tensors[i]` of `/update_weights_from_tensor` (base64 of a pickled `[(name, tensor)]`),
+    unpickled with only the globals SGLang's safe unpickler admits."""
+    named = _TensorUnpickler(io.BytesIO(base64.b64decode(data, validate=True))).load()
+    if not isinstance(named, list) or not all(isinstance(p, tuple) and len(p) == 2 for p in named):
+        raise ValueError("not a list of (name, tensor) pairs")
+    return named

@@ -10,7 +10,11 @@ the fork are consecutive (the attention mask is built per such run, `runs`).
 Which rows form one tree is a cost decision (`tree_groups`): a packed tree row of n tokens costs its n tokens'
 linear layers plus n × n attention pairs, so merging rows that share little into one long tree row can cost
 more than it saves. `cost(queries, keys)` is the model of that: queries + queries × keys / `ATTENTION_WIDTH`.
-Rows join, in order, the tree that saves the most, or start their own.
+Rows join, in order, the tree that saves the most, or start their own. `tree_groups(rows, limit)` also caps a
+tree's nodes (`TREE_ROW_NODES` for the packed forward): a tree row's eager attention holds [heads, n, n]
+probabilities per layer for the backward, so one 784-node tree over a 64-row GRPO micro-batch held about 1 GB;
+capped, a row that would grow its best tree past the limit joins another or starts its own (its shared prefix
+then runs once more), and attention memory grows with the capped row's length squared.
 
 What this module does not do: tensors, masks or models (train/tree_batch.py packs a tree for the forward), or
 decide the loss: every row keeps its own response positions, so its reductions are untouched.
@@ -25,6 +29,11 @@ ATTENTION_WIDTH = 2048
 """Keys per query at which a row's attention costs about what its linear layers cost (per token per layer:
 SmolLM2-135M's projections and MLP are 3.5 M multiply-adds, its attention 2 × 576 a key, so about 3000; the
 tiny test model's about 1000). Only the choice of packing depends on it, never a result."""
+
+TREE_ROW_NODES = 256
+"""The most nodes `step.collate` packs into one tree row (a longer row is a tree of its own): one SmolLM2 GRPO
+group (a prompt of about 50 tokens and 8 answers of up to 16) fits whole, so only prefixes shared across groups
+(the chat preamble) run more than once."""
 
 Tokens = Sequence[int]
 
@@ -116,13 +125,14 @@ class TreeGroup:
     tree: PrefixTree
 
 
-def tree_groups(rows: Sequence[Tokens]) -> list[TreeGroup]:
+def tree_groups(rows: Sequence[Tokens], limit: int | None = None) -> list[TreeGroup]:
     """Rows grouped into trees, in order: each row joins the tree where adding it saves the most `cost`
-    against a row of its own, or starts a new tree when none saves."""
+    against a row of its own, or starts a new tree when none saves. With `limit`, a row joins only a tree that
+    stays within `limit` nodes (a row longer than it is a tree of its own)."""
     builders: list[TrieBuilder] = []
     members: list[list[int]] = []
     for index, row in enumerate(rows):
-        savings = [_join_saving(b.size, len(row), b.shared(row)) for b in builders]
+        savings = [_join_saving(b.size, len(row), b.shared(row), limit) for b in builders]
         best = max(range(len(builders)), key=savings.__getitem__, default=-1)
         if best < 0 or savings[best] <= 0:
             builders.append(TrieBuilder())
@@ -133,7 +143,10 @@ def tree_groups(rows: Sequence[Tokens]) -> list[TreeGroup]:
     return [TreeGroup(tuple(m), b.tree()) for m, b in zip(members, builders, strict=True)]
 
 
-def _join_saving(size: int, length: int, shared: int) -> float:
-    """Cost saved by adding a row of `length` tokens (`shared` already present) to a tree of `size` nodes."""
+def _join_saving(size: int, length: int, shared: int, limit: int | None = None) -> float:
+    """Cost saved by adding a row of `length` tokens (`shared` already present) to a tree of `size` nodes;
+    nothing (0) when the grown tree would pass `limit` nodes."""
     grown = size + length - shared
+    if limit is not None and grown > limit:
+        return 0.0
     return cost(size, size) + cost(length, length) - cost(grown, grown)

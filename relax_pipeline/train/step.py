@@ -24,7 +24,8 @@ autograd sums the rows' gradients back through the copy. So a micro-batch may ho
 still compute each prompt once. With `trainer.batching.tree` (`collate(..., tree="auto")`) the rows may instead be
 packed as prefix trees (train/tree_batch.py), the generalisation of the shared prompt to forks at any depth (a
 forked session's leaves): every tree token runs once, and the forward gathers the same [B, T] logprobs the rows
-give, so everything after it is unchanged; `collate` packs trees only where `prefix_tree.cost` says they cost
+give, so everything after it is unchanged; `collate` packs trees of at most `prefix_tree.TREE_ROW_NODES` nodes
+a row (attention memory grows with a tree row's length squared), only where `prefix_tree.cost` says they cost
 less than the padded rows (through their shared prefix), and the model's attention kernel must take a 4-D mask
 (`tree_batch.supports_trees`; otherwise the rows run). A micro-batch whose
 samples carry `multimodal_train_inputs` also feeds their `pixel_values` and `image_grid_thw` (concatenated
@@ -56,7 +57,7 @@ from relax_pipeline.train.advantages import AdvantageSettings, token_advantages,
 from relax_pipeline.train.batching import BatchSettings
 from relax_pipeline.train.data_parallel import AllSum, RankShare, shard, sum_metrics, whiten_across
 from relax_pipeline.train.losses import LossBatch, LossSettings, policy_loss
-from relax_pipeline.train.prefix_tree import cost, tree_groups
+from relax_pipeline.train.prefix_tree import TREE_ROW_NODES, cost, tree_groups
 from relax_pipeline.train.provenance import MicroBatchTime, lag_kl_metrics, lag_kl_sums
 from relax_pipeline.train.token_logprobs import Entropy, token_logprobs
 from relax_pipeline.train.tree_batch import TreeBatch, pack_trees, supports_trees, tree_logits
@@ -163,7 +164,7 @@ def _trees(samples: Sequence[Sample], prefixes: Prefixes, mode: str, width: int,
         raise ValueError(f"collate(tree={mode!r}); choose one of {TREE_MODES}")
     if mode == "off" or (mode == "auto" and len(samples) < 2) or not any(s.response_length for s in samples):
         return None
-    groups = tree_groups([s.tokens for s in samples])
+    groups = tree_groups([s.tokens for s in samples], TREE_ROW_NODES)
     longest = max(g.tree.size for g in groups)
     if mode == "auto" and len(groups) * cost(longest, longest) >= _rows_cost(samples, prefixes):
         return None

@@ -5,7 +5,8 @@ comes out must be what the padded rows give: the same logprobs and entropies per
 and metrics, the same gradients, on both backends (DeepSpeed ZeRO 0 and 3 on gloo). The two paths multiply and
 sum in different orders (one packed row of the tree against one padded row per sample), so the comparisons are
 within float32 rounding, not bit for bit: logprobs within 1e-6 (absolute), entropies and losses within 1e-5
-(they sum over the vocabulary or the batch), gradients within 1e-6 absolute + 1e-5 relative.
+(they sum over the vocabulary or the batch), gradients within 1e-6 absolute + 1e-5 relative; also with trees
+capped at a row size (`prefix_tree.TREE_ROW_NODES`), which splits a tree into several packed rows.
 
 Workloads: forks at different depths (inside the prompt, at the prompt's end, inside a multi-turn response,
 a duplicate row, a row that is another's prefix); a session that forks at every turn (history rewritten) and
@@ -26,6 +27,7 @@ from relax_pipeline.train.advantages import AdvantageSettings
 from relax_pipeline.train.batching import BatchSettings
 from relax_pipeline.train.losses import LossSettings
 from relax_pipeline.train.optim import OptimSettings
+from relax_pipeline.train.prefix_tree import tree_groups
 from relax_pipeline.train.settings import DeepSpeedSettings, TrainerRun, TrainerSettings
 from relax_pipeline.train.step import collate, response_logprobs
 from relax_pipeline.train.torch_backend import TorchTrainer
@@ -100,6 +102,22 @@ def test_tree_logprobs_entropies_and_gradients_equal_the_rows(tiny_path: Path, w
                                                                attention: str | None) -> None:
     samples = WORKLOADS[workload]()
     t = trainer(tiny_path, tree=True, attn_implementation=attention)
+    assert_tree_equals_rows(t, samples)
+
+
+@pytest.mark.parametrize("workload", ["forks_at_depths", "mixed_group"])
+def test_trees_capped_at_a_row_size_still_equal_the_rows(tiny_path: Path, workload: str,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    samples = WORKLOADS[workload]()
+    monkeypatch.setattr("relax_pipeline.train.step.TREE_ROW_NODES", 80)
+    t = trainer(tiny_path, tree=True, attn_implementation="grouped")
+    packed = assert_tree_equals_rows(t, samples)
+    assert packed.input_ids.shape[1] <= max(80, *(len(s.tokens) for s in samples)), "no tree row past the cap"
+    assert len(packed.input_ids) > len(tree_groups([s.tokens for s in samples])), "the cap split a tree"
+
+
+def assert_tree_equals_rows(t: TorchTrainer, samples: list[Sample]) -> tree_batch.TreeBatch:
+    """Logprobs, entropies and gradients through the packed trees equal the rows'; the packed trees."""
     rows, tree = collate(samples, t.pad_id, "cpu"), collate(samples, t.pad_id, "cpu", "always")
     assert tree.tree is not None and tree.tree.computed < sum(len(s.tokens) for s in samples)
     results = []
@@ -116,6 +134,7 @@ def test_tree_logprobs_entropies_and_gradients_equal_the_rows(tiny_path: Path, w
     torch.testing.assert_close(tree_entropy, entropy, atol=SUM_ATOL, rtol=0)
     for name, grad in grads.items():
         torch.testing.assert_close(tree_grads[name], grad, atol=GRAD_ATOL, rtol=GRAD_RTOL, msg=name)
+    return tree.tree
 
 
 def record_gradients(t: TorchTrainer) -> dict[str, torch.Tensor]:

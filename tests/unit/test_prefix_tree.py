@@ -57,6 +57,21 @@ def test_rows_that_share_much_form_one_tree_and_unrelated_rows_their_own() -> No
     assert groups[0].tree.size == 300 + 3 * 40
 
 
+def test_a_capped_tree_stays_within_its_nodes_and_keeps_each_row_whole() -> None:
+    rng = random.Random(1)
+    preamble = tuple(rng.randrange(10, 1000) for _ in range(10))
+    groups_of_rows = [preamble + tuple(rng.randrange(10, 1000) for _ in range(8)) for _ in range(4)]
+    rows = [p + tuple(rng.randrange(10, 1000) for _ in range(6)) for p in groups_of_rows for _ in range(4)]
+    rows.append(tuple(rng.randrange(10, 1000) for _ in range(70)))
+    assert len(tree_groups(rows[:-1])) == 1, "uncapped, every row shares the preamble: one tree"
+    capped = tree_groups(rows, limit=50)
+    assert sorted(i for g in capped for i in g.rows) == list(range(len(rows)))
+    assert all(g.tree.size <= 50 for g in capped if len(g.rows) > 1) and capped[-1].rows == (len(rows) - 1,)
+    assert [len(g.rows) for g in capped[:-1]] == [4, 4, 4, 4], "a group of 42 nodes fits, a second one does not"
+    for group in capped:
+        assert [tuple(group.tree.tokens[n] for n in p) for p in group.tree.paths] == [rows[i] for i in group.rows]
+
+
 def test_slots_point_each_response_token_at_the_node_before_it() -> None:
     samples = [row((1, 2, 3, 4, 5), 2), row((1, 2, 3, 9), 3), row((8, 2, 3), 1)]
     groups = tree_groups([s.tokens for s in samples])

@@ -98,6 +98,9 @@ class DeepSpeedTrainer(TorchTrainer):
     """`TorchTrainer` whose model and optimizer live in a DeepSpeed engine (ZeRO `zero_stage`); with
     `num_ranks` N > 1 this process is rank 0 and drives N - 1 worker ranks (rank_group.py)."""
 
+    one_thread = False
+    """Training stays on the caller's thread (DeepSpeed's collectives and CUDA device are set up there)."""
+
     def __init__(self, settings: DeepSpeedSettings, run: TrainerRun) -> None:
         self.num_ranks = settings.num_ranks
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else None

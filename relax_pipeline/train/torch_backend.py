@@ -43,7 +43,7 @@ from safetensors.torch import load_file
 from relax_pipeline.forest.sample import Sample
 from relax_pipeline.models.attention import check_implementation
 from relax_pipeline.models.folder import WEIGHTS_FILE, copy_model_files, save_weights
-from relax_pipeline.train.allocator import keep_freed_cpu_memory, wants_freed_memory_kept
+from relax_pipeline.train.allocator import TrainingThread, keep_freed_cpu_memory, wants_freed_memory_kept
 from relax_pipeline.train.batching import global_batches
 from relax_pipeline.train.optim import adamw, clip_and_step
 from relax_pipeline.train.provenance import MicroBatchTime, version_lag
@@ -60,6 +60,8 @@ class TorchTrainer:
 
     num_ranks = 1
     """Data-parallel training processes (`trainer.num_ranks` under trainer=deepspeed; one here)."""
+    one_thread = True
+    """Whether the work may run on the trainer's own `TrainingThread` (DeepSpeed's collectives stay on the caller's)."""
 
     def __init__(self, settings: TrainerSettings, run: TrainerRun) -> None:
         self.trainer_settings = settings
@@ -78,8 +80,12 @@ class TorchTrainer:
         check_implementation("trainer.attn_implementation", settings.attn_implementation)
         self.attn_implementation = settings.attn_implementation
         """`trainer.attn_implementation`: the policy's attention kernel (None: transformers' default)."""
-        if wants_freed_memory_kept(settings.keep_freed_memory, settings.device):
+        kept = wants_freed_memory_kept(settings.keep_freed_memory, settings.device)
+        if kept:
             keep_freed_cpu_memory()
+        self.thread = TrainingThread(kept and self.one_thread)
+        """Where `train`, `load` and `engine_weights` run: one thread of the trainer's own while it keeps freed
+        memory, so the kept heap is one malloc arena's, reused every step (train/allocator.py)."""
         self._setup(settings.device, needs_reference=self.settings.loss.use_kl_loss or run.advantages.kl_coef > 0)
 
     def _setup(self, device: str, needs_reference: bool) -> None:
@@ -95,6 +101,9 @@ class TorchTrainer:
 
     def train(self, samples: Sequence[Sample]) -> dict[str, float]:
         """One optimizer step per global batch; metrics averaged over the steps. No samples: no step, {}."""
+        return self.thread.run(self._train, samples)
+
+    def _train(self, samples: Sequence[Sample]) -> dict[str, float]:
         if not samples:
             return {}
         started = time.perf_counter()
@@ -125,7 +134,7 @@ class TorchTrainer:
 
     def engine_weights(self) -> dict[str, torch.Tensor]:
         """A detached CPU copy of the policy's state dict, ready for `Engine.update_weights`."""
-        return cpu_state_dict(self.policy.state_dict())
+        return self.thread.run(cpu_state_dict, self.policy.state_dict())
 
     def save(self, path: Path, extra: dict[str, Any]) -> None:
         """Write a checkpoint folder at `path` atomically; `extra` holds plain values (ints, lists, dicts, ...)."""
@@ -140,7 +149,9 @@ class TorchTrainer:
 
     def load(self, path: Path) -> dict[str, Any]:
         """Restore model, optimizer (when saved), version and RNG states from `path`; returns the saved `extra`."""
-        path = Path(path)
+        return self.thread.run(self._load, Path(path))
+
+    def _load(self, path: Path) -> dict[str, Any]:
         load_weights(self.policy, path / WEIGHTS_FILE)
         if (path / OPTIMIZER_FILE).exists():
             self.optimizer.load_state_dict(torch.load(path / OPTIMIZER_FILE, weights_only=True))
@@ -153,7 +164,8 @@ class TorchTrainer:
         return extra
 
     def close(self) -> None:
-        """Nothing to release in a single process (the DeepSpeed backend destroys its process group)."""
+        """Stop the training thread (the DeepSpeed backend also destroys its process group)."""
+        self.thread.close()
 
 
 def load_policy(model_path: str, seed: int, device: str, attention: str | None = None) -> tuple[torch.nn.Module, int]:

@@ -220,11 +220,11 @@ def test_a_group_the_filter_rejects_ends_filtered_and_one_the_pipeline_breaks_on
     fault_hooks.reset()
     original, calls = Runtime.run, []
 
-    async def breaks_once(self: Runtime, group: object) -> object:
+    async def breaks_once(self: Runtime, group: object, *rest: object) -> object:
         calls.append(group)
         if len(calls) == 1:
             raise RuntimeError("boom")
-        return await original(self, group)
+        return await original(self, group, *rest)
 
     monkeypatch.setattr(Runtime, "run", breaks_once)
     metrics, rows = faulty_run(tmp_path, tiny_path, "none", "credit.filter_path=fault_hooks.keep_after_first")

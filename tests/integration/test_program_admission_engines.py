@@ -15,7 +15,7 @@ import pytest
 
 from relax_pipeline.engine.base import SamplingParams
 from relax_pipeline.engine.hf import HFEngine
-from relax_pipeline.engine.program_admission import hf_capacity_tokens
+from relax_pipeline.engine.program_admission import GrowthModel, hf_capacity_tokens
 from relax_pipeline.engine.settings import EngineRun, HFEngineSettings, SglangEngineSettings
 from relax_pipeline.engine.sglang import SglangEngine
 from relax_pipeline.testing.sglang_server import FakeSglangServer
@@ -129,9 +129,13 @@ def test_the_embedded_engine_admits_sessions_against_its_prefix_cache(tiny_path:
 
 
 async def _aborted_while_waiting(engine: HFEngine) -> object:
+    """Session d's first turn waits behind c's lease and is aborted there (the ledger forgets what a and b taught it,
+    so c's prediction fills the cache again)."""
+    engine.programs.ledger.growth = GrowthModel(engine.programs.ledger.growth.prior)
     await engine.generate(prompt(40), GREEDY, "c1", session_id="c")
     late = asyncio.create_task(engine.generate(prompt(50), GREEDY, "d1", session_id="d"))
-    await settle()
+    await asyncio.sleep(0.2)  # time for d to run if it were admitted
+    assert not late.done(), "d's predicted KV does not fit next to c's lease"
     assert (await engine.abort("d1")) is not None
     return await asyncio.wait_for(late, 60)
 

@@ -19,7 +19,7 @@ is over the others. Per step:
 - weight sync: `perf/weight_sync_s` (trainer weights into the engine).
 
 Last, the peak resident memory of the pipeline's process (`ru_maxrss`: engine, gateway and trainer together;
-target at most 4 GB) and of the largest agent process, and the CPU seconds of the whole run
+target at most 4 GB) and of the largest reaped child process, and the CPU seconds of the whole run
 (every step and the start-up): the pipeline's own process (engine, gateway, trainer) against its reaped child
 processes (the agents), per session, from `getrusage`. On a
 2-core machine both draw on the same two cores, so an agent's start-up CPU is time the engine waits for.
@@ -127,8 +127,8 @@ def report_memory() -> None:
     """Peak resident memory of this process and of the largest reaped child (Linux reports KiB)."""
     main_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     child_gb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20
-    print(f"peak resident memory: pipeline process {main_gb:.2f} GB (target <= 4 GB), largest agent process "
-          f"{child_gb:.2f} GB")
+    print(f"peak resident memory: pipeline process {main_gb:.2f} GB (target <= 4 GB), largest reaped child process "
+          f"{child_gb:.2f} GB (an agent, or a fork of the pipeline before its exec)")
 
 
 def report_cpu(main_s: float, agents_s: float, sessions: int) -> None:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_trainer import record_gradients
 
 from relax_pipeline.forest.sample import Sample
 from relax_pipeline.train import tree_batch
@@ -135,19 +136,6 @@ def assert_tree_equals_rows(t: TorchTrainer, samples: list[Sample]) -> tree_batc
     for name, grad in grads.items():
         torch.testing.assert_close(tree_grads[name], grad, atol=GRAD_ATOL, rtol=GRAD_RTOL, msg=name)
     return tree.tree
-
-
-def record_gradients(t: TorchTrainer) -> dict[str, torch.Tensor]:
-    """Gradients as the optimizer sees them, captured at each optimizer step."""
-    captured: dict[str, torch.Tensor] = {}
-    step = t.optimizer.step
-
-    def recording_step(*args: object, **kwargs: object) -> object:
-        captured.update({n: p.grad.clone() for n, p in t.policy.named_parameters() if p.grad is not None})
-        return step(*args, **kwargs)
-
-    t.optimizer.step = recording_step  # type: ignore[method-assign]
-    return captured
 
 
 def count_tree_forwards(monkeypatch: pytest.MonkeyPatch) -> list[int]:

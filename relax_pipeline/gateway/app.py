@@ -206,8 +206,7 @@ class _Gateway:
 
     async def _run(self, session: Session, prepared: PreparedTurn) -> TurnResult:
         try:
-            with self.store.serving(session):
-                return await self.turns.run_prepared(session.forest, prepared, session=session)
+            return await self.store.serving(session, self.turns.run_prepared(session.forest, prepared, session=session))
         except (ProtocolError, asyncio.CancelledError):
             raise
         except CanonicalError as error:

@@ -38,13 +38,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import secrets
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
 from relax_pipeline.canonical.form import CanonicalError, Message, RequestMemo
 from relax_pipeline.engine.base import (
@@ -74,7 +74,10 @@ __all__ = ["HISTORY_POLICIES", "ForestStore", "Lease", "SamplingDefaults", "Sess
            "TurnResult", "TurnService", "derive_seed"]
 
 log = logging.getLogger(__name__)
+_RIDS = random.Random(secrets.randbits(64))
+"""Engine request ids: unique, not secret, so no system call each."""
 HISTORY_POLICIES = ("tokens", "render")
+T = TypeVar("T")
 
 
 class Status(StrEnum):
@@ -219,12 +222,11 @@ class ForestStore:
             return None
         return session.forest.history(node_id)
 
-    @contextmanager
-    def serving(self, session: Session) -> Iterator[None]:
-        """Count a request of `session` in flight while the block runs."""
+    async def serving(self, session: Session, work: Awaitable[T]) -> T:
+        """Await `work` with a request of `session` counted in flight (a plain try: no generator per request)."""
         session.in_flight += 1
         try:
-            yield
+            return await work
         finally:
             session.in_flight -= 1
 
@@ -394,9 +396,8 @@ class TurnService:
         lease = session.lease if session is not None else None
         clock = _TurnClock()
         if lease is None:
-            with clock.generating():
-                result = await self.engine.generate(prepared.prompt_ids, prepared.sampling, rid, media=prepared.media,
-                                                    session_id=session.id if session is not None else None)
+            result = await clock.generating(self.engine.generate(prepared.prompt_ids, prepared.sampling, rid,
+                                            media=prepared.media, session_id=session.id if session else None))
             clock.first_token(result)
         else:
             result = await self._leased(prepared, rid, session, lease, clock)
@@ -416,10 +417,9 @@ class TurnService:
             aborts = done.abort_count if done else 0
             try:
                 async with lease.generation(session, rid, aborts) as flight:
-                    with clock.generating():
-                        prompt, sampling = resume_input(prepared.prompt_ids, prepared.sampling, done)
-                        more = await self.engine.generate(prompt, sampling, rid, media=prepared.media,
-                                                          session_id=session.id)
+                    prompt, sampling = resume_input(prepared.prompt_ids, prepared.sampling, done)
+                    more = await clock.generating(self.engine.generate(prompt, sampling, rid, media=prepared.media,
+                                                                       session_id=session.id))
                     clock.first_token(more)
             except LeaseClosed as closed:
                 raise ProtocolError(404, str(closed)) from None
@@ -464,11 +464,11 @@ class _TurnClock:
         self._start = time.perf_counter()
         self._pieces: list[GenerationPiece] = []
 
-    @contextmanager
-    def generating(self) -> Iterator[None]:
+    async def generating(self, call: Awaitable[GenerateResult]) -> GenerateResult:
+        """Await the engine `call` as one piece (a plain try: no generator per request)."""
         began = time.perf_counter()
         try:
-            yield
+            return await call
         finally:
             ended = time.perf_counter()
             self._pieces.append(GenerationPiece(1000 * (began - self._start), 1000 * (ended - self._start)))
@@ -496,4 +496,4 @@ def _check_last_message(messages: tuple[Message, ...]) -> None:
 
 
 def _rid() -> str:
-    return "turn-" + secrets.token_hex(8)
+    return f"turn-{_RIDS.getrandbits(64):016x}"

@@ -29,6 +29,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from relax_pipeline.engine.base import FinishReason, GenerateResult, ImageFeatures, SamplingParams, varying
+from relax_pipeline.engine.decode_step import decode_step
 from relax_pipeline.engine.prefix_cache import Hit, PrefixCache, Tokens, buckets, shared_prefixes
 from relax_pipeline.engine.sampling import StopStringMatcher
 from relax_pipeline.models.attention import GROUPED
@@ -327,6 +328,8 @@ class ModelCall:
         self._last_only = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
         self.wide = getattr(model.config, "_attn_implementation", None) == GROUPED
         """Whether the caches it makes are `SpareLayer.wide` (the model's attention masks the extra columns)."""
+        self.step = decode_step(model)
+        """The written-out decode step (`decode_step.py`) where it fits the model, else None (the model's forward)."""
 
     def prefill(self, chunks: Sequence[Chunk]) -> Prefilled:
         """Run every chunk's tokens after its cached prefix in one forward pass.
@@ -392,10 +395,10 @@ class ModelCall:
         ids = torch.tensor([[r.output_ids[-1]] for r in rows], dtype=torch.long, device=self.device)
         positions = torch.tensor([[r.cached_len + r.rope_delta] for r in rows], dtype=torch.long, device=self.device)
         batch.mask = torch.cat([batch.mask, batch.mask.new_ones(len(rows), 1)], dim=1)
+        if self.step is not None:
+            return self.step(ids, positions, batch.mask, batch.cache)
         kwargs = {self._cache_key: batch.cache}
-        out = self.model(
-            input_ids=ids, attention_mask=batch.mask, position_ids=positions, use_cache=True, **kwargs
-        )
+        out = self.model(input_ids=ids, attention_mask=batch.mask, position_ids=positions, use_cache=True, **kwargs)
         return out.logits[:, -1]
 
 

@@ -1,0 +1,135 @@
+"""The embedded engine's decode step for Llama-shaped models, written out op by op.
+
+A decode step through transformers' `forward` spends a few milliseconds a step (about 5% of a SmolLM2 step at
+batch 64 on a CPU) in what is not arithmetic: module calls and their decorators, the mask machinery, the rotary
+embedding recomputed for every step. `DecodeStep` runs the same tensor operations in the same order, so its
+logits equal the model's own bit for bit (tests compare them), for a model this module knows the layout of
+(`FITTING`: Llama, Qwen2, Qwen3, no sliding windows, a rotary embedding whose frequencies do not depend on the
+length, plain `nn.Linear` layers, no hooks) under `grouped` attention (models/attention.py), whose decode kernel
+it calls. Besides skipping the Python: the rotary cos/sin of every position is computed once (by the model's
+own rotary module) and looked up per step, the additive mask is built once per step for all layers, and the
+residual adds write into the sum's operand instead of a new tensor.
+
+`decode_step(model)` returns None (and the engine keeps transformers' forward) for any other model; `why_not`
+says why. It reads the model's weights at every call, so weight updates apply at the next step. It does no
+prefill, no images (mrope), no sampling; `hf_batch.ModelCall.decode` calls it.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+from relax_pipeline.models.attention import GROUPED, grouped_attention
+
+FITTING = {"llama": "LlamaRMSNorm", "qwen2": "Qwen2RMSNorm", "qwen3": "Qwen3RMSNorm"}
+"""Model types whose decoder layer `DecodeStep` writes out, with the norm class the layer must use."""
+STATIC_ROPE = ("default", "linear", "llama3", "yarn")
+"""Rotary types whose frequencies are fixed at load, so a per-position table is exact."""
+PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+               "mlp.up_proj", "mlp.down_proj")
+
+
+def why_not(model: torch.nn.Module) -> str | None:
+    """Why `DecodeStep` cannot run `model` exactly, or None when it can."""
+    config = model.config
+    if config.model_type not in FITTING:
+        return f"model type {config.model_type!r} is not one of {sorted(FITTING)}"
+    if getattr(config, "_attn_implementation", None) != GROUPED:
+        return f"attention is {config._attn_implementation!r}, not {GROUPED!r}"
+    if getattr(config, "use_sliding_window", False) or "sliding_attention" in (getattr(config, "layer_types", None)
+                                                                              or ()):
+        return "the model has sliding-window layers"
+    if getattr(model.model.rotary_emb, "rope_type", None) not in STATIC_ROPE or config.hidden_act != "silu":
+        return f"rotary type {getattr(model.model.rotary_emb, 'rope_type', None)!r} / act {config.hidden_act!r}"
+    if any(m._forward_hooks or m._forward_pre_hooks for m in model.modules()):
+        return "a module has forward hooks"
+    layers = model.model.layers
+    linear = [model.lm_head] + [layer.get_submodule(name) for layer in layers for name in PROJECTIONS]
+    if any(type(m) is not torch.nn.Linear for m in linear):
+        return "a projection is not a plain nn.Linear"
+    norms = [model.model.norm] + [norm for layer in layers
+                                  for norm in (layer.input_layernorm, layer.post_attention_layernorm)]
+    if any(type(n).__name__ != FITTING[config.model_type] for n in norms):
+        return "a norm is not the model's own RMSNorm"
+    return None
+
+
+def decode_step(model: torch.nn.Module) -> DecodeStep | None:
+    """A `DecodeStep` for `model`, or None when `why_not` names a reason."""
+    return None if why_not(model) else DecodeStep(model)
+
+
+def rms_norm(norm: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    """The models' RMSNorm, its operations in its order (float32 statistics, the weight applied in `hidden`'s
+    dtype)."""
+    scaled = hidden.to(torch.float32)
+    variance = scaled.pow(2).mean(-1, keepdim=True)
+    scaled = scaled * torch.rsqrt(variance + norm.variance_epsilon)
+    return norm.weight * scaled.to(hidden.dtype)
+
+
+def rotated(states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """`states * cos + rotate_half(states) * sin`, as transformers' `apply_rotary_pos_emb`."""
+    half = states.shape[-1] // 2
+    return (states * cos) + (torch.cat((-states[..., half:], states[..., :half]), dim=-1) * sin)
+
+
+def linear(module: torch.nn.Linear, hidden: torch.Tensor) -> torch.Tensor:
+    """`module(hidden)` without the module call."""
+    return torch.nn.functional.linear(hidden, module.weight, module.bias)
+
+
+class DecodeStep:
+    """One decode step of a fitting model (`why_not` is None): logits [rows, vocab] of one new token per row.
+
+    The rotary table (cos and sin per position, `[positions, head_dim]` in the model's dtype) grows by doubling
+    as positions exceed it; it holds what the model's rotary module returns for those positions."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self.layers = list(model.model.layers)
+        config = model.config
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self._cos = self._sin = torch.empty(0)
+
+    def __call__(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: DynamicCache
+                 ) -> torch.Tensor:
+        """Logits of `ids` [rows, 1] at `positions` [rows, 1]; `mask` [rows, columns] marks each row's tokens,
+        this one's included (the last column); `cache` holds one `SpareLayer` per layer and grows by a column."""
+        hidden = self.model.model.embed_tokens(ids)
+        cos, sin = self._rotary(positions, hidden)
+        bias = torch.zeros(mask.shape[0], 1, 1, mask.shape[1], dtype=hidden.dtype, device=hidden.device)
+        bias.masked_fill_(mask[:, None, None, :] == 0, torch.finfo(hidden.dtype).min)
+        for layer, kv in zip(self.layers, cache.layers, strict=True):
+            hidden = self._layer(layer, kv, hidden, cos, sin, bias)
+        return linear(self.model.lm_head, rms_norm(self.model.model.norm, hidden))[:, -1]
+
+    def _layer(self, layer: torch.nn.Module, kv: torch.nn.Module, hidden: torch.Tensor, cos: torch.Tensor,
+               sin: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        """One decoder layer: attention over the cache, then the MLP, each around its residual."""
+        attention = layer.self_attn
+        normed = rms_norm(layer.input_layernorm, hidden)
+        shape = (*hidden.shape[:-1], -1, self.head_dim)
+        query = linear(attention.q_proj, normed).view(shape)
+        key = linear(attention.k_proj, normed).view(shape)
+        if hasattr(attention, "q_norm"):  # Qwen3: a norm over each head
+            query, key = rms_norm(attention.q_norm, query), rms_norm(attention.k_norm, key)
+        value = linear(attention.v_proj, normed).view(shape).transpose(1, 2)
+        query, key = rotated(query.transpose(1, 2), cos, sin), rotated(key.transpose(1, 2), cos, sin)
+        keys, values = kv.update(key, value)
+        out, _ = grouped_attention(attention, query, keys, values, bias, attention.scaling)
+        hidden = linear(attention.o_proj, out.reshape(*hidden.shape[:-1], -1)).add_(hidden)
+        mlp, normed = layer.mlp, rms_norm(layer.post_attention_layernorm, hidden)
+        gated = torch.nn.functional.silu(linear(mlp.gate_proj, normed)) * linear(mlp.up_proj, normed)
+        return linear(mlp.down_proj, gated).add_(hidden)
+
+    def _rotary(self, positions: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin `[rows, 1, 1, head_dim]` of `positions` [rows, 1] from the table (grown as needed)."""
+        need = int(positions.max()) + 1
+        if need > self._cos.shape[0] or self._cos.dtype != hidden.dtype or self._cos.device != hidden.device:
+            count = max(need, 2 * self._cos.shape[0], 1024)
+            every = torch.arange(count, device=hidden.device).unsqueeze(0)
+            cos, sin = self.model.model.rotary_emb(hidden, every)
+            self._cos, self._sin = cos[0], sin[0]
+        return self._cos[positions].unsqueeze(1), self._sin[positions].unsqueeze(1)

@@ -60,6 +60,7 @@ import orjson
 from jinja2 import nodes
 
 from relax_pipeline.canonical.form import TEXT_ONLY_MESSAGE, CanonicalError, Context, Message, digest
+from relax_pipeline.engine.words import Encode, Words
 
 if TYPE_CHECKING:
     from relax_pipeline.engine.vision import Vision
@@ -143,9 +144,7 @@ class ChatTemplate:
             length += sum(self.vision.features(i).tokens - 1 for m in messages for i in m.images)
         return length
 
-    def delta_ids(
-        self, messages: Sequence[Message], context: Context, previous_ended_turn: bool
-    ) -> list[int]:
+    def delta_ids(self, messages: Sequence[Message], context: Context, previous_ended_turn: bool) -> list[int]:
         """Token ids that follow a committed assistant turn: glue, new messages, generation prompt."""
         return self.encode(self.delta_text(messages, context, previous_ended_turn))
 
@@ -185,9 +184,8 @@ class ChatTemplate:
             return eos
         raise ValueError("cannot find the chat template's end-of-turn token; set model.end_of_turn")
 
-    def render_differences(
-        self, token_ids: Sequence[int], messages: Sequence[Message], context: Context
-    ) -> RenderDifference | None:
+    def render_differences(self, token_ids: Sequence[int], messages: Sequence[Message], context: Context
+                           ) -> RenderDifference | None:
         """Compare a sample's decoded tokens with the full render of its final conversation."""
         sample = self.decode(token_ids)
         render = self.render(messages, context, generation_prompt=False)
@@ -370,7 +368,9 @@ class Codec:
         if self._backend is not None and not self._agrees():
             self._backend = None
         self._fast = self._backend is not None and hasattr(self._backend, "encode_batch_fast")
-        self.pieces = Pieces.of(tokenizer, self._encode) if self._backend is not None else None  # None: not exact
+        self.words = Words.of(self._backend, self._encode) if self._backend is not None else None  # None: not exact
+        by_words = self.words.encode if self.words is not None else None  # a piece's ids: by its words where exact
+        self.pieces = Pieces.of(tokenizer, self._encode, by_words) if self._backend is not None else None
 
     def encode(self, text: str, keep: bool = False) -> list[int]:
         """Token ids of `text`; `keep`: remember its pieces for later texts (a first prompt's: `Pieces`)."""
@@ -431,16 +431,17 @@ PIECE_PROBES = ("", "a", " a", "\n\nx ", "  x  \n", "ünï 12", "{\"a\": [1, 2]}
 class Pieces:
     """Ids of texts by their pieces between added tokens, the ids of pieces seen before kept (see the module)."""
 
-    def __init__(self, added: dict[str, int], encode: Callable[[str], list[int]], budget: int = PIECE_CACHE_CHARS
-                 ) -> None:
+    def __init__(self, added: dict[str, int], encode: Encode, budget: int = PIECE_CACHE_CHARS,
+                 piece: Encode | None = None) -> None:
         self._added = added
         self._split = re.compile("(" + "|".join(re.escape(t) for t in sorted(added, key=len, reverse=True)) + ")").split
         self._encode = encode
+        self._piece_ids = piece or encode  # a piece's ids (`Words.encode` where exact); `encode`: whole texts
         self.kept = Kept(budget, by_key=True)
 
     @classmethod
-    def of(cls, tokenizer: Any, encode: Callable[[str], list[int]]) -> Pieces | None:
-        """The cache for `tokenizer`, or None where cutting at its added tokens is not exact."""
+    def of(cls, tokenizer: Any, encode: Encode, piece: Encode | None = None) -> Pieces | None:
+        """The cache for `tokenizer`, or None where cutting at its added tokens is not exact (`piece`: `__init__`)."""
         try:
             tokens = dict(tokenizer.added_tokens_decoder)
             normalizer = tokenizer.backend_tokenizer.normalizer
@@ -449,7 +450,7 @@ class Pieces:
         if not tokens or any(t.lstrip or t.rstrip or t.single_word or (t.normalized and normalizer is not None)
                              for t in tokens.values()):
             return None
-        pieces = cls({t.content: i for i, t in tokens.items()}, encode)
+        pieces = cls({t.content: i for i, t in tokens.items()}, encode, piece=piece)
         return pieces if pieces._agrees() else None
 
     def encode(self, text: str, keep: bool = False) -> list[int]:
@@ -465,7 +466,7 @@ class Pieces:
     def _piece(self, piece: str, keep: bool) -> Sequence[int]:
         if (known := self.kept.get(piece)) is not None:
             return known
-        ids = self._encode(piece)
+        ids = self._piece_ids(piece)
         if keep:
             self.kept.put(piece, ids)
         return ids

@@ -38,8 +38,8 @@ def test_first_prompt_keeps_its_pieces_for_the_next_session(tokenizer: Any) -> N
     system = Message("system", "You are a careful agent. " * 40)
     first = template.prompt_ids((system, Message("user", "Session 1: go.")), Context())
     calls: list[str] = []
-    encode = pieces._encode
-    pieces._encode = lambda text: calls.append(text) or encode(text)  # type: ignore[method-assign]
+    encode = pieces._piece_ids
+    pieces._piece_ids = lambda text: calls.append(text) or encode(text)  # type: ignore[method-assign]
     second = template.prompt_ids((system, Message("user", "Session 2: go.")), Context())
     assert second == template.codec._encode(template.render((system, Message("user", "Session 2: go.")),
                                                             Context(), True))

@@ -32,7 +32,8 @@ from relax_pipeline.gateway.app import GatewayApp, create_app
 from relax_pipeline.testing.engines import ScriptedEngine
 from relax_pipeline.turn.service import ForestStore, SamplingDefaults, Session, Status, TurnService
 
-MAX_FILES = 8
+MAX_FILES = 9
+"""8 until the word cache (`engine/words.py`, issue 33 item 2) joined the walk: `template.py` has no room for it."""
 PACKAGE = Path(relax_pipeline.__file__).resolve().parent
 PATH = "/agentic_api/v1/chat/completions"
 ENGINE_FILES = {"testing/engines.py"}

@@ -1,0 +1,124 @@
+"""Token ids of plain text through a per-word cache, where a byte-level BPE tokenizer makes that exact.
+
+A byte-level BPE tokenizer (GPT-2, SmolLM2, Qwen, Llama 3) first cuts a text into words with one regular
+expression (its pre-tokenizer) and then encodes every word on its own: no merge crosses a word boundary. So
+the ids of a text are its words' ids joined, and a word seen before needs no tokenizer call. A turn's delta
+(a tool result, a user message) is mostly words seen before, and one call of the Rust tokenizer costs more
+than looking up all of them (about 17 µs vs 8 µs for a 40-token tool result).
+
+`Words.of` builds the cache only for a tokenizer where this is exact by construction: no normalizer, a BPE
+model without dropout, and a pre-tokenizer that is the GPT-2 `ByteLevel` regex or one `Split` regex (isolated,
+not inverted) followed by a `ByteLevel` that adds no prefix space; and then only if it agrees with whole-text
+encodes on probes. `encode` still encodes the whole text with the tokenizer when the text holds anything but
+printable ASCII, tabs and newlines (where Python's `regex` and the tokenizer's regex engine could disagree on
+a character class) or when the words do not join back to the text. Words not seen before are encoded in one
+batch call; the cache forgets everything once it holds `budget` characters.
+
+It does not split at added tokens (`template.Pieces` does that first) and does not decode.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from typing import Any
+
+Encode = Callable[[str], list[int]]
+"""Text → token ids."""
+GPT2_SPLIT = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+"""The regex `ByteLevel(use_regex=True)` cuts words with."""
+WORD_CACHE_CHARS = 1 << 21
+"""Characters of words kept (2 Mi, a few MiB) before the cache starts over."""
+_UNSAFE = re.compile(r"[^\t\n\r\x20-\x7e]").search
+"""Characters outside printable ASCII, tab and newlines: such texts are encoded whole."""
+PROBES = ("Hello world", " it's  done\n\n", "x = [1, 2, 345678]; y='ab' \t z", "I'LL  we've\r\n  \n a",
+          '{"city": "Oslo-3", "year": 2000}', "   leading", "trailing   ", "a\n\n\n b  c\t\td", "1234567 12 x1y2",
+          "Record 3: the city had about 1003 residents at the last census, according to the registry.")
+
+
+class Words:
+    """Ids of texts as their words' ids joined, the ids of every word seen kept (see the module)."""
+
+    def __init__(self, split: Callable[[str], list[str]], encode_batch: Callable[[list[str]], list[list[int]]],
+                 encode: Encode, budget: int = WORD_CACHE_CHARS) -> None:
+        self._split = split
+        self._encode_batch = encode_batch
+        self._encode = encode
+        self._kept: dict[str, list[int]] = {}
+        self._chars = 0
+        self.budget = budget
+
+    @classmethod
+    def of(cls, backend: Any, encode: Encode) -> Words | None:
+        """The cache for the Rust tokenizer `backend` (whole texts through `encode`), or None where not exact."""
+        try:
+            import regex
+
+            pattern = split_pattern(json.loads(backend.to_str()))
+            if pattern is None or not hasattr(backend, "encode_batch_fast"):
+                return None
+            split = regex.compile(pattern).findall
+        except Exception:  # noqa: BLE001 - an unknown tokenizer layout or a regex Python cannot read: no cache
+            return None
+
+        def batch(texts: list[str]) -> list[list[int]]:
+            return [e.ids for e in backend.encode_batch_fast(texts, add_special_tokens=False)]
+
+        words = cls(split, batch, encode)
+        return words if words.agrees() else None
+
+    def encode(self, text: str) -> list[int]:
+        """The ids of `text` (no added tokens in it), from kept words where that is exact."""
+        if _UNSAFE(text) is not None:
+            return self._encode(text)
+        words = self._split(text)
+        if "".join(words) != text:
+            return self._encode(text)
+        kept = self._kept
+        missing = [w for w in words if w not in kept]
+        if missing:
+            self._learn(missing, words)
+        ids: list[int] = []
+        for word in words:
+            ids += kept[word]
+        return ids
+
+    def _learn(self, missing: list[str], words: list[str]) -> None:
+        """Encode the `missing` words of a text of `words` in one call; over budget, start over with its words."""
+        if self._chars + sum(map(len, missing)) > self.budget:
+            self._kept.clear()
+            self._chars = 0
+            missing = words
+        new = list(dict.fromkeys(missing))
+        self._kept.update(zip(new, self._encode_batch(new), strict=True))
+        self._chars += sum(map(len, new))
+
+    def agrees(self) -> bool:
+        """Whether word-joined ids equal whole-text encodes on the probes (each twice: learning, then kept)."""
+        try:
+            return all(self.encode(text) == self._encode(text) for text in PROBES + PROBES)
+        except Exception:  # noqa: BLE001 - any failure means: encode whole texts
+            return False
+        finally:
+            self._kept.clear()
+            self._chars = 0
+
+
+def split_pattern(spec: dict[str, Any]) -> str | None:
+    """The word regex of a tokenizer's JSON `spec`, or None when cutting into words that way is not exact."""
+    model = spec.get("model") or {}
+    if spec.get("normalizer") is not None or model.get("type") != "BPE" or model.get("dropout") is not None:
+        return None
+    pre = spec.get("pre_tokenizer") or {}
+    if pre.get("type") == "ByteLevel":
+        return GPT2_SPLIT if pre.get("use_regex", True) and not pre.get("add_prefix_space") else None
+    steps = pre.get("pretokenizers") if pre.get("type") == "Sequence" else None
+    if not steps or len(steps) != 2:
+        return None
+    cut, byte_level = steps
+    if byte_level.get("type") != "ByteLevel" or byte_level.get("use_regex", True) or byte_level.get("add_prefix_space"):
+        return None
+    if cut.get("type") != "Split" or cut.get("behavior") != "Isolated" or cut.get("invert"):
+        return None
+    return (cut.get("pattern") or {}).get("Regex")

@@ -1,0 +1,80 @@
+"""Word cache (`engine/words.py`): a text's ids joined from its words' kept ids equal the tokenizer's whole-text ids
+(kept, learned, over budget, non-ASCII), and tokenizers where cutting into words is not exact get no cache.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+from relax_pipeline.engine.template import ChatTemplate
+from relax_pipeline.engine.words import GPT2_SPLIT, Words, split_pattern
+
+
+def _texts(count: int) -> list[str]:
+    rng = random.Random(1)
+    alphabet = [*"ab \n\t\r.,:;'\"{}[]()0123456789-_=", "'s", "'ll", " the", " city", "Record", "  ", "\n\n", " 1000",
+                "ü", "東京", "\x0b", "\x1c"]
+    return ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40))) for _ in range(count)]
+
+
+def test_words_equal_whole_text_ids(template: ChatTemplate) -> None:
+    words = template.codec.words
+    assert words is not None, "the tiny tokenizer is byte-level BPE: the word cache must be on"
+    whole = template.codec._encode
+    for text in _texts(3000):
+        assert words.encode(text) == whole(text), repr(text)
+        assert words.encode(text) == whole(text), repr(text)  # now from kept words
+
+
+def test_over_budget_starts_over_and_stays_exact(tokenizer: Any) -> None:
+    template = ChatTemplate(tokenizer)
+    words = template.codec.words
+    assert words is not None
+    words.budget = 40
+    longest = 0
+    for text in _texts(300) + ["Record 3: the city had about 1003 residents. " * 5]:
+        assert words.encode(text) == template.codec._encode(text), repr(text)
+        longest = max(longest, len(text))
+        assert words._chars <= max(words.budget, longest)  # a text longer than the budget is kept until the next
+
+
+def test_non_ascii_is_encoded_whole(tokenizer: Any) -> None:
+    template = ChatTemplate(tokenizer)
+    words = template.codec.words
+    assert words is not None
+    calls: list[str] = []
+    encode = words._encode
+    words._encode = lambda text: calls.append(text) or encode(text)  # type: ignore[method-assign]
+    assert words.encode("café au lait") == encode("café au lait")
+    assert words.encode("plain ascii") == encode("plain ascii")
+    assert calls == ["café au lait"]
+
+
+def test_delta_ids_through_words(template: ChatTemplate) -> None:
+    text = "<|im_end|>\n<|im_start|>user\nRecord 7: the city had about 1007 residents.<|im_end|>\n"
+    assert template.codec.encode(text) == template.tokenizer.encode(text, add_special_tokens=False)
+
+
+def test_split_pattern_only_where_exact(tokenizer: Any) -> None:
+    spec = json.loads(tokenizer.backend_tokenizer.to_str())
+    assert split_pattern(spec) == GPT2_SPLIT
+    qwen_like = {**spec, "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": "\\p{L}+|\\s+"}, "behavior": "Isolated", "invert": False},
+        {"type": "ByteLevel", "add_prefix_space": False, "use_regex": False}]}}
+    assert split_pattern(qwen_like) == "\\p{L}+|\\s+"
+    assert split_pattern({**spec, "normalizer": {"type": "NFC"}}) is None
+    assert split_pattern({**spec, "model": {**spec["model"], "dropout": 0.1}}) is None
+    assert split_pattern({**spec, "pre_tokenizer": {"type": "Metaspace"}}) is None
+    removed = {**qwen_like["pre_tokenizer"]["pretokenizers"][0], "behavior": "Removed"}
+    assert split_pattern({**spec, "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+        removed, qwen_like["pre_tokenizer"]["pretokenizers"][1]]}}) is None
+
+
+def test_disagreeing_split_gets_no_cache(tokenizer: Any) -> None:
+    """A regex that cuts words the tokenizer does not (digits one by one) fails the probes: no cache."""
+    words = Words(__import__("regex").compile(r"\d|\D+").findall,
+                  lambda texts: [tokenizer.backend_tokenizer.encode(t, add_special_tokens=False).ids for t in texts],
+                  lambda text: tokenizer.backend_tokenizer.encode(text, add_special_tokens=False).ids)
+    assert not words.agrees()

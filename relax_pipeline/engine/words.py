@@ -11,8 +11,10 @@ model without dropout, and a pre-tokenizer that is the GPT-2 `ByteLevel` regex o
 not inverted) followed by a `ByteLevel` that adds no prefix space; and then only if it agrees with whole-text
 encodes on probes. `encode` still encodes the whole text with the tokenizer when the text holds anything but
 printable ASCII, tabs and newlines (where Python's `regex` and the tokenizer's regex engine could disagree on
-a character class) or when the words do not join back to the text. Words not seen before are encoded in one
-batch call; the cache forgets everything once it holds `budget` characters.
+a character class) or when the words do not join back to the text. A text with a word not seen before is
+encoded whole in one call (what it cost before), whose tokens' word indices give every word's ids to keep (texts
+up to `LEARN_CHARS`, and only when the tokenizer's own words end where ours do); the cache forgets everything once
+it holds `budget` characters.
 
 It does not split at added tokens (`template.Pieces` does that first) and does not decode.
 """
@@ -22,12 +24,17 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
+from itertools import accumulate
 from typing import Any
 
 Encode = Callable[[str], list[int]]
 """Text → token ids."""
 GPT2_SPLIT = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 """The regex `ByteLevel(use_regex=True)` cuts words with."""
+EncodeWords = Callable[[str], tuple[list[int], list[int | None], list[int]]]
+"""Text → token ids, each token's word index, and where each of the tokenizer's own words ends (characters)."""
+LEARN_CHARS = 4096
+"""Longer texts with unknown words are encoded whole without learning their words (grouping costs Python time)."""
 WORD_CACHE_CHARS = 1 << 21
 """Characters of words kept (2 Mi, a few MiB) before the cache starts over."""
 _UNSAFE = re.compile(r"[^\t\n\r\x20-\x7e]").search
@@ -40,10 +47,10 @@ PROBES = ("Hello world", " it's  done\n\n", "x = [1, 2, 345678]; y='ab' \t z", "
 class Words:
     """Ids of texts as their words' ids joined, the ids of every word seen kept (see the module)."""
 
-    def __init__(self, split: Callable[[str], list[str]], encode_batch: Callable[[list[str]], list[list[int]]],
-                 encode: Encode, budget: int = WORD_CACHE_CHARS) -> None:
+    def __init__(self, split: Callable[[str], list[str]], encode_words: EncodeWords, encode: Encode,
+                 budget: int = WORD_CACHE_CHARS) -> None:
         self._split = split
-        self._encode_batch = encode_batch
+        self._encode_words = encode_words
         self._encode = encode
         self._kept: dict[str, list[int]] = {}
         self._chars = 0
@@ -56,43 +63,52 @@ class Words:
             import regex
 
             pattern = split_pattern(json.loads(backend.to_str()))
-            if pattern is None or not hasattr(backend, "encode_batch_fast"):
+            if pattern is None:
                 return None
             split = regex.compile(pattern).findall
         except Exception:  # noqa: BLE001 - an unknown tokenizer layout or a regex Python cannot read: no cache
             return None
 
-        def batch(texts: list[str]) -> list[list[int]]:
-            return [e.ids for e in backend.encode_batch_fast(texts, add_special_tokens=False)]
+        def encode_words(text: str) -> tuple[list[int], list[int | None], list[int]]:
+            encoding = backend.encode(text, add_special_tokens=False)
+            ends = [end for _, (_, end) in backend.pre_tokenizer.pre_tokenize_str(text)]
+            return encoding.ids, encoding.word_ids, ends
 
-        words = cls(split, batch, encode)
+        words = cls(split, encode_words, encode)
         return words if words.agrees() else None
 
     def encode(self, text: str) -> list[int]:
-        """The ids of `text` (no added tokens in it), from kept words where that is exact."""
+        """The ids of `text` (no added tokens in it): its words' kept ids, else one call that also learns them."""
         if _UNSAFE(text) is not None:
             return self._encode(text)
         words = self._split(text)
         if "".join(words) != text:
             return self._encode(text)
-        kept = self._kept
-        missing = [w for w in words if w not in kept]
-        if missing:
-            self._learn(missing, words)
-        ids: list[int] = []
-        for word in words:
-            ids += kept[word]
+        kept, ids = self._kept, []
+        try:
+            for word in words:
+                ids += kept[word]
+        except KeyError:
+            return self._learn(text, words)
         return ids
 
-    def _learn(self, missing: list[str], words: list[str]) -> None:
-        """Encode the `missing` words of a text of `words` in one call; over budget, start over with its words."""
-        if self._chars + sum(map(len, missing)) > self.budget:
-            self._kept.clear()
-            self._chars = 0
-            missing = words
-        new = list(dict.fromkeys(missing))
-        self._kept.update(zip(new, self._encode_batch(new), strict=True))
-        self._chars += sum(map(len, new))
+    def _learn(self, text: str, words: list[str]) -> list[int]:
+        """The ids of `text` in one call; its tokens grouped by word are its words' ids (kept for a short text)."""
+        if len(text) > LEARN_CHARS:
+            return self._encode(text)
+        ids, word_ids, ends = self._encode_words(text)
+        if not ids or None in word_ids or list(accumulate(map(len, words))) != ends:  # the tokenizer's own words
+            return ids
+        groups: list[list[int]] = [[] for _ in words]
+        for token, word in zip(ids, word_ids, strict=True):
+            groups[word].append(token)  # type: ignore[index]
+        if all(groups):
+            if self._chars + len(text) > self.budget:
+                self._kept.clear()
+                self._chars = 0
+            self._kept.update(zip(words, groups, strict=True))
+            self._chars += len(text)
+        return ids
 
     def agrees(self) -> bool:
         """Whether word-joined ids equal whole-text encodes on the probes (each twice: learning, then kept)."""

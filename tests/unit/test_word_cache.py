@@ -72,9 +72,28 @@ def test_split_pattern_only_where_exact(tokenizer: Any) -> None:
         removed, qwen_like["pre_tokenizer"]["pretokenizers"][1]]}}) is None
 
 
-def test_disagreeing_split_gets_no_cache(tokenizer: Any) -> None:
-    """A regex that cuts words the tokenizer does not (digits one by one) fails the probes: no cache."""
-    words = Words(__import__("regex").compile(r"\d|\D+").findall,
-                  lambda texts: [tokenizer.backend_tokenizer.encode(t, add_special_tokens=False).ids for t in texts],
-                  lambda text: tokenizer.backend_tokenizer.encode(text, add_special_tokens=False).ids)
-    assert not words.agrees()
+def test_a_disagreeing_split_learns_nothing(tokenizer: Any) -> None:
+    """A regex that cuts words where the tokenizer does not: every text is encoded whole, no word is kept."""
+    backend = tokenizer.backend_tokenizer
+
+    def encode_words(text: str) -> tuple[list[int], list[int | None], list[int]]:
+        encoding = backend.encode(text, add_special_tokens=False)
+        return encoding.ids, encoding.word_ids, [end for _, (_, end) in backend.pre_tokenizer.pre_tokenize_str(text)]
+
+    words = Words(__import__("regex").compile(r"\d\D|\D+").findall, encode_words,
+                  lambda text: backend.encode(text, add_special_tokens=False).ids)
+    for text in ["1a bcd", "ab 12 cd", *_texts(300)]:
+        assert words.encode(text) == backend.encode(text, add_special_tokens=False).ids, repr(text)
+    assert words.agrees()
+    assert not words._kept
+
+
+def test_a_long_text_is_encoded_whole_without_learning(tokenizer: Any) -> None:
+    template = ChatTemplate(tokenizer)
+    words = template.codec.words
+    assert words is not None
+    text = "Record 3: the qzxv city. " * 400
+    assert words.encode(text) == template.codec._encode(text)
+    assert " qzxv" not in words._kept
+    assert words.encode("the qzxv city") == template.codec._encode("the qzxv city")
+    assert " qzxv" in words._kept

@@ -18,8 +18,10 @@ once decode `--roofline-tokens` tokens each (temperature 0.7, as `experiment=smo
 mean decode step (the worker's `decode_s` per step: forward, sampling, bookkeeping) against the matrix products
 of that step alone (every linear layer, lm_head included, on `--batch` rows of one token, same dtype and threads,
 `matmul_floor`), measured right after each of `--reps` rounds; printed as `decode step / matmul floor N.NNx`
-(target <= 1.5), median of the rounds, once per `--cache-lens` (the arith prompts, then the same left-extended by
-an earlier conversation to 256 tokens: attention reads the whole cache every step, the floor does not).
+(target <= 1.5), median of the rounds (with `--threads 1` also in CPU time: the worker thread's CPU seconds per
+step against the floor's, which other processes on a shared machine do not inflate), once per `--cache-lens`
+(the arith prompts, then the same left-extended by an earlier conversation to 256 tokens: attention reads the
+whole cache every step, the floor does not).
 
 Generation never stops early (no stop tokens), so every run does the same work. The model is `model=smollm2`
 (`relax_pipeline.models.smollm2`, built once into the model cache); when that cannot be built a random Llama
@@ -49,7 +51,7 @@ import torch  # noqa: E402
 from _smoke import parse_args  # noqa: E402
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM  # noqa: E402
 
-from relax_pipeline.engine import hf_batch  # noqa: E402
+from relax_pipeline.engine import hf, hf_batch  # noqa: E402
 from relax_pipeline.engine.base import GenerateResult, SamplingParams  # noqa: E402
 from relax_pipeline.engine.hf import HFEngine  # noqa: E402
 from relax_pipeline.engine.settings import EngineRun, HFEngineSettings
@@ -219,19 +221,38 @@ async def grpo(folder: Path, tokenizer: object, args: argparse.Namespace) -> Non
 # (c) roofline -------------------------------------------------------------------------------------------
 
 
-def matmul_floor(model: torch.nn.Module, rows: int, passes: int = 3) -> float:
+def matmul_floor(model: torch.nn.Module, rows: int, passes: int = 3) -> tuple[float, float]:
     """Seconds of the fastest of `passes` runs of every linear layer of `model` (lm_head included) on a batch of
-    `rows` rows of one token, in the model's dtype: the matrix products of one decode step and nothing else."""
+    `rows` rows of one token, in the model's dtype: the matrix products of one decode step and nothing else. Wall
+    seconds, and the calling thread's CPU seconds (all of the work with one torch thread)."""
     weights = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
     inputs = {w.shape[1]: torch.randn(rows, w.shape[1], dtype=w.dtype, device=w.device) for w in weights}
-    best = float("inf")
+    best, best_cpu = float("inf"), float("inf")
     with torch.inference_mode():
         for _ in range(passes):
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.thread_time()
             for weight in weights:
                 torch.nn.functional.linear(inputs[weight.shape[1]], weight)
-            best = min(best, time.perf_counter() - start)
-    return best
+            best, best_cpu = min(best, time.perf_counter() - start), min(best_cpu, time.thread_time() - start_cpu)
+    return best, best_cpu
+
+
+STEP_CPU = {"seconds": 0.0}
+"""The engine worker's CPU seconds in decode steps (`count_step_cpu`)."""
+
+
+def count_step_cpu() -> None:
+    """Make every decode step of the embedded engine add its worker thread's CPU seconds to `STEP_CPU`: with one
+    torch thread, the step's work whatever else runs on the machine (wall time also counts the waits for a core
+    that other processes hold)."""
+    step = hf._Scheduler._step
+
+    def counted(scheduler: hf._Scheduler) -> None:
+        start = time.thread_time()
+        step(scheduler)
+        STEP_CPU["seconds"] += time.thread_time() - start
+
+    hf._Scheduler._step = counted  # type: ignore[method-assign]
 
 
 def padded_prompts(tokenizer: object, count: int, length: int) -> list[list[int]]:
@@ -243,34 +264,42 @@ def padded_prompts(tokenizer: object, count: int, length: int) -> list[list[int]
     return [(filler * (length // len(filler) + 1))[: max(0, length - len(p))] + p for p in prompts]
 
 
-async def decode_round(engine: HFEngine, prompts: list[list[int]], tokens: int, round_: int) -> tuple[float, int]:
+async def decode_round(engine: HFEngine, prompts: list[list[int]], tokens: int, round_: int
+                       ) -> tuple[float, float, int]:
     """All `prompts` at once, `tokens` each: mean seconds of the engine's decode steps (model, sampling and the
-    step's bookkeeping, `stats['decode_s']`) and the largest decode batch."""
-    before = dict(engine.stats)
+    step's bookkeeping, `stats['decode_s']`), their mean worker CPU seconds (`STEP_CPU`), the largest batch."""
+    before, cpu = dict(engine.stats), STEP_CPU["seconds"]
     await asyncio.gather(*(engine.generate(p, SamplingParams(max_new_tokens=tokens, temperature=0.7,
                                                               seed=1000 * round_ + i), rid=f"r{round_}-{i}")
                            for i, p in enumerate(prompts)))
     steps = engine.stats["steps"] - before["steps"]
-    return (engine.stats["decode_s"] - before["decode_s"]) / steps, int(engine.stats["max_batch"])
+    return ((engine.stats["decode_s"] - before["decode_s"]) / steps, (STEP_CPU["seconds"] - cpu) / steps,
+            int(engine.stats["max_batch"]))
 
 
 async def roofline(folder: Path, tokenizer: object, args: argparse.Namespace) -> None:
-    """Decode step at batch `--batch` against the matmul floor, side by side per round, for each `--cache-lens`."""
+    """Decode step at batch `--batch` against the matmul floor, side by side per round, for each `--cache-lens`;
+    in wall time, and with one torch thread also in CPU time (the steps' own work on a shared machine)."""
+    count_step_cpu()
     engine = await started(folder, args, 0)
     try:
         for length in args.cache_lens:
             prompts = padded_prompts(tokenizer, args.batch, length)
-            ratios, steps, floors = [], [], []
+            ratios, cpu_ratios, steps, floors = [], [], [], []
             for round_ in range(args.reps):
-                step, batch = await decode_round(engine, prompts, args.roofline_tokens, round_)
-                floor = matmul_floor(engine.model, args.batch)
+                step, step_cpu, batch = await decode_round(engine, prompts, args.roofline_tokens, round_)
+                floor, floor_cpu = matmul_floor(engine.model, args.batch)
                 steps.append(step), floors.append(floor), ratios.append(step / floor)
+                cpu_ratios.append(step_cpu / floor_cpu)
             columns = f"{min(map(len, prompts))}-{max(map(len, prompts)) + args.roofline_tokens}"
             print(f"roofline: batch {batch}, {args.dtype}, attention {args.attention or 'default'}, cache {columns} "
                   f"columns, {args.reps} rounds of {args.roofline_tokens} steps; decode step {median(steps) * 1e3:.1f} "
                   f"ms, matmul floor {median(floors) * 1e3:.1f} ms (per round: "
                   + " ".join(f"{r:.2f}" for r in ratios) + ")")
             print(f"  decode step / matmul floor {median(ratios):.2f}x (target <= 1.5)")
+            if torch.get_num_threads() == 1:
+                print(f"  in CPU time (one thread: the work itself, not the waits for a core): "
+                      f"{median(cpu_ratios):.2f}x (per round: " + " ".join(f"{r:.2f}" for r in cpu_ratios) + ")")
     finally:
         await engine.close()
 

@@ -96,15 +96,15 @@ def varying(versions: tuple[int, ...]) -> tuple[int, ...]:
     return versions if len(set(versions)) > 1 else ()
 
 
-def resume_input(prompt_ids: list[int], sampling: SamplingParams, done: GenerateResult | None
-                 ) -> tuple[list[int], SamplingParams]:
+def resume_input(prompt_ids: Sequence[int], sampling: SamplingParams, done: GenerateResult | None
+                 ) -> tuple[Sequence[int], SamplingParams]:
     """Prompt and sampling of a preempted generation's next piece: its partial tokens appended (and given as the
     stop strings' context), the remaining token budget, a seed derived from the tokens done."""
     if done is None:
         return prompt_ids, sampling
     seed = None if sampling.seed is None else derive_seed(sampling.seed, len(done.output_ids))
     left = max(sampling.max_new_tokens - len(done.output_ids), 1)
-    return prompt_ids + list(done.output_ids), replace(sampling, max_new_tokens=left, seed=seed,
+    return [*prompt_ids, *done.output_ids], replace(sampling, max_new_tokens=left, seed=seed,
                                                         stop_context=tuple(done.output_ids))
 
 

@@ -186,8 +186,9 @@ class Attachment:
     `commit` (after). Its parent is a root, a response, or an observation the request adds nothing to."""
 
     match: Match
-    prompt_ids: list[int]
-    """Ids from the root to the end of the parent (empty below a root): a fresh list the caller may extend."""
+    prompt_ids: array
+    """Ids from the root to the end of the parent (empty below a root): a fresh array the caller may extend (no list
+    of Python ints per turn: engines read any sequence)."""
     media: tuple[ImageFeatures, ...] = ()
     """Images from the root to the end of the parent, in order (when `attach` was asked for them)."""
     existing: Node | None = None
@@ -248,9 +249,9 @@ class SessionForest:
         parent = match.parent
         before = self._lineage_media(parent) if media and parent is not None else ()
         if parent is None or parent.kind == "root":
-            return Attachment(match, [], before)
+            return Attachment(match, token_array(), before)
         existing = None if match.full else self._find_child(parent, match.hashes[-1])
-        return Attachment(match, self.prompt_ids(parent), before, existing)
+        return Attachment(match, self._lineage_ids(parent)[:], before, existing)
 
     def _attach_point(self, match: Match) -> Match:
         """Attach below a response or root: an observation extended without a reply is re-rendered."""
@@ -425,18 +426,22 @@ class SessionForest:
         tokens once instead of walking every earlier node. A kept lineage moves down to the descendant
         that extends it unless it is a branch point, so a linear session keeps one copy of its tokens.
         """
+        return self._lineage_ids(node).tolist()
+
+    def _lineage_ids(self, node: Node) -> array:
+        """`prompt_ids` as the kept array itself (the caller copies it before changing it)."""
         path: list[Node] = []
         cursor: Node | None = node
         while cursor is not None and cursor.id not in self._ids_cache:
             path.append(cursor)
             cursor = self.nodes[cursor.parent] if cursor.parent is not None else None
         if not path:
-            return self._ids_cache[node.id].tolist()
+            return self._ids_cache[node.id]
         ids = self._base_ids(cursor)
         for step in reversed(path):
             ids.extend(step.token_ids)
         self._remember_ids(node.id, ids)
-        return ids.tolist()
+        return ids
 
     def _base_ids(self, cursor: Node | None) -> array:
         """The kept ids of `cursor` to extend: taken over unless it is a branch point, then copied."""

@@ -247,7 +247,7 @@ class PreparedTurn:
     attachment: Attachment
     observation: Observation
     """The new messages' ids (and images) that `commit` adds below the attach point."""
-    prompt_ids: list[int]
+    prompt_ids: Sequence[int]
     sampling: SamplingParams
     media: tuple[ImageFeatures, ...] = ()
     """Every image of the prompt, in order (for the engine)."""
@@ -310,7 +310,7 @@ class TurnService:
         obs, prompt = self._prompt(at)
         return self._prepared(d, at, obs, prompt, request, request.seed if request.seed is not None else seed)
 
-    def _prompt(self, at: Attachment) -> tuple[Sequence[int], list[int]]:
+    def _prompt(self, at: Attachment) -> tuple[Sequence[int], Sequence[int]]:
         """The observation's ids and the whole prompt: a full render below a root; nothing new on a full match;
         else the delta (or the tokens of an identical committed observation) after the lineage's ids."""
         match = at.match
@@ -323,7 +323,7 @@ class TurnService:
             obs: Sequence[int] = at.existing.token_ids
         else:
             obs = self.template.delta_ids(match.delta, match.context, match.parent.ends_turn)
-        at.prompt_ids.extend(obs)  # the attachment's fresh list: extended in place, not copied again
+        at.prompt_ids.extend(obs)  # the attachment's fresh array: extended in place, not copied again
         return obs, at.prompt_ids
 
     def check_media(self, request: TurnRequest) -> None:
@@ -345,7 +345,7 @@ class TurnService:
                                  "images; image placeholder tokens may not appear in text", "messages")
         return _TurnMedia(new, at.media + new)
 
-    def _prepared(self, d: SamplingDefaults, at: Attachment, obs: Sequence[int], prompt: list[int],
+    def _prepared(self, d: SamplingDefaults, at: Attachment, obs: Sequence[int], prompt: Sequence[int],
                   request: TurnRequest, seed: int | None) -> PreparedTurn:
         media = self._media(at, obs)
         length = len(prompt) + media.extra_tokens

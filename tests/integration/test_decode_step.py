@@ -2,8 +2,9 @@
 
 Two caches are prefilled alike (rows of different lengths, so left padding is masked), then decoded side by side,
 one through `DecodeStep`, one through the model's forward, with rows leaving in between (`hf_batch.take`): the
-tiny Qwen3 (per-head q/k norms) and a small random Llama, in float32 and bfloat16. Models it does not fit (other
-attention, sliding windows, hooks) fall back to the forward.
+tiny Qwen3 (per-head q/k norms) and a small random Llama, in float32 and bfloat16, q/k/v and gate/up as one
+product each (`Fused`) through weight updates. Models it does not fit (other attention, sliding windows, hooks)
+fall back to the forward.
 """
 
 from __future__ import annotations
@@ -29,10 +30,10 @@ def small_llama(dtype: torch.dtype) -> torch.nn.Module:
     return LlamaForCausalLM(config).to(dtype).eval()
 
 
-def side_by_side(model: torch.nn.Module, steps: int = 12) -> None:
-    """Prefill 4 rows twice, decode both copies `steps` steps (the first through `DecodeStep`), dropping rows 1
-    and 3 halfway; every step's logits must be equal."""
-    call, step = ModelCall(model), DecodeStep(model)
+def side_by_side(model: torch.nn.Module, steps: int = 12, step: DecodeStep | None = None) -> None:
+    """Prefill 4 rows twice, decode both copies `steps` steps (the first through `step`, a new `DecodeStep` by
+    default), dropping rows 1 and 3 halfway; every step's logits must be equal."""
+    call, step = ModelCall(model), step or DecodeStep(model)
     generator = torch.Generator().manual_seed(1)
     chunks = [Chunk(0, (), tuple(torch.randint(1, 250, (n,), generator=generator).tolist())) for n in (3, 9, 5, 14)]
     with torch.inference_mode():
@@ -65,6 +66,22 @@ def test_a_llama_decodes_the_forward_s_logits(dtype: torch.dtype) -> None:
     model = small_llama(dtype)
     assert isinstance(ModelCall(model).step, DecodeStep)
     side_by_side(model, steps=40)  # past SpareLayer's spare columns: the cache regrows in between
+
+
+def test_weight_updates_reach_the_stacked_products() -> None:
+    """q/k/v and gate/up run as one product each over stacked weights: `load_state_dict` (what the engine's weight
+    update does) writes through the modules' views, and a parameter given another tensor is stacked again."""
+    model = small_llama(torch.float32)
+    step = DecodeStep(model)
+    generator = torch.Generator().manual_seed(3)
+    new = {name: torch.randn(value.shape, generator=generator) * 0.1
+           for name, value in model.state_dict().items() if name.endswith("proj.weight")}
+    with torch.no_grad():
+        model.load_state_dict(new, strict=False)
+    side_by_side(model, steps=3, step=step)
+    model.model.layers[1].mlp.up_proj.weight.data = torch.randn(96, 64, generator=generator)
+    side_by_side(model, steps=3, step=step)
+    assert step.fused[1][1]._intact()
 
 
 def test_the_rotary_table_grows_past_its_first_size() -> None:

@@ -9,12 +9,13 @@ than looking up all of them (about 17 µs vs 8 µs for a 40-token tool result).
 `Words.of` builds the cache only for a tokenizer where this is exact by construction: no normalizer, a BPE
 model without dropout, and a pre-tokenizer that is the GPT-2 `ByteLevel` regex or one `Split` regex (isolated,
 not inverted) followed by a `ByteLevel` that adds no prefix space; and then only if it agrees with whole-text
-encodes on probes. `encode` still encodes the whole text with the tokenizer when the text holds anything but
-printable ASCII, tabs and newlines (where Python's `regex` and the tokenizer's regex engine could disagree on
-a character class) or when the words do not join back to the text. A text with a word not seen before is
-encoded whole in one call (what it cost before), whose tokens' word indices give every word's ids to keep (texts
-up to `LEARN_CHARS`, and only when the tokenizer's own words end where ours do); the cache forgets everything once
-it holds `budget` characters.
+encodes on probes. Words are cut with the tokenizer's own regex (Python's `regex`, the same leftmost-first
+semantics), and `encode` still encodes the whole text with the tokenizer when the text holds anything but
+printable ASCII, tabs and newlines (where two regex engines could disagree on a character class) or when the
+words do not join back to the text. A text with a word not seen before is encoded whole in one call (what it cost
+before), whose tokens' word indices give every word's ids to keep (texts up to `LEARN_CHARS`, and only when the
+tokenizer cut as many words), unless it misses at most `FEW_WORDS` words: those are encoded one by one. The cache
+forgets everything once it holds `budget` characters.
 
 It does not split at added tokens (`template.Pieces` does that first) and does not decode.
 """
@@ -24,15 +25,16 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from itertools import accumulate
 from typing import Any
 
 Encode = Callable[[str], list[int]]
 """Text → token ids."""
 GPT2_SPLIT = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 """The regex `ByteLevel(use_regex=True)` cuts words with."""
-EncodeWords = Callable[[str], tuple[list[int], list[int | None], list[int]]]
-"""Text → token ids, each token's word index, and where each of the tokenizer's own words ends (characters)."""
+EncodeWords = Callable[[str], tuple[list[int], list[int | None]]]
+"""Text → token ids and each token's word index (the tokenizer's own pre-tokenizer words)."""
+FEW_WORDS = 3
+"""A text missing at most this many words encodes each of them on its own (cheaper than the whole text)."""
 LEARN_CHARS = 4096
 """Longer texts with unknown words are encoded whole without learning their words (grouping costs Python time)."""
 WORD_CACHE_CHARS = 1 << 21
@@ -69,10 +71,9 @@ class Words:
         except Exception:  # noqa: BLE001 - an unknown tokenizer layout or a regex Python cannot read: no cache
             return None
 
-        def encode_words(text: str) -> tuple[list[int], list[int | None], list[int]]:
+        def encode_words(text: str) -> tuple[list[int], list[int | None]]:
             encoding = backend.encode(text, add_special_tokens=False)
-            ends = [end for _, (_, end) in backend.pre_tokenizer.pre_tokenize_str(text)]
-            return encoding.ids, encoding.word_ids, ends
+            return encoding.ids, encoding.word_ids
 
         words = cls(split, encode_words, encode)
         return words if words.agrees() else None
@@ -89,26 +90,42 @@ class Words:
             for word in words:
                 ids += kept[word]
         except KeyError:
+            return self._fill(text, words)
+        return ids
+
+    def _fill(self, text: str, words: list[str]) -> list[int]:
+        """`encode` for a text with words not kept: a few are encoded one by one, more through `_learn`."""
+        kept = self._kept
+        missing = list(dict.fromkeys(w for w in words if w not in kept))
+        if len(missing) > FEW_WORDS:
             return self._learn(text, words)
+        new = {w: self._encode_words(w)[0] for w in missing}
+        ids: list[int] = []
+        for word in words:
+            ids += new.get(word) or kept[word]
+        self._keep(missing, list(new.values()), sum(map(len, missing)))
         return ids
 
     def _learn(self, text: str, words: list[str]) -> list[int]:
         """The ids of `text` in one call; its tokens grouped by word are its words' ids (kept for a short text)."""
         if len(text) > LEARN_CHARS:
             return self._encode(text)
-        ids, word_ids, ends = self._encode_words(text)
-        if not ids or None in word_ids or list(accumulate(map(len, words))) != ends:  # the tokenizer's own words
+        ids, word_ids = self._encode_words(text)
+        if not ids or None in word_ids or word_ids[-1] != len(words) - 1:  # the tokenizer cut as many words
             return ids
         groups: list[list[int]] = [[] for _ in words]
         for token, word in zip(ids, word_ids, strict=True):
             groups[word].append(token)  # type: ignore[index]
         if all(groups):
-            if self._chars + len(text) > self.budget:
-                self._kept.clear()
-                self._chars = 0
-            self._kept.update(zip(words, groups, strict=True))
-            self._chars += len(text)
+            self._keep(words, groups, len(text))
         return ids
+
+    def _keep(self, words: list[str], ids: list[list[int]], chars: int) -> None:
+        if self._chars + chars > self.budget:
+            self._kept.clear()
+            self._chars = 0
+        self._kept.update(zip(words, ids, strict=True))
+        self._chars += chars
 
     def agrees(self) -> bool:
         """Whether word-joined ids equal whole-text encodes on the probes (each twice: learning, then kept)."""

@@ -9,7 +9,7 @@ import random
 from typing import Any
 
 from relax_pipeline.engine.template import ChatTemplate
-from relax_pipeline.engine.words import GPT2_SPLIT, Words, split_pattern
+from relax_pipeline.engine.words import GPT2_SPLIT, split_pattern
 
 
 def _texts(count: int) -> list[str]:
@@ -72,20 +72,18 @@ def test_split_pattern_only_where_exact(tokenizer: Any) -> None:
         removed, qwen_like["pre_tokenizer"]["pretokenizers"][1]]}}) is None
 
 
-def test_a_disagreeing_split_learns_nothing(tokenizer: Any) -> None:
-    """A regex that cuts words where the tokenizer does not: every text is encoded whole, no word is kept."""
-    backend = tokenizer.backend_tokenizer
-
-    def encode_words(text: str) -> tuple[list[int], list[int | None], list[int]]:
-        encoding = backend.encode(text, add_special_tokens=False)
-        return encoding.ids, encoding.word_ids, [end for _, (_, end) in backend.pre_tokenizer.pre_tokenize_str(text)]
-
-    words = Words(__import__("regex").compile(r"\d\D|\D+").findall, encode_words,
-                  lambda text: backend.encode(text, add_special_tokens=False).ids)
-    for text in ["1a bcd", "ab 12 cd", *_texts(300)]:
-        assert words.encode(text) == backend.encode(text, add_special_tokens=False).ids, repr(text)
-    assert words.agrees()
-    assert not words._kept
+def test_words_are_the_tokenizers_own(tokenizer: Any) -> None:
+    """On the texts the cache reads (printable ASCII, tabs, newlines) its words are the pre-tokenizer's, exactly."""
+    words = ChatTemplate(tokenizer).codec.words
+    assert words is not None
+    pre = tokenizer.backend_tokenizer.pre_tokenizer
+    rng = random.Random(2)
+    alphabet = [*(chr(c) for c in range(32, 127)), "\t", "\n", "\r", "'s", "'ll", "  ", "\n\n", " 1000"]
+    for _ in range(3000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40)))
+        ends = [end for _, (_, end) in pre.pre_tokenize_str(text)]
+        cut = words._split(text)
+        assert [sum(len(w) for w in cut[: i + 1]) for i in range(len(cut))] == ends, repr(text)
 
 
 def test_a_long_text_is_encoded_whole_without_learning(tokenizer: Any) -> None:
@@ -97,3 +95,17 @@ def test_a_long_text_is_encoded_whole_without_learning(tokenizer: Any) -> None:
     assert " qzxv" not in words._kept
     assert words.encode("the qzxv city") == template.codec._encode("the qzxv city")
     assert " qzxv" in words._kept
+
+
+def test_a_few_new_words_are_encoded_one_by_one(tokenizer: Any) -> None:
+    template = ChatTemplate(tokenizer)
+    words = template.codec.words
+    assert words is not None
+    base = "Record 3: the city had about 1003 residents."
+    assert words.encode(base) == template.codec._encode(base)
+    calls: list[str] = []
+    encode_words = words._encode_words
+    words._encode_words = lambda text: calls.append(text) or encode_words(text)  # type: ignore[method-assign]
+    text = "Record 3: the city had about 2718 residents."
+    assert words.encode(text) == template.codec._encode(text)
+    assert calls == [" 2718"]

@@ -141,6 +141,9 @@ class DecodeStep:
                  ) -> torch.Tensor:
         """Logits of `ids` [rows, 1] at `positions` [rows, 1]; `mask` [rows, columns] marks each row's tokens,
         this one's included (the last column); `cache` holds one `SpareLayer` per layer and grows by a column."""
+        if len(cache.layers) != len(self.layers):
+            raise ValueError(f"decode step: the cache has {len(cache.layers)} layers, the model {len(self.layers)}; "
+                             "prefill first")
         hidden = self.model.model.embed_tokens(ids)
         cos, sin = self._rotary(positions, hidden)
         bias = torch.zeros(mask.shape[0], 1, 1, mask.shape[1], dtype=hidden.dtype, device=hidden.device)

@@ -77,6 +77,7 @@ from relax_pipeline.tracking.dump import RolloutDump
 from relax_pipeline.tracking.logs import run_logging
 from relax_pipeline.tracking.metrics_file import MetricsFile
 from relax_pipeline.tracking.traces import TraceWriter
+from relax_pipeline.train.allocator import bound_cpu_memory, keep_freed_cpu_memory, wants_freed_memory_kept
 from relax_pipeline.train.base import Trainer
 from relax_pipeline.train.settings import TrainerRun
 from relax_pipeline.turn.service import ForestStore, SamplingDefaults, TurnService
@@ -97,6 +98,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
         try:
             config = records(cfg)
             validate(config)
+            _allocator(config)
             (output_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
             log.info("job=%s output_dir=%s log=%s", config.job, output_dir, log_path)
             resolved = OmegaConf.to_container(cfg, resolve=True)  # what the tracker records
@@ -107,6 +109,18 @@ def run(cfg: DictConfig) -> dict[str, float]:
         except BaseException as error:
             log.error("run failed: %s", _one_sentence(error))
             raise
+
+
+def _allocator(config: Config) -> None:
+    """A training run on the CPU uses one malloc arena, set before any thread starts (train/allocator.py): the
+    engine then reuses what training frees, and the reverse. `trainer.keep_freed_memory` picks the policy."""
+    t = config.trainer
+    if config.job != "train" or t.device.split(":")[0] != "cpu":
+        return
+    if wants_freed_memory_kept(t.keep_freed_memory, t.device):
+        keep_freed_cpu_memory()
+    else:
+        bound_cpu_memory()
 
 
 async def _run_job(config: Config, resolved: Any, output_dir: Path, signals: StopSignals) -> dict[str, float]:

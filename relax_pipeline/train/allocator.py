@@ -14,9 +14,20 @@ DeepSpeed worker ranks call it in their own processes. It is process-wide and is
 
 Kept memory is kept per malloc arena, and glibc gives each thread that allocates its own arena (up to 8 per
 core): training run in whichever `asyncio.to_thread` pool thread is free left each of them holding its own peak,
-and the process grew 0.3-0.6 GB a step. `TrainingThread` runs all of a trainer's heavy work (train, load, the
-engine's weight copy) on one thread of its own, so every step reuses one arena's kept heap; the torch trainer
-uses it whenever it keeps freed memory.
+and the process grew 0.3-0.6 GB a step; the engine's worker thread kept its own peak (KV cache, decode buffers)
+beside the trainer's. So the settings also limit the process to one arena, made before the run starts any
+thread (`run.py` calls this first): what training frees, the engine reuses, and the reverse
+(`bench/learning.py --steps 4`, smollm2_arith: peak 5.17 GB with an arena per thread, 4.89 GB with one).
+
+The kept heap's price is fragmentation: with every chunk in one heap that is never trimmed, a step's freed
+tensors leave holes the next step's differently sized ones do not fit, and the heap grows with 1-2 GB free inside
+it. `bound_cpu_memory` is the other policy, for a run whose peak matters more than its page faults (`run.py`
+applies it to a CPU training run with `trainer.keep_freed_memory=false`; the SmolLM2 presets choose it): one
+arena, and every chunk of 4 MiB or more mapped fresh and returned when freed, so the resident size follows what
+is live. For SmolLM2's trainer alone on 64 arith samples in micro-batches of 16, peaks were 3.35-3.47 GB bounded
+against 3.68-4.00 GB kept and growing; page faults 0.64-0.80 M a step against 0.22-0.40 M.
+`TrainingThread` runs all of a trainer's heavy work (train, load, the engine's weight copy) on one thread of its
+own; the torch trainer uses it whenever it keeps freed memory.
 
 What this module does not do: anything off glibc (musl, macOS: a no-op that returns False), GPU memory (the
 CUDA caching allocator already reuses blocks), or replace the allocator (jemalloc or tcmalloc through
@@ -35,21 +46,32 @@ from typing import Any, TypeVar
 log = logging.getLogger(__name__)
 Result = TypeVar("Result")
 
-M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_MAX = -1, -2, -4
+M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD, M_MMAP_MAX, M_ARENA_MAX = -1, -2, -3, -4, -8
 """glibc's `mallopt` parameter numbers (malloc.h)."""
-SETTINGS = ((M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, 2**31 - 1), (M_TOP_PAD, 64 << 20))
-"""No mmap'd chunks; never trim the heap; grow it 64 MiB beyond each request."""
+SETTINGS = ((M_ARENA_MAX, 1), (M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, 2**31 - 1), (M_TOP_PAD, 64 << 20))
+"""Kept: one arena for every thread; no mmap'd chunks; never trim the heap; grow it 64 MiB beyond each request."""
+BOUNDED = ((M_ARENA_MAX, 1), (M_MMAP_THRESHOLD, 4 << 20))
+"""Bounded: one arena for every thread; chunks of 4 MiB and more mapped fresh and returned when freed."""
 
 
 def keep_freed_cpu_memory() -> bool:
     """Set `SETTINGS` for this process; True when glibc accepted them, False where there is no `mallopt`."""
+    return _mallopt(SETTINGS)
+
+
+def bound_cpu_memory() -> bool:
+    """Set `BOUNDED` for this process (see the module); True when glibc accepted them."""
+    return _mallopt(BOUNDED)
+
+
+def _mallopt(settings: tuple[tuple[int, int], ...]) -> bool:
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):
         log.info("no glibc mallopt here: freed CPU memory is returned to the system as usual")
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    return all(mallopt(option, value) == 1 for option, value in SETTINGS)
+    return all(mallopt(option, value) == 1 for option, value in settings)
 
 
 def wants_freed_memory_kept(setting: bool | None, device: str) -> bool:

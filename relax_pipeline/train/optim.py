@@ -37,9 +37,20 @@ class OptimSettings:
                                  + (" (0 disables clipping)" if key == "grad_clip" else ""))
 
 
+FUSED_DEVICES = ("cpu", "cuda")
+"""Devices with torch's fused AdamW kernel."""
+
+
 def adamw(params: Iterable[torch.nn.Parameter], settings: OptimSettings) -> torch.optim.AdamW:
-    """torch's AdamW with the configured learning rate and weight decay."""
-    return torch.optim.AdamW(params, lr=settings.lr, weight_decay=settings.weight_decay)
+    """torch's AdamW with the configured learning rate and weight decay, fused where every parameter allows it.
+
+    The fused kernel updates each tensor in one pass: the default multi-tensor path makes a parameter-sized
+    temporary (the square root of the second moment) and, for SmolLM2 on this CPU, took 1.6-2.3 s a step against
+    0.23-0.29 s fused. Both compute the same update; the order of floating-point operations differs.
+    """
+    params = list(params)
+    fused = bool(params) and all(p.device.type in FUSED_DEVICES and p.is_floating_point() for p in params)
+    return torch.optim.AdamW(params, lr=settings.lr, weight_decay=settings.weight_decay, fused=fused or None)
 
 
 def clip_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grad_clip: float) -> float:

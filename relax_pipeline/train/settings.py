@@ -65,7 +65,8 @@ class TrainerSettings:
     policy's tokenizer, whose logprobs of the generated tokens the loss pulls the policy toward (reverse KL)."""
     keep_freed_memory: bool | None = None
     """Keep freed CPU memory mapped for reuse (glibc mallopt, train/allocator.py): large training tensors then
-    skip the page faults of fresh memory, and the process keeps its peak size. Null: on for a CPU device."""
+    skip the page faults of fresh memory, and the process keeps its peak size. Null: on for a CPU device. False
+    on a CPU: a training run maps chunks of 4 MiB and more fresh, so its size follows what is live."""
     save_interval: int | None = None
     """Save a checkpoint every N steps (and at the end); None saves only at the end."""
     resume: bool = False

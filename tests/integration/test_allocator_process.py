@@ -1,7 +1,9 @@
 """`trainer.keep_freed_memory` (train/allocator.py): freed large buffers stay mapped for reuse.
 
 Each case runs in a fresh interpreter, since the setting is process-wide and cannot be undone: a 256 MiB
-tensor is filled, freed, and the resident size is read back from /proc. (The setting's default, which needs no
+tensor is filled, freed, and the resident size is read back from /proc; under the bounded policy, 8 MiB
+chunks freed between live small ones go back to the system, where malloc's default would keep them.
+(The setting's default, which needs no
 process, is tested in `tests/unit/test_allocator.py`.)
 """
 
@@ -27,8 +29,25 @@ print(kept, round(rss_mib() - before))
 """
 
 
-def resident_after_free(mode: str) -> tuple[str, int]:
-    out = subprocess.run([sys.executable, "-c", PROBE, mode], capture_output=True, text=True, check=True)
+BOUND_PROBE = """
+import sys, torch
+from relax_pipeline.train.allocator import bound_cpu_memory
+bound = bound_cpu_memory() if sys.argv[1] == "bound" else None
+def rss_mib():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096 / 2**20
+first = torch.ones(2 << 20)
+del first  # a freed 8 MiB chunk: malloc's own threshold rises past 8 MiB
+before = rss_mib()
+pairs = [(torch.ones(2 << 20), torch.ones(16 << 10)) for _ in range(32)]  # 8 MiB each, a small one between
+small = [s for _, s in pairs]
+del pairs
+print(bound, round(rss_mib() - before))
+"""
+
+
+def resident_after_free(mode: str, probe: str = PROBE) -> tuple[str, int]:
+    out = subprocess.run([sys.executable, "-c", probe, mode], capture_output=True, text=True, check=True)
     kept, grown = out.stdout.split()
     return kept, int(grown)
 
@@ -40,3 +59,11 @@ def test_freed_buffers_stay_mapped_only_when_asked() -> None:
     _, grown = resident_after_free("default")
     assert grown < 64, f"by default malloc unmaps a freed 256 MiB buffer (grew {grown} MiB)"
 
+
+
+@pytest.mark.skipif(not Path("/proc/self/statm").exists() or sys.platform != "linux", reason="reads /proc (Linux)")
+def test_bounded_memory_returns_freed_mid_sized_chunks() -> None:
+    bound, grown = resident_after_free("bound", BOUND_PROBE)
+    assert bound == "True" and grown < 64, f"bounded: freed 8 MiB chunks go back to the system (grew {grown} MiB)"
+    _, grown = resident_after_free("default", BOUND_PROBE)
+    assert grown >= 200, f"by default the heap keeps 8 MiB chunks between live small ones (grew {grown} MiB)"

@@ -22,10 +22,11 @@ thread (`run.py` calls this first): what training frees, the engine reuses, and 
 The kept heap's price is fragmentation: with every chunk in one heap that is never trimmed, a step's freed
 tensors leave holes the next step's differently sized ones do not fit, and the heap grows with 1-2 GB free inside
 it. `bound_cpu_memory` is the other policy, for a run whose peak matters more than its page faults (`run.py`
-applies it to a CPU training run with `trainer.keep_freed_memory=false`; the SmolLM2 presets choose it): one
+applies it to a CPU training run with `trainer.keep_freed_memory=false`; `experiment=smollm2_agent` chooses it): one
 arena, and every chunk of 4 MiB or more mapped fresh and returned when freed, so the resident size follows what
 is live. For SmolLM2's trainer alone on 64 arith samples in micro-batches of 16, peaks were 3.35-3.47 GB bounded
 against 3.68-4.00 GB kept and growing; page faults 0.64-0.80 M a step against 0.22-0.40 M.
+
 `TrainingThread` runs all of a trainer's heavy work (train, load, the engine's weight copy) on one thread of its
 own; the torch trainer uses it whenever it keeps freed memory.
 

@@ -2,9 +2,8 @@
 
 Each case runs in a fresh interpreter, since the setting is process-wide and cannot be undone: a 256 MiB
 tensor is filled, freed, and the resident size is read back from /proc; under the bounded policy, 8 MiB
-chunks freed between live small ones go back to the system, where malloc's default would keep them.
-(The setting's default, which needs no
-process, is tested in `tests/unit/test_allocator.py`.)
+chunks freed between live small ones go back to the system, where malloc's default would keep them. (The
+setting's default, which needs no process, is tested in `tests/unit/test_allocator.py`.)
 """
 
 from __future__ import annotations

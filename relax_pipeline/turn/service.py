@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
 import secrets
 import time
@@ -75,7 +76,8 @@ __all__ = ["HISTORY_POLICIES", "ForestStore", "Lease", "SamplingDefaults", "Sess
 
 log = logging.getLogger(__name__)
 _RIDS = random.Random(secrets.randbits(64))
-"""Engine request ids: unique, not secret, so no system call each."""
+"""Engine request ids: unique, not secret, so no system call each; a forked child draws from a fresh seed."""
+os.register_at_fork(after_in_child=lambda: _RIDS.seed(secrets.randbits(64)))
 HISTORY_POLICIES = ("tokens", "render")
 T = TypeVar("T")
 
@@ -489,10 +491,8 @@ def _check_last_message(messages: tuple[Message, ...]) -> None:
     if not messages:
         raise CanonicalError("messages must contain at least one message", "messages")
     if messages[-1].role == "assistant":
-        raise CanonicalError(
-            "the last message must come from user, tool or system; assistant prefill is not supported",
-            f"messages[{len(messages) - 1}].role",
-        )
+        raise CanonicalError("the last message must come from user, tool or system; assistant prefill is not "
+                             "supported", f"messages[{len(messages) - 1}].role")
 
 
 def _rid() -> str:

@@ -9,7 +9,7 @@ import random
 from typing import Any
 
 from relax_pipeline.engine.template import ChatTemplate
-from relax_pipeline.engine.words import GPT2_SPLIT, split_pattern
+from relax_pipeline.engine.words import GPT2_SPLIT, ascii_pattern, ascii_split, split_pattern
 
 
 def _texts(count: int) -> list[str]:
@@ -109,3 +109,28 @@ def test_a_few_new_words_are_encoded_one_by_one(tokenizer: Any) -> None:
     text = "Record 3: the city had about 2718 residents."
     assert words.encode(text) == template.codec._encode(text)
     assert calls == [" 2718"]
+
+
+LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def test_ascii_split_cuts_as_regex_does() -> None:
+    """The `re` form of a word regex cuts every text the cache reads as Python's `regex` cuts it with the original."""
+    import regex
+
+    rng = random.Random(3)
+    alphabet = [*(chr(c) for c in range(32, 127)), "\t", "\n", "\r", "'s", "'LL", "  ", "\n\n", " 1000", "\r\n "]
+    texts = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 60))) for _ in range(3000)]
+    for pattern in (GPT2_SPLIT, LLAMA3_SPLIT):
+        fast, exact = ascii_split(pattern), regex.compile(pattern).findall
+        assert fast is not None, pattern
+        for text in texts:
+            assert fast(text) == exact(text), (pattern, text)
+
+
+def test_ascii_pattern_keeps_other_properties_in_regex() -> None:
+    assert ascii_pattern(r"[^\s\p{L}]+| ?\p{N}") == r"[^\sA-Za-z]+| ?[0-9]"
+    assert ascii_pattern(r"\p{M}+|\p{L}") is None
+    assert ascii_pattern(r"\pL+") is None
+    assert ascii_split(r"\p{Lu}+|.") is None

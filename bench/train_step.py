@@ -17,8 +17,15 @@ train through two `TorchTrainer`s that differ only in `trainer.batching.tree` (b
 less its shared prompt; the tree's nodes), the median step times and their ratio, `tree speed-up N.NNx` (target
 >= 3x). The model is SmolLM2-135M-Instruct (`model=smollm2`, built locally), or `--model tiny`.
 
+`--case lean`: the lean activations (`trainer.lean_activations`, train/lean_layers.py, and the grouped kernel's bf16
+probabilities) on and off, on the step `experiment=smollm2_arith` trains: `--groups` GRPO groups of 8 rows sharing
+a prompt of 48 tokens, 16 response tokens each, bf16 autocast, grouped attention, one micro-batch. Two
+`TorchTrainer`s alternate rep by rep; printed: the bytes each step keeps for the backward (every tensor autograd
+saves, counted once per storage, weights' casts included), the median step times and their ratio.
+
     python bench/train_step.py [--reps 10] [--samples 16] [--length 300] [--smoke]
     python bench/train_step.py --case tree [--sessions 2] [--turns 8] [--reps 2] [--model smollm2|tiny] [--smoke]
+    python bench/train_step.py --case lean [--groups 8] [--reps 6] [--model smollm2|tiny] [--smoke]
 """
 
 from __future__ import annotations
@@ -96,18 +103,19 @@ def timed(step: object) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--case", choices=("step", "tree"), default="step")
+    parser.add_argument("--case", choices=("step", "tree", "lean"), default="step")
     parser.add_argument("--reps", type=int, default=None, help="timed reps (default: 10 for step, 2 for tree)")
     parser.add_argument("--samples", type=int, default=16)
     parser.add_argument("--length", type=int, default=300)
     parser.add_argument("--sessions", type=int, default=2, help="--case tree: forked sessions sharing a prompt")
     parser.add_argument("--turns", type=int, default=8, help="--case tree: turns per session (a fork at each)")
     parser.add_argument("--budget", type=int, default=4096, help="--case tree: trainer.batching.max_tokens_per_gpu")
-    parser.add_argument("--model", choices=("smollm2", "tiny"), default="smollm2", help="--case tree's model")
+    parser.add_argument("--groups", type=int, default=8, help="--case lean: GRPO groups of 8 rows")
+    parser.add_argument("--model", choices=("smollm2", "tiny"), default="smollm2", help="--case tree's and lean's model")
     parser.add_argument("--device", default="cpu", help="trainer.device (and the bare step's), e.g. cuda")
-    args = parse_args(parser, reps=1, samples=2, length=32, turns=3, model="tiny")
-    if args.case == "tree":
-        tree_case(args)
+    args = parse_args(parser, reps=1, samples=2, length=32, turns=3, groups=1, model="tiny")
+    if args.case in CASES:
+        CASES[args.case](args)
         return
     path = build_tiny(seed=0)
     samples = synthetic_samples(args.samples, args.length)
@@ -195,6 +203,64 @@ def tree_case(args: argparse.Namespace) -> None:
     slow, fast = statistics.median(times[False]), statistics.median(times[True])
     print(f"step time         per-row {slow:8.2f} s tree {fast:8.2f} s (median of {len(times[True])})")
     print(f"tree speed-up {slow / fast:.2f}x  (target >= 3x)")
+
+
+# ---- --case lean -------------------------------------------------------------------------------------------
+
+
+def arith_groups(groups: int, seed: int = 0) -> list[Sample]:
+    """`groups` GRPO groups of 8 rows: a shared 48-token prompt and 16 response tokens each."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(groups):
+        prompt = _ids(rng, 48)
+        for _ in range(8):
+            logprobs = tuple(-rng.uniform(0.1, 3.0) for _ in range(16))
+            rows.append(Sample(prompt + _ids(rng, 16), 48, (1,) * 16, logprobs, advantage=rng.uniform(-1.0, 1.0)))
+    return rows
+
+
+def kept_bytes(trainer: TorchTrainer, samples: list[Sample]) -> int:
+    """Bytes one `train` call keeps for the backward: every tensor autograd saves, once per storage."""
+    kept: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if not isinstance(t, torch.nn.Parameter):
+            kept[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    def train() -> None:  # on the trainer's own thread: saved-tensor hooks are per thread
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            trainer._train(samples)
+
+    trainer.thread.run(train)
+    return sum(kept.values())
+
+
+def lean_case(args: argparse.Namespace) -> None:
+    path, named = tree_model(args.model)
+    samples = arith_groups(args.groups)
+    batching = BatchSettings(micro_batch_size=len(samples))
+    trainers = {lean: TorchTrainer(TrainerSettings(device=args.device, batching=batching, autocast="bfloat16",
+                                                   attn_implementation="grouped", lean_activations=lean),
+                                   TrainerRun(str(path))) for lean in (False, True)}
+    times: dict[bool, list[float]] = {False: [], True: []}
+    for rep in range((args.reps or 6) + 1):  # one warm-up rep each
+        for lean, trainer in trainers.items():
+            elapsed = timed(lambda t=trainer: t.train(samples))
+            if rep >= 1:
+                times[lean].append(elapsed)
+    kept = {lean: kept_bytes(trainer, samples) for lean, trainer in trainers.items()}
+    print(f"model: {named}, torch threads {torch.get_num_threads()}, bf16 autocast, grouped attention")
+    print(f"workload: {args.groups} groups x 8 rows (48 prompt + 16 response tokens), one micro-batch")
+    print(f"kept for the backward   transformers' {kept[False] / 2**20:8.1f} MiB   lean {kept[True] / 2**20:8.1f} MiB   "
+          f"lean / transformers' {kept[True] / kept[False]:.2f}")
+    slow, fast = statistics.median(times[False]), statistics.median(times[True])
+    print(f"step time               transformers' {slow:8.2f} s     lean {fast:8.2f} s     "
+          f"lean / transformers' {fast / slow:.2f} (median of {len(times[True])})")
+
+
+CASES = {"tree": tree_case, "lean": lean_case}
 
 
 def report(tokens: int, ours_times: list[float], bare_times: list[float]) -> None:

@@ -12,7 +12,11 @@ took 4.7-5.4 s against 5.6-7.8 s through sdpa's CPU flash-attention kernel. The 
 float mask `[B, 1, Q, L]`, registered as this implementation's mask function), broadcast over the group.
 Keys and values wider than the mask (the embedded engine's decode step hands over its whole KV buffer, a
 contiguous tensor the matmuls read in place, its unused columns zero: `engine/hf_batch.SpareLayer.wide`) have
-the columns past the mask masked out. `register_grouped_attention` makes the name known to transformers; it is
+the columns past the mask masked out. Under autograd at a lower precision (bf16 autocast), the probabilities are
+kept for the backward once, in that precision (`_LowPrecisionSoftmax`): transformers' eager kernel keeps the float32
+softmax and its bf16 cast, a float32 `[B, H, Q, L]` per layer (in a 64-sample SmolLM2 arith step, 270 MiB of the
+1.6 GB the step kept). The forward is the same; the softmax's gradient reads the bf16 probabilities the value
+matmul reads anyway, so it differs from eager's by their rounding. `register_grouped_attention` makes the name known to transformers; it is
 idempotent and `load_pretrained` calls it when asked for `grouped`. `IMPLEMENTATIONS` lists what the engine's
 and the trainer's keys accept.
 
@@ -61,9 +65,40 @@ def grouped_attention(
         if mask.shape[-1] < kv_length:  # keys wider than the mask: the columns past it are masked out
             mask = torch.nn.functional.pad(mask, (0, kv_length - mask.shape[-1]), value=torch.finfo(mask.dtype).min)
         scores = (scores.view(batch, kv_heads, group, length, kv_length) + mask).view(scores.shape)
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    probs = softmax_probs(scores, _matmul_dtype(query))
     output = torch.matmul(probs, value).view(batch, heads, length, dim)
     return output.transpose(1, 2).contiguous(), None
+
+
+def _matmul_dtype(query: torch.Tensor) -> torch.dtype:
+    """The dtype the value matmul reads: autocast's where it is on (rotary embeddings leave the query float32),
+    else the query's."""
+    device = query.device.type
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else query.dtype
+
+
+def softmax_probs(scores: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """softmax(scores) over the last axis in float32, cast to `dtype`; kept for the backward only in `dtype`."""
+    if dtype != torch.float32 and torch.is_grad_enabled() and scores.requires_grad:
+        return _LowPrecisionSoftmax.apply(scores, dtype)
+    return torch.softmax(scores, dim=-1, dtype=torch.float32).to(dtype)
+
+
+class _LowPrecisionSoftmax(torch.autograd.Function):
+    """Float32 softmax cast to a lower precision, saving only the cast probabilities for the backward."""
+
+    @staticmethod
+    def forward(ctx: Any, scores: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(dtype)
+        ctx.save_for_backward(probs)
+        ctx.scores_dtype = scores.dtype
+        return probs
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        probs = ctx.saved_tensors[0].float()
+        grad = grad.float()
+        return (probs * (grad - (grad * probs).sum(-1, keepdim=True))).to(ctx.scores_dtype), None
 
 
 def register_grouped_attention() -> None:

@@ -156,7 +156,8 @@ class DeepSpeedTrainer(TorchTrainer):
 
         self._owns_group = init_process_group(deepspeed)
         self.device = torch.device(get_accelerator().device_name(int(os.environ["LOCAL_RANK"])))
-        policy, self.pad_id = load_policy(self.model_path, self.seed, str(self.device), self.attn_implementation)
+        policy, self.pad_id = load_policy(self.model_path, self.seed, str(self.device), self.attn_implementation,
+                                          self.trainer_settings.lean_activations)
         self.reference = frozen_copy(policy) if needs_reference else None
         self.teacher = load_teacher(self.trainer_settings.teacher, policy, self.device)
         optimizer = adamw(policy.parameters(), self.optim)

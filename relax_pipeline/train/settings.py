@@ -60,6 +60,9 @@ class TrainerSettings:
     """The policy's attention kernel: `eager`, `sdpa`, or `grouped` (models/attention.py: eager without copying
     the KV cache for each query head; on a CPU under bf16 autocast about 25% faster a step than sdpa); null keeps
     transformers' default (sdpa)."""
+    lean_activations: bool = True
+    """Under autocast, the policy's norms and SwiGLU MLPs keep less for the backward (train/lean_layers.py: the same
+    forward, gradients equal to rounding, about a fifth less activation memory); false keeps transformers' own."""
     teacher: str | None = None
     """Hugging Face folder of the distillation teacher (`trainer.loss.distill_coef` > 0): a frozen model sharing the
     policy's tokenizer, whose logprobs of the generated tokens the loss pulls the policy toward (reverse KL)."""

@@ -45,6 +45,7 @@ from relax_pipeline.models.attention import check_implementation
 from relax_pipeline.models.folder import WEIGHTS_FILE, copy_model_files, save_weights
 from relax_pipeline.train.allocator import TrainingThread, keep_freed_cpu_memory, wants_freed_memory_kept
 from relax_pipeline.train.batching import global_batches
+from relax_pipeline.train.lean_layers import lean_activations
 from relax_pipeline.train.optim import adamw, clip_and_step
 from relax_pipeline.train.provenance import MicroBatchTime, version_lag
 from relax_pipeline.train.settings import TrainerRun, TrainerSettings
@@ -90,7 +91,8 @@ class TorchTrainer:
 
     def _setup(self, device: str, needs_reference: bool) -> None:
         """Seed, load the policy (and reference) on `device`, build AdamW."""
-        self.policy, self.pad_id = load_policy(self.model_path, self.seed, device, self.attn_implementation)
+        self.policy, self.pad_id = load_policy(self.model_path, self.seed, device, self.attn_implementation,
+                                               self.trainer_settings.lean_activations)
         self.device = torch.device(device)
         self.reference = frozen_copy(self.policy) if needs_reference else None
         self.teacher = load_teacher(self.trainer_settings.teacher, self.policy, self.device)
@@ -168,9 +170,11 @@ class TorchTrainer:
         self.thread.close()
 
 
-def load_policy(model_path: str, seed: int, device: str, attention: str | None = None) -> tuple[torch.nn.Module, int]:
+def load_policy(model_path: str, seed: int, device: str, attention: str | None = None,
+                lean: bool = False) -> tuple[torch.nn.Module, int]:
     """`torch.manual_seed(seed)`, then the float32 model (causal LM or vision-language) in eval mode, with the
-    `attention` kernel (None: transformers' default), and the id used for padding.
+    `attention` kernel (None: transformers' default) and, with `lean`, the lean norms and MLPs under autocast
+    (train/lean_layers.py), and the id used for padding.
 
     Padding is masked out and never a target, so any valid id works: the model's pad id, else 0.
     """
@@ -178,6 +182,8 @@ def load_policy(model_path: str, seed: int, device: str, attention: str | None =
 
     torch.manual_seed(seed)
     model = load_pretrained(model_path, torch.float32, attention).to(device).eval()
+    if lean:
+        lean_activations(model)
     pad = getattr(model.config, "pad_token_id", None)
     return model, pad if isinstance(pad, int) else 0
 

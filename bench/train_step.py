@@ -111,7 +111,8 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=8, help="--case tree: turns per session (a fork at each)")
     parser.add_argument("--budget", type=int, default=4096, help="--case tree: trainer.batching.max_tokens_per_gpu")
     parser.add_argument("--groups", type=int, default=8, help="--case lean: GRPO groups of 8 rows")
-    parser.add_argument("--model", choices=("smollm2", "tiny"), default="smollm2", help="--case tree's and lean's model")
+    parser.add_argument("--model", choices=("smollm2", "tiny"), default="smollm2",
+                        help="--case tree's and lean's model")
     parser.add_argument("--device", default="cpu", help="trainer.device (and the bare step's), e.g. cuda")
     args = parse_args(parser, reps=1, samples=2, length=32, turns=3, groups=1, model="tiny")
     if args.case in CASES:
@@ -253,8 +254,8 @@ def lean_case(args: argparse.Namespace) -> None:
     kept = {lean: kept_bytes(trainer, samples) for lean, trainer in trainers.items()}
     print(f"model: {named}, torch threads {torch.get_num_threads()}, bf16 autocast, grouped attention")
     print(f"workload: {args.groups} groups x 8 rows (48 prompt + 16 response tokens), one micro-batch")
-    print(f"kept for the backward   transformers' {kept[False] / 2**20:8.1f} MiB   lean {kept[True] / 2**20:8.1f} MiB   "
-          f"lean / transformers' {kept[True] / kept[False]:.2f}")
+    print(f"kept for the backward   transformers' {kept[False] / 2**20:8.1f} MiB   "
+          f"lean {kept[True] / 2**20:8.1f} MiB   lean / transformers' {kept[True] / kept[False]:.2f}")
     slow, fast = statistics.median(times[False]), statistics.median(times[True])
     print(f"step time               transformers' {slow:8.2f} s     lean {fast:8.2f} s     "
           f"lean / transformers' {fast / slow:.2f} (median of {len(times[True])})")

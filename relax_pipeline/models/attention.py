@@ -16,9 +16,9 @@ the columns past the mask masked out. Under autograd at a lower precision (bf16 
 kept for the backward once, in that precision (`_LowPrecisionSoftmax`): transformers' eager kernel keeps the float32
 softmax and its bf16 cast, a float32 `[B, H, Q, L]` per layer (in a 64-sample SmolLM2 arith step, 270 MiB of the
 1.6 GB the step kept). The forward is the same; the softmax's gradient reads the bf16 probabilities the value
-matmul reads anyway, so it differs from eager's by their rounding. `register_grouped_attention` makes the name known to transformers; it is
-idempotent and `load_pretrained` calls it when asked for `grouped`. `IMPLEMENTATIONS` lists what the engine's
-and the trainer's keys accept.
+matmul reads anyway, so it differs from eager's by their rounding. `register_grouped_attention` makes the name
+known to transformers; it is idempotent and `load_pretrained` calls it when asked for `grouped`.
+`IMPLEMENTATIONS` lists what the engine's and the trainer's keys accept.
 
 What it does not do: dropout (it is an inference and RL-training kernel; attention dropout must be 0),
 attention weights output (returns None), sliding windows or sinks beyond what the mask encodes.

@@ -312,10 +312,15 @@ def _access(api: str, session_id: str | None, status: int, started: float, resul
     prompt, completion = (result.prompt_tokens, len(result.output.output_ids)) if result else (0, 0)
     fields = (api, session_id or "-", status, "true" if streamed else "false", prompt, completion, ms)
     if error is None:
-        access_log.info(ACCESS_LINE, *fields)
+        line, values = ACCESS_LINE, fields
     else:
-        access_log.warning(ACCESS_LINE + " error=%s%s", *fields, f"{error.param}: " if error.param else "",
-                           error.message)
+        line, values = ACCESS_LINE + " error=%s%s", (*fields, f"{error.param}: " if error.param else "", error.message)
+    # the record `access_log.info` makes, without looking up its caller's frame (it is always this function)
+    access_log.handle(access_log.makeRecord(access_log.name, level, __file__, _ACCESS_LINENO, line, values, None,
+                                            "_access"))
+
+
+_ACCESS_LINENO = _access.__code__.co_firstlineno
 
 
 # --- raw ASGI pieces under the model routes ------------------------------------------------------

@@ -3,12 +3,22 @@
 `run_logging` installs the handlers for one run and removes them afterwards, so in-process runs
 (tests) do not leak handlers into each other. Third-party loggers that chatter per request (httpx,
 uvicorn access) are kept at WARNING.
+
+`run.log` is written by `RunLogFile`: a line is formatted and written as it is logged, every warning and error is
+flushed to the file at once, and INFO lines (the gateway's access line per model request above all: a flush is a
+system call, about a fifth of that line's cost) are flushed with the next line logged after `FLUSH_S`, by a
+background thread at most `FLUSH_S` after they were written, when the buffer fills, and when the handler closes (the
+run's end, `logging.shutdown` at exit). So a clean stop loses nothing; a process killed outright (SIGKILL, a crash
+of the interpreter) loses at most the INFO lines of its last `FLUSH_S`. The console still writes each line at once.
+`RunLogFormatter` writes `FORMAT` exactly as `logging.Formatter` does, making each second's date text once.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,10 +26,74 @@ FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 QUIET = ("httpx", "httpcore", "uvicorn.access", "urllib3", "filelock")
 ACCESS_LOGGER = "relax_pipeline.gateway.access"
 """The gateway's one line per model request: in run.log always, on the console only at WARNING."""
+FLUSH_S = 0.5
+"""The longest an INFO line waits in `run.log`'s buffer (a warning or error is flushed at once)."""
 
 
 def _not_access_info(record: logging.LogRecord) -> bool:
     return record.name != ACCESS_LOGGER or record.levelno >= logging.WARNING
+
+
+class RunLogFormatter(logging.Formatter):
+    """`logging.Formatter(FORMAT)`, the same text, with the date part of `asctime` made once per second."""
+
+    def __init__(self, fmt: str = FORMAT) -> None:
+        super().__init__(fmt)
+        self._second: tuple[int, str] = (-1, "")
+        """(epoch second, its date text): one tuple, so a thread never reads one second with another's text."""
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:  # noqa: N802 - logging's name
+        if datefmt is not None:
+            return super().formatTime(record, datefmt)
+        second, text = self._second
+        if int(record.created) != second:
+            text = time.strftime(self.default_time_format, self.converter(record.created))
+            self._second = (int(record.created), text)
+        return self.default_msec_format % (text, record.msecs)
+
+
+class RunLogFile(logging.FileHandler):
+    """`run.log`: warnings and errors flushed at once, INFO lines within `interval` seconds (see the module)."""
+
+    def __init__(self, path: Path, interval: float = FLUSH_S) -> None:
+        super().__init__(path, encoding="utf-8")
+        self.interval = interval
+        self._flushed = time.monotonic()
+        self._dirty = False
+        self._closing = threading.Event()
+        self._flusher = threading.Thread(target=self._flush_late, name="run-log-flush", daemon=True)
+        self._flusher.start()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        """Write the line; flush it now if it is a warning or worse or the last flush is `interval` old."""
+        if record.levelno >= logging.WARNING or time.monotonic() - self._flushed >= self.interval:
+            super().emit(record)  # writes and flushes
+            self._flushed, self._dirty = time.monotonic(), False
+            return
+        try:
+            if self.stream is None:
+                self.stream = self._open()
+            self.stream.write(self.format(record) + self.terminator)
+            self._dirty = True
+        except RecursionError:
+            raise
+        except Exception:  # noqa: BLE001 - logging's own contract: a failed line is reported, never raised
+            self.handleError(record)
+
+    def _flush_late(self) -> None:
+        """The flusher thread: INFO lines left in the buffer reach the file within `interval`."""
+        while not self._closing.wait(self.interval):
+            if self._dirty:
+                with self.lock:  # type: ignore[union-attr] - a Handler always has its lock after __init__
+                    self._dirty = False
+                    self.flush()
+                self._flushed = time.monotonic()
+
+    def close(self) -> None:
+        self._closing.set()
+        if self._flusher is not threading.current_thread():
+            self._flusher.join()
+        super().close()  # flushes what is left
 
 
 @contextlib.contextmanager
@@ -27,9 +101,9 @@ def run_logging(output_dir: Path) -> Iterator[Path]:
     output_dir.mkdir(parents=True, exist_ok=True)
     path = output_dir / "run.log"
     root = logging.getLogger()
-    handlers = [logging.FileHandler(path, encoding="utf-8"), logging.StreamHandler()]
+    handlers: list[logging.Handler] = [RunLogFile(path), logging.StreamHandler()]
     for handler in handlers:
-        handler.setFormatter(logging.Formatter(FORMAT))
+        handler.setFormatter(RunLogFormatter())
         root.addHandler(handler)
     handlers[1].addFilter(_not_access_info)
     previous = root.level

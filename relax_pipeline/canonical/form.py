@@ -63,7 +63,7 @@ class CanonicalError(ValueError):
         self.code = code
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ToolCall:
     """One function call of an assistant message; connects a parsed response to its replay."""
 
@@ -76,7 +76,7 @@ class ToolCall:
         return [self.name, self.arguments]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Image:
     """One image of a user or tool message; connects protocol parsers to the vision processor and the forest."""
 
@@ -95,7 +95,7 @@ class Image:
         return {"type": "image_url", "image_url": {"url": url}}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Message:
     """One canonical conversation message; connects protocol parsers to the forest and the template."""
 
@@ -430,7 +430,7 @@ ParseItem = Callable[[Any, str], Message]
 BuildContext = Callable[[], Context]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class _Entry:
     items: list[Any]
     messages: tuple[Message, ...]

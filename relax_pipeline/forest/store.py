@@ -73,7 +73,7 @@ def stored_ids(values: Sequence[int]) -> array:
     return token_array(values) if len(values) else NO_IDS
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class GenerationPiece:
     """One engine call of a turn (a preempted turn has several); milliseconds from the turn's start."""
 
@@ -83,7 +83,7 @@ class GenerationPiece:
     """When its first token came (`GenerateResult.first_token_s`); None when the engine does not say."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TurnTiming:
     """Where one model turn's time went; connects the turn service (which measures it) to the dump's
     `timing.turns` and the session traces (`stages/traces.py`). A preempted turn's parked time counts as queue."""
@@ -104,7 +104,7 @@ class TurnTiming:
                 "total_ms": round(self.total_ms, 3)}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Node:
     """One committed step of a conversation; connects the turn service to samples and dumps."""
 
@@ -142,7 +142,7 @@ class Node:
         return self.train_ids or self.token_ids
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ForkEvent:
     """A request that diverged from the committed history; recorded on the session forest."""
 
@@ -164,7 +164,7 @@ class ForkEvent:
                 f"new branch below node {self.parent_node}")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Match:
     """Where a request attaches: its parent node and the messages that are new."""
 
@@ -180,7 +180,7 @@ class Match:
         return not self.delta
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Attachment:
     """Where a turn attaches and what its prompt is built from; connects `attach` (before generating) to
     `commit` (after). Its parent is a root, a response, or an observation the request adds nothing to."""
@@ -195,7 +195,7 @@ class Attachment:
     """An observation already committed below the parent with the request's delta (its tokens are reused)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Observation:
     """The request's new messages as the model reads them; connects the turn service to `commit`."""
 

@@ -16,7 +16,7 @@ from relax_pipeline.canonical.form import Context, Message
 from relax_pipeline.engine.base import GenerateResult
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TurnRequest:
     """A protocol-independent model call; connects the protocol parsers to the turn service."""
 
@@ -29,7 +29,7 @@ class TurnRequest:
     """Chained hashes of the messages when the parser already computed them (else computed on match)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TurnResult:
     """A committed turn; connects the turn service to the protocol renderers."""
 

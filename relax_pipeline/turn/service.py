@@ -242,7 +242,7 @@ class ForestStore:
 # --- the turn service ---------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PreparedTurn:
     """A request attached to its session's forest with its prompt ids, ready to generate."""
 
@@ -259,7 +259,7 @@ class PreparedTurn:
         return self.attachment.match.fork
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class _TurnMedia:
     new: tuple[ImageFeatures, ...] = ()
     lineage: tuple[ImageFeatures, ...] = ()

@@ -199,7 +199,7 @@ class Context:
 
 
 def _length_prefixed(parts: list[str]) -> bytes:
-    return "".join(f"{len(p)}:{p}" for p in parts).encode()
+    return "".join([f"{len(p)}:{p}" for p in parts]).encode()
 
 
 def _compact(value: Any) -> str:
@@ -394,7 +394,13 @@ def parse_messages(raw: Any, param: str = "messages") -> tuple[Message, ...]:
 def parse_message(raw: Any, param: str) -> Message:
     if not isinstance(raw, Mapping):
         raise CanonicalError("a message must be an object with 'role' and 'content'", param)
-    role = raw.get("role")
+    role, content = raw.get("role"), raw.get("content")
+    if type(content) is str and raw.keys() <= _PLAIN_KEYS:  # the common cases, as `make_message` builds them
+        if role == "tool":
+            call_id = raw.get("tool_call_id")
+            return Message("tool", content, tool_call_id=call_id if isinstance(call_id, str) else None)
+        if role in _PLAIN_ROLES and content:
+            return Message(role, content)
     if role == "developer":  # OpenAI's newer name for the system role (Codex, o-series clients)
         role = "system"
     content, images = content_of(raw.get("content"), f"{param}.content")
@@ -405,6 +411,13 @@ def parse_message(raw: Any, param: str) -> Message:
     call_id = raw.get("tool_call_id")
     return make_message(role, content, param, reasoning, calls, call_id if isinstance(call_id, str) else None,
                         images)
+
+
+_PLAIN_ROLES = frozenset({"system", "user"})
+_PLAIN_KEYS = frozenset({"role", "content", "name", "tool_call_id"})
+"""A system or user message with only these keys and non-empty text content is `Message(role, content)`, a tool
+message with text content `Message("tool", content, tool_call_id=...)` (`name` is dropped like every unknown field,
+and only a tool message keeps its `tool_call_id`)."""
 
 
 def _tool_calls(raw: Any, param: str) -> tuple[ToolCall, ...]:
@@ -460,13 +473,15 @@ class RequestMemo:
                   ) -> tuple[tuple[Message, ...], tuple[bytes, ...]]:
         """Canonical messages and chained hashes of `items`, reusing the best cached prefix."""
         entry, n = self._best(items)
-        messages = list(entry.messages[:n]) if entry else []
-        messages += [parse(items[i], f"{param}[{i}]") for i in range(n, len(items))]
+        new = tuple([parse(items[i], f"{param}[{i}]") for i in range(n, len(items))])
+        messages = entry.messages[:n] + new if entry else new
         same_root = entry is not None and entry.hashes[0] == context.root_hash
-        hashes = list(entry.hashes[: n + 1]) if same_root else [context.root_hash]
-        for message in messages[len(hashes) - 1 :]:
-            hashes.append(chain(hashes[-1], message))
-        result = _Entry(items, tuple(messages), tuple(hashes))
+        known = entry.hashes[: n + 1] if same_root else (context.root_hash,)
+        state, more = known[-1], []
+        for message in messages[len(known) - 1 :]:
+            state = chain(state, message)
+            more.append(state)
+        result = _Entry(items, messages, known + tuple(more))
         if self._enabled:
             self._entries.append(result)
         return result.messages, result.hashes

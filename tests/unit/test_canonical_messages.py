@@ -1,0 +1,58 @@
+"""Canonical messages (`canonical/form.py`): the shortcut for plain system, user and tool messages builds the same
+`Message` and raises the same errors as the general path; the session memo's reuse gives what a fresh parse gives."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+
+from relax_pipeline.canonical import form
+from relax_pipeline.canonical.form import CanonicalError, Context, RequestMemo, chain_all, make_message, parse_message
+
+
+def _general(raw: dict[str, Any], param: str) -> Any:
+    """What `parse_message` built before its shortcut: `content_of`, then `make_message`."""
+    role = "system" if raw.get("role") == "developer" else raw.get("role")
+    content, images = form.content_of(raw.get("content"), f"{param}.content")
+    call_id = raw.get("tool_call_id")
+    return make_message(role, content, param, raw.get("reasoning_content"), (),
+                        call_id if isinstance(call_id, str) else None, images)
+
+
+SHAPES = [dict(zip(("role", "content", "extra"), values, strict=True)) for values in itertools.product(
+    ["system", "user", "tool", "developer", "robot", None], ["text", "", None, 7, [{"type": "text", "text": "t"}]],
+    [{}, {"name": "n"}, {"tool_call_id": "c1"}, {"tool_call_id": 3}, {"name": "n", "tool_call_id": "c2"}])]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s['role']}-{s['content']!r}-{sorted(s['extra'])}")
+def test_plain_messages_parse_as_the_general_path(shape: dict[str, Any]) -> None:
+    raw = {k: v for k, v in (("role", shape["role"]), ("content", shape["content"])) if v is not None}
+    raw |= shape["extra"]
+    try:
+        expected: Any = _general(raw, "messages[3]")
+    except CanonicalError as error:
+        expected = (error.message, error.param)
+    try:
+        got: Any = parse_message(raw, "messages[3]")
+    except CanonicalError as error:
+        got = (error.message, error.param)
+    assert got == expected
+    if not isinstance(got, tuple):
+        assert got.tool_call_id == expected.tool_call_id
+
+
+def test_the_memo_gives_what_a_fresh_parse_gives() -> None:
+    memo, context = RequestMemo(), Context()
+    history = [{"role": "system", "content": "s"}, {"role": "user", "content": "u0"}]
+    for turn in range(6):
+        messages, hashes = memo.canonical(list(history), context, parse_message)
+        fresh = tuple(parse_message(m, "m") for m in history)
+        assert messages == fresh and list(hashes) == chain_all(context, fresh)
+        history += [{"role": "assistant", "content": f"a{turn}"}, {"role": "tool", "tool_call_id": f"c{turn}",
+                                                                     "content": f"r{turn}"}]
+    retried = history[:3] + [{"role": "user", "content": "changed"}]
+    messages, hashes = memo.canonical(retried, context, parse_message)
+    assert messages == tuple(parse_message(m, "m") for m in retried)
+    assert list(hashes) == chain_all(context, messages)

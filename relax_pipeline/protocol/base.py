@@ -20,7 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from relax_pipeline.canonical.form import Message, RequestMemo
+from relax_pipeline.canonical.form import Message
+from relax_pipeline.canonical.memo import RequestMemo
 from relax_pipeline.turn.errors import ProtocolError
 from relax_pipeline.turn.records import TurnRequest, TurnResult
 

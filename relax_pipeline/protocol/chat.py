@@ -21,11 +21,11 @@ from typing import Any
 from relax_pipeline.canonical.form import (
     CanonicalError,
     Context,
-    RequestMemo,
     canonical_template_kwargs,
     canonical_tools,
     parse_message,
 )
+from relax_pipeline.canonical.memo import RequestMemo
 from relax_pipeline.protocol.base import Lineage, ProtocolError, SSEFrame, TurnMeta, openai_body
 from relax_pipeline.turn.records import TurnRequest, TurnResult
 

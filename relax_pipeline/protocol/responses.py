@@ -41,7 +41,6 @@ from relax_pipeline.canonical.form import (
     CanonicalError,
     Context,
     Message,
-    RequestMemo,
     ToolCall,
     canonical_arguments,
     canonical_template_kwargs,
@@ -50,6 +49,7 @@ from relax_pipeline.canonical.form import (
     make_message,
     text_of,
 )
+from relax_pipeline.canonical.memo import RequestMemo
 from relax_pipeline.protocol.base import Lineage, ProtocolError, SSEFrame, TurnMeta, openai_body
 from relax_pipeline.turn.records import TurnRequest, TurnResult
 

@@ -47,7 +47,8 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any, TypeVar
 
-from relax_pipeline.canonical.form import CanonicalError, Message, RequestMemo
+from relax_pipeline.canonical.form import CanonicalError, Message
+from relax_pipeline.canonical.memo import RequestMemo
 from relax_pipeline.engine.base import (
     Engine,
     GenerateResult,

@@ -22,7 +22,8 @@ import openai
 import pytest
 from test_gateway import ANSWER, THINK_AND_CALL, generated_ids, kinds, running_gateway
 
-from relax_pipeline.canonical.form import Message, RequestMemo, ToolCall
+from relax_pipeline.canonical.form import Message, ToolCall
+from relax_pipeline.canonical.memo import RequestMemo
 from relax_pipeline.engine.template import ChatTemplate
 from relax_pipeline.gateway.server import GatewayServer
 from relax_pipeline.protocol.chat import ChatFrontend

@@ -9,7 +9,15 @@ from typing import Any
 import pytest
 
 from relax_pipeline.canonical import form
-from relax_pipeline.canonical.form import CanonicalError, Context, RequestMemo, chain_all, make_message, parse_message
+from relax_pipeline.canonical.form import (
+    CanonicalError,
+    Context,
+    arguments_value,
+    chain_all,
+    make_message,
+    parse_message,
+)
+from relax_pipeline.canonical.memo import RequestMemo
 
 
 def _general(raw: dict[str, Any], param: str) -> Any:
@@ -56,3 +64,18 @@ def test_the_memo_gives_what_a_fresh_parse_gives() -> None:
     messages, hashes = memo.canonical(retried, context, parse_message)
     assert messages == tuple(parse_message(m, "m") for m in retried)
     assert list(hashes) == chain_all(context, messages)
+
+
+def test_arguments_read_as_the_standard_library_reads_them() -> None:
+    import json
+
+    texts = ['{"city":"Oslo","year":2000}', '{"x":NaN,"y":-Infinity}', '{"n":123456789012345678901234567890}',
+             '{"s":"\\ud800"}', '{"f":1e-7,"g":-0.0,"h":[1.5,2]}', '{"a":1,"a":2}', "not json", "", "[1,2", '"text"',
+             "id 12345678901234567890 x"]
+    for text in texts:
+        try:
+            expected = json.loads(text)
+        except ValueError:
+            expected = text
+        got = arguments_value(text)
+        assert json.dumps(got) == json.dumps(expected) and type(got) is type(expected), text

@@ -95,7 +95,7 @@ FIRST_TOOLS = [{"type": "function", "function": {
 
 
 def serve(kind: str, sessions: int, log_dir: str) -> None:
-    """Run one server; print its port and session ids as one JSON line, then serve until killed.
+    """Run one server; print its port and session ids as one JSON line, then serve until SIGTERM.
 
     SIGUSR1 prints one JSON line: the process's RSS after `gc.collect()` and the tokens its forests hold;
     SIGUSR2 prints its CPU seconds so far (all threads, microsecond resolution, unlike /proc's clock ticks).
@@ -119,8 +119,11 @@ async def _serve(kind: str, sessions: int) -> None:
     asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, _report_memory_use, store)
     report = Tracing(store).report_cpu if kind == "traced" else _report_cpu
     asyncio.get_running_loop().add_signal_handler(signal.SIGUSR2, report)
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     print(json.dumps({"port": port, "ids": ids}), flush=True)
-    await asyncio.Event().wait()
+    await stop.wait()  # a clean stop, as a run's: `serve` then leaves `run_logging`, which writes out run.log
+    await (server.stop() if kind != "bare" else server.shutdown())
 
 
 async def _start_ours() -> tuple[Any, Any]:
@@ -401,8 +404,13 @@ class Server:
         return Phase(wall, after["cpu"] - before["cpu"], after["sys"] - before["sys"], load)
 
     def stop(self) -> None:
-        self.process.kill()
-        self.process.wait()
+        """Stop the server as a run stops (SIGTERM: its run.log is written out); killed if it takes over 30 s."""
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
 
 
 @dataclass

@@ -211,7 +211,7 @@ class SessionForest:
 
     def __init__(self) -> None:
         self.nodes: list[Node] = []
-        self.children: dict[int, list[int]] = {}
+        self.children: dict[int, tuple[int, ...]] = {}  # -1: the roots; tuples of ints, which the collector untracks
         self.forks: list[ForkEvent] = []
         self._by_state: dict[bytes, int] = {}
         self._by_prefix: dict[bytes, tuple[int, int]] = {}
@@ -273,7 +273,7 @@ class SessionForest:
         return self._add_response(parent, message, result, sampling, ends_turn, timing)
 
     def _root_fork(self, context: Context) -> ForkEvent | None:
-        roots = self.children.get(-1, [])
+        roots = self.children.get(-1, ())
         if not roots:
             return None
         other = self.nodes[roots[0]].context or Context()
@@ -343,7 +343,7 @@ class SessionForest:
         node = self.nodes[node_id]
         if offset is not None and offset + 1 < len(node.messages):
             return node.messages[offset + 1]
-        for child in self.children.get(node.id, []):
+        for child in self.children.get(node.id, ()):
             if self.nodes[child].messages:
                 return self.nodes[child].messages[0]
         return None
@@ -396,7 +396,7 @@ class SessionForest:
         """Add `node`; `states`: the state after each of its messages when the caller has them (else chained)."""
         self.nodes.append(node)
         self._turns += node.kind == "response"
-        self.children.setdefault(node.parent if node.parent is not None else -1, []).append(node.id)
+        self.children[up] = self.children.get(up := -1 if node.parent is None else node.parent, ()) + (node.id,)
         self._by_state.setdefault(node.state_hash, node.id)
         self._index_prefixes(node, states)
         if node.kind == "response" and node.parent is not None:

@@ -10,6 +10,8 @@ system call, about a fifth of that line's cost) are flushed with the next line l
 background thread at most `FLUSH_S` after they were written, when the buffer fills, and when the handler closes (the
 run's end, `logging.shutdown` at exit). So a clean stop loses nothing; a process killed outright (SIGKILL, a crash
 of the interpreter) loses at most the INFO lines of its last `FLUSH_S`. The console still writes each line at once.
+A fork flushes every `RunLogFile` first (a child never inherits buffered lines to write a second time), and in the
+child, which has no flusher thread, each line is flushed as it is written.
 `RunLogFormatter` writes `FORMAT` exactly as `logging.Formatter` does, making each second's date text once.
 """
 
@@ -17,8 +19,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -58,6 +62,7 @@ class RunLogFile(logging.FileHandler):
     def __init__(self, path: Path, interval: float = FLUSH_S) -> None:
         super().__init__(path, encoding="utf-8")
         self.interval = interval
+        _OPEN.add(self)
         self._flushed = time.monotonic()
         self._dirty = False
         self._closing = threading.Event()
@@ -94,6 +99,23 @@ class RunLogFile(logging.FileHandler):
         if self._flusher is not threading.current_thread():
             self._flusher.join()
         super().close()  # flushes what is left
+
+
+_OPEN: weakref.WeakSet[RunLogFile] = weakref.WeakSet()
+"""Every `RunLogFile` not yet collected, for the fork hooks."""
+
+
+def _before_fork() -> None:
+    for handler in list(_OPEN):
+        handler.flush()
+
+
+def _in_child() -> None:
+    for handler in list(_OPEN):
+        handler.interval = 0.0  # no flusher thread in a forked child: every line is flushed as it is written
+
+
+os.register_at_fork(before=_before_fork, after_in_child=_in_child)
 
 
 @contextlib.contextmanager

@@ -50,3 +50,4 @@ def test_a_clean_stop_loses_no_line(tmp_path: Path) -> None:
     lines = path.read_text().splitlines()
     assert [line.rsplit("session=", 1)[1] for line in lines] == [f"s{k} status=200" for k in range(500)]
     assert all(f" INFO {ACCESS_LOGGER}: api=chat" in line for line in lines)
+

@@ -20,19 +20,7 @@ special token is tried as a value, those under which the render differs (`'</thi
 the shape's markers, so a request whose values contain one is rendered. Assistant messages, reasoning, tool
 calls and images are always rendered; a tokenizer without a parsable template string gets no shortcut.
 
-Fast paths (`Renderer`, `Codec`): `apply_chat_template` and `tokenizer.encode` carry per-call overhead
-larger than the work of a one-message delta, so the compiled template and the Rust tokenizer are called
-directly, but only after checking once at start that they give exactly what the Hugging Face calls give on
-a probe conversation; any mismatch or a missing internal falls back to the Hugging Face calls.
-
-Kept ids (`Pieces`, `Kept`): a Hugging Face tokenizer cuts a text at its added tokens (`<|im_end|>`, ...) before
-anything else and encodes each piece between them on its own, so a text's ids are its pieces' ids joined with the
-added tokens' ids. The pieces of first prompts are kept (an LRU in characters), so what sessions share (a system
-prompt, tool definitions, a group's replayed history, the template's `assistant\n`) is tokenized once. Used only
-where that is exact: added tokens matched as plain strings (no lstrip/rstrip/single_word, none normalized under a
-normalizer) and pieces encoded alike wherever they stand (checked on probes against whole-text encodes). The ids
-of whole first prompts are kept too, by a digest of the render's inputs (message dicts, tools in their order,
-kwargs), so the sessions of a group, which send the same first request, pay for one render.
+Fast paths (`Renderer`, `Codec`, the kept ids of pieces and prompts: `Pieces`, `Kept`) live in `codec.py`.
 
 Images render as `{"type": "image"}` content parts (`Message.to_template`), which a vision-language
 template writes as one unexpanded placeholder (Qwen2-VL: `<|vision_start|><|image_pad|><|vision_end|>`).
@@ -47,10 +35,8 @@ This module does not parse model output (`parsers.py`) and does not know about s
 from __future__ import annotations
 
 import dataclasses
-import logging
 import re
 from array import array
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -60,7 +46,7 @@ import orjson
 from jinja2 import nodes
 
 from relax_pipeline.canonical.form import TEXT_ONLY_MESSAGE, CanonicalError, Context, Message, digest
-from relax_pipeline.engine.words import Encode, Words
+from relax_pipeline.engine.codec import PROMPT_CACHE_TOKENS, Codec, Kept, Pieces, Renderer
 
 if TYPE_CHECKING:
     from relax_pipeline.engine.vision import Vision
@@ -68,7 +54,7 @@ if TYPE_CHECKING:
 ANCHOR_USER = "\u2063relax-anchor-user\u2063"
 ANCHOR_ASSISTANT = "\u2063relax-anchor-assistant\u2063"
 _ANCHOR = [{"role": "user", "content": ANCHOR_USER}, {"role": "assistant", "content": ANCHOR_ASSISTANT}]
-log = logging.getLogger(__name__)
+__all__ = ["ChatTemplate", "Codec", "DeltaShapes", "Pieces", "RenderDifference", "Skeleton", "literals"]
 
 
 @dataclass(frozen=True)
@@ -115,14 +101,18 @@ class ChatTemplate:
     def prompt_ids(self, messages: Sequence[Message], context: Context) -> list[int]:
         """Token ids of a first turn: the full render with the generation prompt, kept by a digest of everything
         the template reads (see the module), its pieces kept too (`Pieces`)."""
+        return self.prompt_array(messages, context).tolist()
+
+    def prompt_array(self, messages: Sequence[Message], context: Context) -> array:
+        """`prompt_ids` as a fresh array of C ints (what the forest stores; no Python int per token)."""
         dicts = [m.to_template() for m in messages]
         try:
             key = digest(orjson.dumps([dicts, context.tools, context.template_kwargs]))
         except TypeError:  # what orjson refuses (big ints, non-string keys): no reuse
             key = None
         if (known := self._prompts.get(key)) is not None:
-            return known.tolist()
-        ids = self.encode(self._render(dicts, context, True), keep=True)
+            return array("i", known)
+        ids = self.codec.encode_array(self._render(dicts, context, True), keep=True)
         if key is not None:
             self._prompts.put(key, ids)
         return ids
@@ -310,191 +300,3 @@ def literals(tokenizer: Any) -> tuple[str, ...] | None:
     found = {n.value for n in tree.find_all(nodes.Const) if isinstance(n.value, str)}
     found |= {t.strip() for t in found} | {str(t) for t in getattr(tokenizer, "all_special_tokens", ())}
     return tuple(sorted(found - {""}))
-
-
-# --- fast paths: the compiled template and the Rust tokenizer -----------------------------------
-
-PROBE_TOOLS = [{"type": "function", "function": {"name": "probe", "description": "d",
-                                                  "parameters": {"type": "object", "properties": {}}}}]
-PROBE = [
-    {"role": "system", "content": "s"},
-    {"role": "user", "content": "u"},
-    {"role": "assistant", "content": "", "reasoning_content": "r", "tool_calls": [
-        {"id": "c", "type": "function", "function": {"name": "probe", "arguments": {"x": 1}}}]},
-    {"role": "tool", "tool_call_id": "c", "content": "t"},
-    {"role": "assistant", "content": "a"},
-    {"role": "user", "content": "v ünï"},
-]
-
-
-class Renderer:
-    """Renders message dicts with the tokenizer's chat template, compiled once."""
-
-    def __init__(self, tokenizer: Any) -> None:
-        self.tokenizer = tokenizer
-        self._compiled = _compile(tokenizer)
-        self._variables = dict(getattr(tokenizer, "special_tokens_map", {}) or {})
-        if self._compiled is not None and not self._agrees():
-            log.info("compiled chat template differs from apply_chat_template; using the slow path")
-            self._compiled = None
-
-    def __call__(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                 generation_prompt: bool, kwargs: dict[str, Any]) -> str:
-        if self._compiled is None:
-            return self._slow(messages, tools, generation_prompt, kwargs)
-        return self._compiled.render(messages=[_alias(m) for m in messages], tools=tools, documents=None,
-                                     add_generation_prompt=generation_prompt, **self._variables, **kwargs)
-
-    def _slow(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-              generation_prompt: bool, kwargs: dict[str, Any]) -> str:
-        return self.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=generation_prompt,
-                                                  tokenize=False, **kwargs)
-
-    def _agrees(self) -> bool:
-        try:
-            return all(self(PROBE, tools, True, {}) == self._slow(PROBE, tools, True, {})
-                       for tools in (PROBE_TOOLS, None))
-        except Exception:  # noqa: BLE001 - any failure means: do not use the shortcut
-            return False
-
-
-class Codec:
-    """Encodes without special tokens and decodes with them, through the Rust tokenizer when it agrees; `encode`
-    takes the ids of known pieces between added tokens from `Pieces` where that is exact for the tokenizer."""
-
-    def __init__(self, tokenizer: Any) -> None:
-        self.tokenizer = tokenizer
-        self._backend = getattr(tokenizer, "backend_tokenizer", None)
-        if self._backend is not None and not self._agrees():
-            self._backend = None
-        self._fast = self._backend is not None and hasattr(self._backend, "encode_batch_fast")
-        self.words = Words.of(self._backend, self._encode) if self._backend is not None else None  # None: not exact
-        by_words = self.words.encode if self.words is not None else None  # a piece's ids: by its words where exact
-        self.pieces = Pieces.of(tokenizer, self._encode, by_words) if self._backend is not None else None
-
-    def encode(self, text: str, keep: bool = False) -> list[int]:
-        """Token ids of `text`; `keep`: remember its pieces for later texts (a first prompt's: `Pieces`)."""
-        return self._encode(text) if self.pieces is None else self.pieces.encode(text, keep)
-
-    def _encode(self, text: str) -> list[int]:
-        if self._backend is None:
-            return self.tokenizer.encode(text, add_special_tokens=False)
-        if self._fast:  # the same ids without computing character offsets (about 30% less CPU per delta)
-            return self._backend.encode_batch_fast([text], add_special_tokens=False)[0].ids
-        return self._backend.encode(text, add_special_tokens=False).ids
-
-    def decode(self, ids: Sequence[int]) -> str:
-        if self._backend is None:
-            return self.tokenizer.decode(list(ids), skip_special_tokens=False)
-        return self._backend.decode(list(ids), skip_special_tokens=False)
-
-    def _agrees(self) -> bool:
-        text = "".join(str(m.get("content", "")) for m in PROBE) + " hello\n\n  world <|im_end|>\n{\"a\": 1}"
-        try:
-            ids = self.tokenizer.encode(text, add_special_tokens=False)
-            backend_ids = self._backend.encode(text, add_special_tokens=False).ids
-            slow_text = self.tokenizer.decode(ids, skip_special_tokens=False)
-            return ids == backend_ids and slow_text == self._backend.decode(ids, skip_special_tokens=False)
-        except Exception:  # noqa: BLE001
-            return False
-
-
-PROMPT_CACHE_TOKENS = 1 << 20  # tokens of first prompts `ChatTemplate.prompt_ids` keeps: 1 Mi, 4 MiB
-
-
-class Kept:
-    """Token ids by key, least recently used out first once the keys' (`by_key`) or the ids' lengths pass `budget`."""
-
-    def __init__(self, budget: int, by_key: bool = False) -> None:
-        self._kept: OrderedDict[Any, array] = OrderedDict()
-        self._size = 0
-        self.budget = budget
-        self.by_key = by_key
-
-    def get(self, key: Any) -> array | None:
-        if (known := self._kept.get(key)) is not None:
-            self._kept.move_to_end(key)
-        return known
-
-    def put(self, key: Any, ids: Sequence[int]) -> None:
-        self._kept[key] = array("i", ids)
-        self._size += len(key if self.by_key else ids)
-        while self._size > self.budget:
-            old, dropped = self._kept.popitem(last=False)
-            self._size -= len(old if self.by_key else dropped)
-
-
-PIECE_CACHE_CHARS = 1 << 22  # characters of pieces `Pieces` keeps: 4 Mi (about 10 MiB), dozens of long prompts
-PIECE_PROBES = ("", "a", " a", "\n\nx ", "  x  \n", "ünï 12", "{\"a\": [1, 2]}", "\t<x>")
-
-
-class Pieces:
-    """Ids of texts by their pieces between added tokens, the ids of pieces seen before kept (see the module)."""
-
-    def __init__(self, added: dict[str, int], encode: Encode, budget: int = PIECE_CACHE_CHARS,
-                 piece: Encode | None = None) -> None:
-        self._added = added
-        self._split = re.compile("(" + "|".join(re.escape(t) for t in sorted(added, key=len, reverse=True)) + ")").split
-        self._encode = encode
-        self._piece_ids = piece or encode  # a piece's ids (`Words.encode` where exact); `encode`: whole texts
-        self.kept = Kept(budget, by_key=True)
-
-    @classmethod
-    def of(cls, tokenizer: Any, encode: Encode, piece: Encode | None = None) -> Pieces | None:
-        """The cache for `tokenizer`, or None where cutting at its added tokens is not exact (`piece`: `__init__`)."""
-        try:
-            tokens = dict(tokenizer.added_tokens_decoder)
-            normalizer = tokenizer.backend_tokenizer.normalizer
-        except AttributeError:
-            return None
-        if not tokens or any(t.lstrip or t.rstrip or t.single_word or (t.normalized and normalizer is not None)
-                             for t in tokens.values()):
-            return None
-        pieces = cls({t.content: i for i, t in tokens.items()}, encode, piece=piece)
-        return pieces if pieces._agrees() else None
-
-    def encode(self, text: str, keep: bool = False) -> list[int]:
-        """The ids of `text`; `keep`: remember the pieces not known yet."""
-        ids: list[int] = []
-        for i, part in enumerate(self._split(text)):
-            if i & 1:
-                ids.append(self._added[part])
-            elif part:
-                ids += self._piece(part, keep)
-        return ids
-
-    def _piece(self, piece: str, keep: bool) -> Sequence[int]:
-        if (known := self.kept.get(piece)) is not None:
-            return known
-        ids = self._piece_ids(piece)
-        if keep:
-            self.kept.put(piece, ids)
-        return ids
-
-    def _agrees(self) -> bool:
-        texts = [a + t + b for t in self._added for a in PIECE_PROBES for b in PIECE_PROBES[:4]]
-        texts.append("".join(self._added) + PIECE_PROBES[-1].join(self._added))
-        try:
-            return all(self.encode(text) == self._encode(text) for text in texts)
-        except Exception:  # noqa: BLE001 - any failure means: encode whole texts
-            return False
-
-
-def _compile(tokenizer: Any) -> Any:
-    template = getattr(tokenizer, "chat_template", None)
-    if not isinstance(template, str):
-        return None
-    try:
-        from transformers.utils.chat_template_utils import _compile_jinja_template
-
-        return _compile_jinja_template(template)
-    except Exception:  # noqa: BLE001 - an internal that moved: use the public path
-        return None
-
-
-def _alias(message: dict[str, Any]) -> dict[str, Any]:
-    """The reasoning aliases Hugging Face adds (`thinking` for templates that read that name)."""
-    reasoning = message.get("reasoning_content")
-    if reasoning is None:
-        return message
-    return {"thinking": reasoning, **message}

@@ -68,6 +68,7 @@ from relax_pipeline.forest.store import (
     Observation,
     SessionForest,
     TurnTiming,
+    token_array,
 )
 from relax_pipeline.turn.errors import LeaseClosed, ProtocolError
 from relax_pipeline.turn.records import Lease, SamplingDefaults, TurnRequest, TurnResult
@@ -318,7 +319,7 @@ class TurnService:
         else the delta (or the tokens of an identical committed observation) after the lineage's ids."""
         match = at.match
         if match.parent is None or match.parent.kind == "root":
-            obs = self.template.prompt_ids(match.delta, match.context)
+            obs = self.template.prompt_array(match.delta, match.context)
             return obs, obs
         if match.full:
             return (), at.prompt_ids
@@ -340,8 +341,7 @@ class TurnService:
             return _NO_MEDIA
         if not obs:
             return _TurnMedia((), at.media)
-        existing = at.existing
-        new = existing.media if existing else tuple(vision.features(i) for m in at.match.delta for i in m.images)
+        new = at.existing.media if at.existing else tuple(vision.features(i) for m in at.match.delta for i in m.images)
         placeholders = sum(1 for t in obs if t == vision.image_token_id)
         if placeholders != len(new):
             raise CanonicalError(f"the new messages render {placeholders} image placeholder tokens for {len(new)} "
@@ -363,7 +363,7 @@ class TurnService:
             )
         limit = min(request.max_tokens or d.max_response_len, d.max_response_len, room)
         sampling = SamplingParams(limit, d.temperature, d.top_p, d.top_k, request.stop, self.stop_token_ids, seed)
-        observation = Observation(tuple(obs), media.new, self._train_ids(obs, media.new))
+        observation = Observation(token_array(obs), media.new, self._train_ids(obs, media.new))
         return PreparedTurn(at, observation, prompt, sampling, media.lineage)
 
     async def run(self, forest: SessionForest, request: TurnRequest, rid: str | None = None,

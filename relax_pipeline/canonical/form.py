@@ -208,6 +208,7 @@ def _call_for_template(call: ToolCall) -> dict[str, Any]:
 
 
 _LONG_DIGITS = re.compile(r"[0-9]{19}").search
+_FLOAT_HINT = re.compile(r"[0-9][.eE]").search
 
 
 def arguments_value(text: str) -> Any:
@@ -259,7 +260,15 @@ def canonical_arguments(arguments: Any, param: str) -> str:
 
 @functools.lru_cache(maxsize=8192)
 def _canonical_json_text(text: str) -> str:
-    """Replayed histories resend the same argument texts every turn: canonicalize each once."""
+    """Replayed histories resend the same argument texts every turn: canonicalize each once. orjson reads and writes
+    a text without floats (every float literal has a digit before `.`, `e` or `E`; the two write floats differently)
+    nor 19-digit runs exactly as the standard library (sorted keys compare alike in UTF-8); what it refuses (NaN,
+    lone surrogates, deep nesting, not JSON) goes to the standard library."""
+    if _FLOAT_HINT(text) is None and _LONG_DIGITS(text) is None:
+        try:
+            return orjson.dumps(orjson.loads(text), option=orjson.OPT_SORT_KEYS).decode()
+        except (orjson.JSONDecodeError, orjson.JSONEncodeError):
+            pass
     try:
         return _compact(json.loads(text))
     except ValueError:

@@ -79,3 +79,33 @@ def test_arguments_read_as_the_standard_library_reads_them() -> None:
             expected = text
         got = arguments_value(text)
         assert json.dumps(got) == json.dumps(expected) and type(got) is type(expected), text
+
+
+def test_tool_call_arguments_canonicalize_as_the_standard_library_does() -> None:
+    """orjson's shortcut (`_canonical_json_text`) writes what `json` writes, and leaves it everything else."""
+    import json
+    import random
+
+    from relax_pipeline.canonical.form import _canonical_json_text
+
+    rng = random.Random(0)
+    atoms = ['"a"', '"\\u00e9"', '"\\ud83d\\ude00"', '"\\uffff"', '"\\u0000\\n\\t"', "1", "-0", "18446744073709551615",
+             "1" * 25, "1.5", "1e5", "2E-3", "NaN", "true", "null", '"\\ud800"', '"\x7f\u2028"', "[]", "{}"]
+
+    def value(depth: int) -> str:
+        if depth > 2 or rng.random() < 0.4:
+            return rng.choice(atoms)
+        if rng.random() < 0.5:
+            return "[" + ",".join(value(depth + 1) for _ in range(rng.randint(0, 3))) + "]"
+        keys = [rng.choice(['"b"', '"a"', '"é"', '"\\uffff"', '"😀"', '"a"']) for _ in range(rng.randint(0, 4))]
+        return "{" + ", ".join(f"{k}: {value(depth + 1)}" for k in keys) + "}"
+
+    texts = [value(0) for _ in range(3000)] + ["[" * 2000 + "]" * 2000, "not json", "{'a': 1}", " {\"a\" : 1} "]
+    for text in texts:
+        try:
+            expected = json.dumps(json.loads(text), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        except ValueError:
+            expected = text
+        except RecursionError:
+            continue
+        assert _canonical_json_text.__wrapped__(text) == expected, text

@@ -10,11 +10,12 @@ than looking up all of them (about 17 µs vs 8 µs for a 40-token tool result).
 model without dropout, and a pre-tokenizer that is the GPT-2 `ByteLevel` regex or one `Split` regex (isolated,
 not inverted) followed by a `ByteLevel` that adds no prefix space; and then only if it agrees with whole-text
 encodes on probes. Words are cut with the tokenizer's own regex (the same leftmost-first semantics), and `encode`
-still encodes the whole text with the tokenizer when the text holds anything but printable ASCII, tabs and
-newlines (where two regex engines could disagree on a character class) or when the words do not join back to the
-text. Since it only cuts such texts, the regex runs in the standard library's `re` with `\\p{L}` and `\\p{N}` written
-as their ASCII members (`ascii_pattern`; about 2.5x faster than Python's `regex` on long texts, which a first
-turn's history is), where both cut the probes alike; a pattern naming any other Unicode property runs in `regex`.
+still encodes the whole text with the tokenizer when the text holds anything but ASCII, or one of the separators
+\\x1c-\\x1f (where two regex engines disagree on a character class: `re` calls them whitespace, Unicode does not), or
+when the words do not join back to the text. Since it only cuts such texts, the regex runs in the standard library's
+`re` with `\\p{L}` and `\\p{N}` written as their ASCII members (`ascii_pattern`; about 2.5x faster than Python's
+`regex` on long texts, which a first turn's history is), where both cut the probes and every character it reads
+alike; a pattern naming any other Unicode property runs in `regex`.
 A text with a word not seen before is encoded whole in one call (what it cost
 before), whose tokens' word indices give every word's ids to keep (texts up to `LEARN_CHARS`, and only when the
 tokenizer cut as many words), unless it misses at most `FEW_WORDS` words: those are encoded one by one. The cache
@@ -42,15 +43,17 @@ LEARN_CHARS = 4096
 """Longer texts with unknown words are encoded whole without learning their words (grouping costs Python time)."""
 WORD_CACHE_CHARS = 1 << 21
 """Characters of words kept (2 Mi, a few MiB) before the cache starts over."""
-_UNSAFE = re.compile(r"[^\t\n\r\x20-\x7e]").search
-"""Characters outside printable ASCII, tab and newlines: such texts are encoded whole."""
+SEPARATORS = ("\x1c", "\x1d", "\x1e", "\x1f")
+"""ASCII characters `re` reads as whitespace and Unicode does not: texts with one (or with non-ASCII) are encoded
+whole."""
 _ASCII_MEMBERS = {"\\p{L}": "A-Za-z", "\\p{N}": "0-9"}
 """The members of the Unicode letters and numbers among the characters the cache reads."""
-ASCII_TEXT = "".join(map(chr, range(32, 127))) + "\t\n\r"
+ASCII_TEXT = "".join(chr(c) for c in range(128) if chr(c) not in SEPARATORS)
 """Every character the cache reads."""
 PROBES = ("Hello world", " it's  done\n\n", "x = [1, 2, 345678]; y='ab' \t z", "I'LL  we've\r\n  \n a",
           '{"city": "Oslo-3", "year": 2000}', "   leading", "trailing   ", "a\n\n\n b  c\t\td", "1234567 12 x1y2",
-          "Record 3: the city had about 1003 residents at the last census, according to the registry.")
+          "Record 3: the city had about 1003 residents at the last census, according to the registry.",
+          "a\x00b\x7f c\x0b\x0cd\x1b[0m \x08")
 
 
 class Words:
@@ -87,7 +90,7 @@ class Words:
 
     def encode(self, text: str) -> list[int]:
         """The ids of `text` (no added tokens in it): its words' kept ids, else one call that also learns them."""
-        if _UNSAFE(text) is not None:
+        if not text.isascii() or any(s in text for s in SEPARATORS):
             return self._encode(text)
         words = self._split(text)
         if "".join(words) != text:

@@ -73,12 +73,12 @@ def test_split_pattern_only_where_exact(tokenizer: Any) -> None:
 
 
 def test_words_are_the_tokenizers_own(tokenizer: Any) -> None:
-    """On the texts the cache reads (printable ASCII, tabs, newlines) its words are the pre-tokenizer's, exactly."""
+    """On the texts the cache reads (ASCII but \x1c-\x1f) its words are the pre-tokenizer's, exactly."""
     words = ChatTemplate(tokenizer).codec.words
     assert words is not None
     pre = tokenizer.backend_tokenizer.pre_tokenizer
     rng = random.Random(2)
-    alphabet = [*(chr(c) for c in range(32, 127)), "\t", "\n", "\r", "'s", "'ll", "  ", "\n\n", " 1000"]
+    alphabet = [*(chr(c) for c in range(128) if c not in range(0x1c, 0x20)), "'s", "'ll", "  ", "\n\n", " 1000"]
     for _ in range(3000):
         text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40)))
         ends = [end for _, (_, end) in pre.pre_tokenize_str(text)]

@@ -20,7 +20,11 @@ Before each step, `settle_garbage` collects and then freezes every surviving obj
 tokenizer, the forests of earlier steps), so the collector's automatic full collections during the step
 traverse only that step's objects: without it, each one walks every forest node of the run and stalls
 the gateway's event loop for hundreds of milliseconds. Every `FULL_GC_STEPS` steps the frozen objects
-are unfrozen first, so reference cycles that died after being frozen are reclaimed too.
+are unfrozen first, so reference cycles that died after being frozen are reclaimed too. Since every step starts
+with a full collection, automatic full collections during a step only do part of that work early: settling also
+sets the oldest generation's threshold to `GC_OLDEST_THRESHOLD` (Python's is 10), so they come ten times more
+rarely (a dead cycle that reached the oldest generation waits for the next step, or for 100 collections of the
+middle one); the younger generations keep Python's thresholds.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ from relax_pipeline.tracking.tracker import Tracker
 log = logging.getLogger("relax_pipeline")
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 FULL_GC_STEPS = 10
+GC_OLDEST_THRESHOLD = 100
 
 
 class RunInterrupted(Exception):
@@ -302,6 +307,8 @@ def settle_garbage(full: bool = False) -> None:
         gc.unfreeze()
     gc.collect()
     gc.freeze()
+    young, middle, _ = gc.get_threshold()
+    gc.set_threshold(young, middle, GC_OLDEST_THRESHOLD)
 
 
 def train_samples(groups: list[Group]) -> list[Sample]:

@@ -247,9 +247,9 @@ def _compile(tokenizer: Any) -> Any:
         return None
 
 
-_PLAIN = frozenset({str, dict, list, tuple, int, float, bool, type(None), Namespace, LoopContext})
-"""Types whose attributes' safety the sandbox decides from the type and the name alone (builtins, and Jinja's
-`namespace()` and `loop`, whose `__class__` is their type)."""
+_PLAIN = frozenset({str, dict, list, tuple, int, float, bool, type(None), LoopContext})
+"""Types whose attributes' safety the sandbox decides from the type and the name alone (builtins, Jinja's `loop`;
+and `_by_type` adds namespaces)."""
 _DICT_NAMES = frozenset(dir(dict))
 """Every attribute a plain dict has (it has no instance attributes)."""
 _BUILTIN_CALLABLES = frozenset({types.BuiltinFunctionType, types.MethodWrapperType, types.MethodDescriptorType,
@@ -263,6 +263,7 @@ class _Checks:
     def __init__(self, env: ImmutableSandboxedEnvironment) -> None:
         self._env = env
         self._safe: dict[tuple[type, str], bool] = {}
+        self._by_type: dict[type, bool] = {}
         self._token = abc.get_cache_token()
         env.getattr = self.getattr  # type: ignore[method-assign]
         env.is_safe_attribute = self.is_safe_attribute  # type: ignore[method-assign]
@@ -284,12 +285,20 @@ class _Checks:
 
     def is_safe_attribute(self, obj: Any, attr: str, value: Any) -> bool:
         kind = type(obj)
-        if kind not in _PLAIN or type(attr) is not str:
+        if type(attr) is not str or not (kind in _PLAIN or self._by_type.get(kind) or self._learn(kind)):
             return ImmutableSandboxedEnvironment.is_safe_attribute(self._env, obj, attr, value)
         if (known := self._safe.get((kind, attr))) is None:
             known = self._safe[kind, attr] = ImmutableSandboxedEnvironment.is_safe_attribute(self._env, obj, attr,
                                                                                              value)
         return known
+
+    def _learn(self, kind: type) -> bool:
+        """Whether `kind` is a namespace (Jinja's or a subclass, as Hugging Face's) whose `__class__`, which the
+        sandbox's ABC checks read, is its type: then it is decided by type, like `_PLAIN`."""
+        if kind not in self._by_type:
+            self._by_type[kind] = (issubclass(kind, Namespace) and kind.__getattribute__ is Namespace.__getattribute__
+                                   and all("__class__" not in vars(k) for k in kind.__mro__[:-1]))
+        return self._by_type[kind]
 
     def is_safe_callable(self, obj: Any) -> bool:
         return type(obj) in _BUILTIN_CALLABLES or SandboxedEnvironment.is_safe_callable(self._env, obj)

@@ -78,3 +78,19 @@ def test_prompt_array_is_the_prompt_ids(template: ChatTemplate) -> None:
     again = template.prompt_array(messages, Context())
     again.append(0)  # a fresh array each time: changing it leaves the kept ids alone
     assert template.prompt_ids(messages, Context()) == list(expected)
+
+
+def test_namespaces_are_decided_by_type_unless_they_could_lie_about_their_class() -> None:
+    from jinja2.utils import Namespace
+
+    from relax_pipeline.engine.codec import _Checks
+
+    class Plain(Namespace):
+        pass
+
+    class Lying(Namespace):
+        __class__ = list  # type: ignore[assignment]
+
+    checks = _Checks(ImmutableSandboxedEnvironment())
+    assert checks._learn(Namespace) and checks._learn(Plain)
+    assert not checks._learn(Lying) and not checks._learn(dict)

@@ -98,6 +98,8 @@ class OutputParser:
 
 def _split_tool_calls(text: str, parse_one: Callable[[str], ToolCall | None]) -> tuple[str, tuple[ToolCall, ...]]:
     """Content before the first call and the calls; any malformed call keeps the whole text as content."""
+    if "<tool_call>" not in text:  # every match starts with it: the usual answer without calls skips the regex
+        return text, ()
     matches = list(_TOOL_CALL.finditer(text))
     calls = [parse_one(m.group(1)) for m in matches]
     if not matches or any(c is None for c in calls):

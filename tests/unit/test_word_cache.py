@@ -134,3 +134,18 @@ def test_ascii_pattern_keeps_other_properties_in_regex() -> None:
     assert ascii_pattern(r"\p{M}+|\p{L}") is None
     assert ascii_pattern(r"\pL+") is None
     assert ascii_split(r"\p{Lu}+|.") is None
+
+
+def test_texts_with_a_separator_or_non_ascii_are_encoded_whole(tokenizer: Any) -> None:
+    from relax_pipeline.engine.words import SEPARATORS
+
+    template = ChatTemplate(tokenizer)
+    words = template.codec.words
+    assert words is not None
+
+    def no_split(text: str) -> list[str]:
+        raise AssertionError(f"cut {text!r}")
+
+    words._split = no_split  # type: ignore[method-assign]
+    for text in [f"a{s}b c" for s in SEPARATORS] + ["ünï x"]:
+        assert words.encode(text) == template.codec._encode(text)

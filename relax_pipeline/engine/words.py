@@ -21,7 +21,7 @@ before), whose tokens' word indices give every word's ids to keep (texts up to `
 tokenizer cut as many words), unless it misses at most `FEW_WORDS` words: those are encoded one by one. The cache
 forgets everything once it holds `budget` characters.
 
-It does not split at added tokens (`template.Pieces` does that first) and does not decode.
+It does not split at added tokens (`codec.Pieces` does that first) and does not decode.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Kept ids (`engine/template.py`): ids of a text from its pieces between added tokens equal the tokenizer's
+"""Kept ids (`engine/codec.py`): ids of a text from its pieces between added tokens equal the tokenizer's
 whole-text ids, kept pieces are reused across texts, tokenizers where cutting is not exact get none, and a first
 prompt is rendered once for a group's identical first requests but again for anything the template reads.
 """

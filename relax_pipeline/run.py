@@ -77,7 +77,12 @@ from relax_pipeline.tracking.dump import RolloutDump
 from relax_pipeline.tracking.logs import run_logging
 from relax_pipeline.tracking.metrics_file import MetricsFile
 from relax_pipeline.tracking.traces import TraceWriter
-from relax_pipeline.train.allocator import bound_cpu_memory, keep_freed_cpu_memory, wants_freed_memory_kept
+from relax_pipeline.train.allocator import (
+    bound_cpu_memory,
+    cap_kernel_cache,
+    keep_freed_cpu_memory,
+    wants_freed_memory_kept,
+)
 from relax_pipeline.train.base import Trainer
 from relax_pipeline.train.settings import TrainerRun
 from relax_pipeline.turn.service import ForestStore, SamplingDefaults, TurnService
@@ -113,10 +118,12 @@ def run(cfg: DictConfig) -> dict[str, float]:
 
 def _allocator(config: Config) -> None:
     """A training run on the CPU uses one malloc arena, set before any thread starts (train/allocator.py): the
-    engine then reuses what training frees, and the reverse. `trainer.keep_freed_memory` picks the policy."""
+    engine then reuses what training frees, and the reverse. `trainer.keep_freed_memory` picks the policy. Its
+    oneDNN kernel cache is capped before the first matmul."""
     t = config.trainer
     if config.job != "train" or t.device.split(":")[0] != "cpu":
         return
+    cap_kernel_cache()
     if wants_freed_memory_kept(t.keep_freed_memory, t.device):
         keep_freed_cpu_memory()
     else:

@@ -27,6 +27,14 @@ arena, and every chunk of 4 MiB or more mapped fresh and returned when freed, so
 is live. For SmolLM2's trainer alone on 64 arith samples in micro-batches of 16, peaks were 3.35-3.47 GB bounded
 against 3.68-4.00 GB kept and growing; page faults 0.64-0.80 M a step against 0.22-0.40 M.
 
+oneDNN, which runs torch's bf16 matmuls on a CPU, keeps every kernel it compiles (one per shape and direction) in a
+cache of 1,024 by default, each holding memory of its own. Training shapes change every step (a step's trees differ
+in size) and the engine's decode shapes with its batch, so the cache fills with kernels that never run again:
+in `experiment=smollm2_arith` the memory in use between steps grew 1.82 -> 2.10 GB over four steps, and stayed at
+1.45-1.60 GB with the cache capped at `KERNEL_CACHE` (probe of `bench/learning.py`'s run, mallinfo2).
+`cap_kernel_cache` sets `ONEDNN_PRIMITIVE_CACHE_CAPACITY` for a CPU training run (`run.py`, with either policy) unless
+the user set it; oneDNN reads it when it makes its first kernel, so it must run before any matmul.
+
 `TrainingThread` runs all of a trainer's heavy work (train, load, the engine's weight copy) on one thread of its
 own; the torch trainer uses it whenever it keeps freed memory.
 
@@ -39,6 +47,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -53,6 +62,20 @@ SETTINGS = ((M_ARENA_MAX, 1), (M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, 2**31 - 1), (M
 """Kept: one arena for every thread; no mmap'd chunks; never trim the heap; grow it 64 MiB beyond each request."""
 BOUNDED = ((M_ARENA_MAX, 1), (M_MMAP_THRESHOLD, 4 << 20))
 """Bounded: one arena for every thread; chunks of 4 MiB and more mapped fresh and returned when freed."""
+
+
+KERNEL_CACHE = 64
+"""oneDNN kernels a CPU training process keeps: a step's forward, backward and the engine's decode use about 30."""
+KERNEL_CACHE_VARIABLE = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
+
+
+def cap_kernel_cache(capacity: int = KERNEL_CACHE) -> bool:
+    """Cap oneDNN's kernel cache at `capacity` (see the module) unless the environment already sets it; True when
+    this call set it. Effective only before oneDNN's first kernel in this process."""
+    if KERNEL_CACHE_VARIABLE in os.environ:
+        return False
+    os.environ[KERNEL_CACHE_VARIABLE] = str(capacity)
+    return True
 
 
 def keep_freed_cpu_memory() -> bool:

@@ -1,4 +1,5 @@
-"""`trainer.keep_freed_memory` (train/allocator.py): freed large buffers stay mapped for reuse.
+"""`trainer.keep_freed_memory` (train/allocator.py): freed large buffers stay mapped for reuse; a training run's
+oneDNN kernel cache is capped.
 
 Each case runs in a fresh interpreter, since the setting is process-wide and cannot be undone: a 256 MiB
 tensor is filled, freed, and the resident size is read back from /proc; under the bounded policy, 8 MiB
@@ -8,11 +9,14 @@ setting's default, which needs no process, is tested in `tests/unit/test_allocat
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from relax_pipeline.train.allocator import KERNEL_CACHE_VARIABLE
 
 PROBE = """
 import sys, torch
@@ -46,7 +50,8 @@ print(bound, round(rss_mib() - before))
 
 
 def resident_after_free(mode: str, probe: str = PROBE) -> tuple[str, int]:
-    out = subprocess.run([sys.executable, "-c", probe, mode], capture_output=True, text=True, check=True)
+    env = {k: v for k, v in os.environ.items() if k != KERNEL_CACHE_VARIABLE}  # an in-process run may have set it
+    out = subprocess.run([sys.executable, "-c", probe, mode], capture_output=True, text=True, check=True, env=env)
     kept, grown = out.stdout.split()
     return kept, int(grown)
 
@@ -66,3 +71,28 @@ def test_bounded_memory_returns_freed_mid_sized_chunks() -> None:
     assert bound == "True" and grown < 64, f"bounded: freed 8 MiB chunks go back to the system (grew {grown} MiB)"
     _, grown = resident_after_free("default", BOUND_PROBE)
     assert grown >= 200, f"by default the heap keeps 8 MiB chunks between live small ones (grew {grown} MiB)"
+
+
+KERNEL_PROBE = """
+import sys
+from relax_pipeline.train.allocator import cap_kernel_cache
+capped = cap_kernel_cache() if sys.argv[1] == "cap" else None
+import torch
+def rss_mib():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096 / 2**20
+weight, rows = torch.randn(256, 512, dtype=torch.bfloat16), torch.randn(600, 512, dtype=torch.bfloat16)
+torch.nn.functional.linear(rows[:1], weight)
+before = rss_mib()
+for count in range(1, 601):  # a bf16 matmul of 600 shapes: oneDNN compiles a kernel for each
+    torch.nn.functional.linear(rows[:count], weight)
+print(capped, round(rss_mib() - before))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/statm").exists() or sys.platform != "linux", reason="reads /proc (Linux)")
+def test_capped_kernel_cache_keeps_fewer_kernels() -> None:
+    capped, grown_capped = resident_after_free("cap", KERNEL_PROBE)
+    _, grown = resident_after_free("default", KERNEL_PROBE)
+    assert capped == "True" and grown - grown_capped >= 50, (
+        f"oneDNN's default cache keeps 1,024 kernels (grew {grown} MiB), capped at 64 ({grown_capped} MiB)")

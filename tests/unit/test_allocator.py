@@ -7,6 +7,7 @@ per case (the setting is process-wide), so that test is in `tests/integration/te
 
 from __future__ import annotations
 
+import os
 import threading
 
 import pytest
@@ -28,3 +29,12 @@ def test_a_training_thread_runs_every_call_on_one_thread_and_nested_calls_in_pla
         thread.run(int, "bad")
     thread.close()
     assert TrainingThread(enabled=False).run(threading.get_ident) == threading.get_ident()
+
+
+def test_kernel_cache_cap_leaves_a_users_value(monkeypatch) -> None:  # noqa: ANN001 - pytest's fixture
+    from relax_pipeline.train.allocator import KERNEL_CACHE, KERNEL_CACHE_VARIABLE, cap_kernel_cache
+
+    monkeypatch.delenv(KERNEL_CACHE_VARIABLE, raising=False)
+    assert cap_kernel_cache() and os.environ[KERNEL_CACHE_VARIABLE] == str(KERNEL_CACHE)
+    monkeypatch.setenv(KERNEL_CACHE_VARIABLE, "8")
+    assert not cap_kernel_cache() and os.environ[KERNEL_CACHE_VARIABLE] == "8"

@@ -34,7 +34,7 @@ import re
 import types
 from array import array
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from jinja2.runtime import LoopContext
@@ -108,7 +108,7 @@ class Codec:
             self._backend = None
         self._fast = self._backend is not None and hasattr(self._backend, "encode_batch_fast")
         self.words = Words.of(self._backend, self._encode) if self._backend is not None else None  # None: not exact
-        by_words = self.words.encode if self.words is not None else None  # a piece's ids: by its words where exact
+        by_words = self.words.ids if self.words is not None else None  # a piece's ids: by its words where exact
         self.pieces = Pieces.of(tokenizer, self._encode, by_words) if self._backend is not None else None
 
     def encode(self, text: str, keep: bool = False) -> list[int]:
@@ -176,7 +176,7 @@ class Pieces:
     """Ids of texts by their pieces between added tokens, the ids of pieces seen before kept (see the module)."""
 
     def __init__(self, added: dict[str, int], encode: Encode, budget: int = PIECE_CACHE_CHARS,
-                 piece: Encode | None = None) -> None:
+                 piece: Callable[[str], Sequence[int]] | None = None) -> None:
         self._added = added
         self._split = re.compile("(" + "|".join(re.escape(t) for t in sorted(added, key=len, reverse=True)) + ")").split
         self._encode = encode
@@ -184,7 +184,7 @@ class Pieces:
         self.kept = Kept(budget, by_key=True)
 
     @classmethod
-    def of(cls, tokenizer: Any, encode: Encode, piece: Encode | None = None) -> Pieces | None:
+    def of(cls, tokenizer: Any, encode: Encode, piece: Callable[[str], Sequence[int]] | None = None) -> Pieces | None:
         """The cache for `tokenizer`, or None where cutting at its added tokens is not exact (`piece`: `__init__`)."""
         try:
             tokens = dict(tokenizer.added_tokens_decoder)

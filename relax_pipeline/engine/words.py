@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from array import array
+from collections.abc import Callable, Sequence
 from typing import Any
 
 Encode = Callable[[str], list[int]]
@@ -64,7 +65,7 @@ class Words:
         self._split = split
         self._encode_words = encode_words
         self._encode = encode
-        self._kept: dict[str, list[int]] = {}
+        self._kept: dict[str, array] = {}
         self._chars = 0
         self.budget = budget
 
@@ -90,12 +91,17 @@ class Words:
 
     def encode(self, text: str) -> list[int]:
         """The ids of `text` (no added tokens in it): its words' kept ids, else one call that also learns them."""
+        ids = self.ids(text)
+        return ids if type(ids) is list else ids.tolist()
+
+    def ids(self, text: str) -> Sequence[int]:
+        """`encode` as an array of C ints when every word is kept (no Python int per token), else a list."""
         if not text.isascii() or "\x1c" in text or "\x1d" in text or "\x1e" in text or "\x1f" in text:  # SEPARATORS
             return self._encode(text)
         words = self._split(text)
         if "".join(words) != text:
             return self._encode(text)
-        kept, ids = self._kept, []
+        kept, ids = self._kept, array("i")
         try:
             for word in words:
                 ids += kept[word]
@@ -134,7 +140,7 @@ class Words:
         if self._chars + chars > self.budget:
             self._kept.clear()
             self._chars = 0
-        self._kept.update(zip(words, ids, strict=True))
+        self._kept.update(zip(words, map(_int_array, ids), strict=True))
         self._chars += chars
 
     def agrees(self) -> bool:
@@ -146,6 +152,10 @@ class Words:
         finally:
             self._kept.clear()
             self._chars = 0
+
+
+def _int_array(ids: list[int]) -> array:
+    return array("i", ids)
 
 
 def ascii_pattern(pattern: str) -> str | None:

@@ -94,3 +94,10 @@ def test_namespaces_are_decided_by_type_unless_they_could_lie_about_their_class(
     checks = _Checks(ImmutableSandboxedEnvironment())
     assert checks._learn(Namespace) and checks._learn(Plain)
     assert not checks._learn(Lying) and not checks._learn(dict)
+
+
+def test_the_tiny_models_template_runs_with_the_shortcuts(template: ChatTemplate) -> None:
+    renderer = template._renderer
+    assert renderer._checks is not None, "the compiled template fell back to the plain sandbox (or the slow path)"
+    messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
+    assert renderer(messages, None, True, {}) == renderer._slow(messages, None, True, {})

@@ -139,6 +139,10 @@ class ChatTemplate:
         """Token ids that follow a committed assistant turn: glue, new messages, generation prompt."""
         return self.encode(self.delta_text(messages, context, previous_ended_turn))
 
+    def delta_array(self, messages: Sequence[Message], context: Context, previous_ended_turn: bool) -> array:
+        """`delta_ids` as an array of C ints (what the forest stores; kept pieces and words copied in whole)."""
+        return self.codec.encode_array(self.delta_text(messages, context, previous_ended_turn))
+
     def delta_text(self, messages: Sequence[Message], context: Context, previous_ended_turn: bool) -> str:
         tools = self._need_tools(context)
         tail = self._shapes.render(messages, context, tools)

@@ -326,7 +326,7 @@ class TurnService:
         if at.existing is not None:
             obs: Sequence[int] = at.existing.token_ids
         else:
-            obs = self.template.delta_ids(match.delta, match.context, match.parent.ends_turn)
+            obs = self.template.delta_array(match.delta, match.context, match.parent.ends_turn)
         at.prompt_ids.extend(obs)  # the attachment's fresh array: extended in place, not copied again
         return obs, at.prompt_ids
 

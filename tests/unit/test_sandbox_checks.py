@@ -101,3 +101,11 @@ def test_the_tiny_models_template_runs_with_the_shortcuts(template: ChatTemplate
     assert renderer._checks is not None, "the compiled template fell back to the plain sandbox (or the slow path)"
     messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
     assert renderer(messages, None, True, {}) == renderer._slow(messages, None, True, {})
+
+
+def test_delta_array_is_delta_ids(template: ChatTemplate) -> None:
+    for delta in [(Message("tool", "42", tool_call_id="c1"),), (Message("user", "ünï then {{ x }}"),),
+                  (Message("tool", "a"), Message("user", "b"))]:
+        for ended in (True, False):
+            ids = template.delta_array(delta, Context(), ended)
+            assert isinstance(ids, array) and ids.tolist() == template.delta_ids(delta, Context(), ended)

@@ -53,6 +53,7 @@ from relax_pipeline.stages.pipeline import Pipeline, StepResult
 from relax_pipeline.stages.traces import TrainTiming, step_traces, train_timing
 from relax_pipeline.tracking.traces import TraceWriter
 from relax_pipeline.tracking.tracker import Tracker
+from relax_pipeline.train.allocator import release_freed_memory
 
 log = logging.getLogger("relax_pipeline")
 _STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -181,6 +182,7 @@ class StepLoop:
             self._save(step)
             self._record(step, result, metrics)
             await self._eval(step + 1)
+            release_freed_memory()  # the step's, the checkpoint's and the eval's holes (train/allocator.py)
         gc.unfreeze()  # what the run leaves behind is collected as usual
         if self.stop_signal is not None:
             raise self._interrupted(self.stop_signal)

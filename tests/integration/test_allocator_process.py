@@ -96,3 +96,27 @@ def test_capped_kernel_cache_keeps_fewer_kernels() -> None:
     _, grown = resident_after_free("default", KERNEL_PROBE)
     assert capped == "True" and grown - grown_capped >= 50, (
         f"oneDNN's default cache keeps 1,024 kernels (grew {grown} MiB), capped at 64 ({grown_capped} MiB)")
+
+
+RELEASE_PROBE = """
+import sys, torch
+from relax_pipeline.train.allocator import keep_freed_cpu_memory, release_freed_memory
+keep_freed_cpu_memory()
+def rss_mib():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096 / 2**20
+before = rss_mib()
+big = torch.ones(64 << 20)  # 256 MiB of float32, touched, then freed into the kept heap
+del big
+kept = rss_mib() - before
+released = release_freed_memory() if sys.argv[1] == "release" else None
+print(released, round(kept - (rss_mib() - before)))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/statm").exists() or sys.platform != "linux", reason="reads /proc (Linux)")
+def test_release_hands_the_kept_heap_back_once_asked() -> None:
+    released, returned = resident_after_free("release", RELEASE_PROBE)
+    assert released == "True" and returned >= 200, f"the kept 256 MiB should go back to the system ({returned} MiB)"
+    _, returned = resident_after_free("keep", RELEASE_PROBE)
+    assert returned < 16, f"without the release the kept heap stays resident ({returned} MiB returned)"

@@ -35,7 +35,7 @@ ALLOWED: dict[str, set[str]] = {
             "replay", "stages", "tracking", "train", "turn", "view"},
     "certify": {"canonical", "engine", "forest", "stages", "turn"},
     "view": {"models", "replay", "tracking"},
-    "loop": {"engine", "forest", "replay", "scheduling", "stages", "tracking"},
+    "loop": {"engine", "forest", "replay", "scheduling", "stages", "tracking", "train"},
     "config": {"agent", "credit", "data", "engine", "gateway", "infra", "models", "protocol", "replay", "scheduling",
                "tracking", "train"},
     "replay": {"canonical", "credit", "forest", "stages", "train"},

@@ -97,11 +97,12 @@ def test_a_lost_rank_fails_the_next_step_as_died(tiny_path: Path, cluster: Any) 
 
 
 def ended(ray: Any, actor: Any, within_s: float = 30.0) -> bool:
-    """Whether the actor is gone within `within_s` (ray.kill takes effect asynchronously)."""
+    """Whether the actor is gone within `within_s` (ray.kill takes effect asynchronously). Polled with `log_path`,
+    which reads no file: closing may already have removed the rank's log while the actor still answers."""
     deadline = time.monotonic() + within_s
     while time.monotonic() < deadline:
         try:
-            ray.get(actor.tail.remote(), timeout=5)
+            ray.get(actor.log_path.remote(), timeout=5)
         except ray.exceptions.RayActorError:
             return True
         time.sleep(0.2)

@@ -183,6 +183,17 @@ def tree_model(name: str) -> tuple[Path, str]:
     return build_tiny(seed=0), "the tiny test model (--model tiny)"
 
 
+def alternate(trainers: dict[bool, TorchTrainer], samples: list[Sample], reps: int) -> dict[bool, list[float]]:
+    """Each trainer's `train(samples)` times, alternating rep by rep after one warm-up rep each."""
+    times: dict[bool, list[float]] = {key: [] for key in trainers}
+    for rep in range(reps + 1):
+        for key, trainer in trainers.items():
+            elapsed = timed(lambda t=trainer: t.train(samples))
+            if rep >= 1:
+                times[key].append(elapsed)
+    return times
+
+
 def tree_case(args: argparse.Namespace) -> None:
     path, named = tree_model(args.model)
     samples = forked_sessions(args.sessions, args.turns)
@@ -190,12 +201,7 @@ def tree_case(args: argparse.Namespace) -> None:
                  for tree in (False, True)}
     trainers = {tree: TorchTrainer(TrainerSettings(device=args.device, batching=b), TrainerRun(str(path)))
                 for tree, b in batchings.items()}
-    times: dict[bool, list[float]] = {False: [], True: []}
-    for rep in range((args.reps or 2) + 1):  # one warm-up rep each
-        for tree, trainer in trainers.items():
-            elapsed = timed(lambda t=trainer: t.train(samples))
-            if rep >= 1:
-                times[tree].append(elapsed)
+    times = alternate(trainers, samples, args.reps or 2)
     print(f"model: {named}, torch threads {torch.get_num_threads()}, float32")
     print(f"workload: {args.sessions} sessions x {args.turns} turns, a fork at every turn: {len(samples)} rows, "
           f"{sum(len(s.tokens) for s in samples)} row tokens")
@@ -245,12 +251,7 @@ def lean_case(args: argparse.Namespace) -> None:
     trainers = {lean: TorchTrainer(TrainerSettings(device=args.device, batching=batching, autocast="bfloat16",
                                                    attn_implementation="grouped", lean_activations=lean),
                                    TrainerRun(str(path))) for lean in (False, True)}
-    times: dict[bool, list[float]] = {False: [], True: []}
-    for rep in range((args.reps or 6) + 1):  # one warm-up rep each
-        for lean, trainer in trainers.items():
-            elapsed = timed(lambda t=trainer: t.train(samples))
-            if rep >= 1:
-                times[lean].append(elapsed)
+    times = alternate(trainers, samples, args.reps or 6)
     kept = {lean: kept_bytes(trainer, samples) for lean, trainer in trainers.items()}
     print(f"model: {named}, torch threads {torch.get_num_threads()}, bf16 autocast, grouped attention")
     print(f"workload: {args.groups} groups x 8 rows (48 prompt + 16 response tokens), one micro-batch")

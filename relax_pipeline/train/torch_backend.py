@@ -265,6 +265,25 @@ def _as_tuple(value: Any) -> Any:
     return tuple(_as_tuple(v) for v in value) if isinstance(value, list | tuple) else value
 
 
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint folder could not be written; its partial copy is removed and the previous one stands."""
+
+    def __init__(self, path: Path, error: BaseException) -> None:
+        free_gb = shutil.disk_usage(_existing(path)).free / 2**30
+        super().__init__(
+            f"checkpoint {path} could not be written ({type(error).__name__}: {error}); {free_gb:.1f} GB free on "
+            "its disk. The earlier checkpoints are intact. Free space there, keep fewer checkpoints "
+            "(trainer.keep_checkpoints=2), save less often (trainer.save_interval) or without the optimizer state "
+            "(trainer.save_optimizer=false), or write them elsewhere (trainer.checkpoint_dir)")
+
+
+def _existing(path: Path) -> Path:
+    """`path` or its nearest existing parent (what `disk_usage` can measure)."""
+    while not path.exists() and path.parent != path:
+        path = path.parent
+    return path
+
+
 def atomic_folder(path: Path, write: Callable[..., None], *args: Any) -> None:
     """Call `write(tmp, *args)` on a temporary sibling folder, then rename it to `path` (replacing it)."""
     tmp = path.with_name(f".{path.name}.tmp")
@@ -272,7 +291,11 @@ def atomic_folder(path: Path, write: Callable[..., None], *args: Any) -> None:
     for leftover in (tmp, old):
         shutil.rmtree(leftover, ignore_errors=True)
     tmp.mkdir(parents=True)
-    write(tmp, *args)
+    try:
+        write(tmp, *args)
+    except (OSError, RuntimeError) as error:  # torch.save reports a full disk as a RuntimeError
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointWriteError(path, error) from error
     if path.exists():
         path.rename(old)
     tmp.rename(path)

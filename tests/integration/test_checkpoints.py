@@ -20,7 +20,7 @@ from relax_pipeline.models.spec import ModelSettings, ModelSpec
 from relax_pipeline.train.batching import BatchSettings
 from relax_pipeline.train.optim import OptimSettings
 from relax_pipeline.train.settings import DeepSpeedSettings, TrainerRun, TrainerSettings
-from relax_pipeline.train.torch_backend import TorchTrainer
+from relax_pipeline.train.torch_backend import CheckpointWriteError, TorchTrainer, atomic_folder
 
 SETTINGS = {"batching": BatchSettings(micro_batch_size=2), "optim": OptimSettings(lr=5e-3)}
 
@@ -83,6 +83,23 @@ def test_keep_checkpoints_keeps_the_last_n(tmp_path: Path) -> None:
     assert Checkpoints(tmp_path, None, False).prune() == []
     with pytest.raises(ValueError, match="trainer.keep_checkpoints=0 must be at least 1"):
         Checkpoints(tmp_path, None, False, keep=0)
+
+
+def test_a_checkpoint_that_cannot_be_written_leaves_the_last_one_and_names_the_fix(tmp_path: Path) -> None:
+    """A full disk mid-write (torch.save raises a RuntimeError): the partial folder goes, the previous stands."""
+    def fill(folder: Path, text: str) -> None:
+        (folder / "weights").write_text(text)
+
+    def full_disk(folder: Path, text: str) -> None:
+        fill(folder, text)
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 967411968 vs 967411860")
+
+    atomic_folder(tmp_path / "step_1", fill, "one")
+    with pytest.raises(CheckpointWriteError, match=r"GB free on its disk.*trainer.keep_checkpoints") as caught:
+        atomic_folder(tmp_path / "step_1", full_disk, "two")
+    assert "unexpected pos" in str(caught.value) and "step_1" in str(caught.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_1"], "no partial folder is left"
+    assert (tmp_path / "step_1" / "weights").read_text() == "one"
 
 
 @pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::DeprecationWarning")

@@ -32,8 +32,14 @@ cache of 1,024 by default, each holding memory of its own. Training shapes chang
 in size) and the engine's decode shapes with its batch, so the cache fills with kernels that never run again:
 in `experiment=smollm2_arith` the memory in use between steps grew 1.82 -> 2.10 GB over four steps, and stayed at
 1.45-1.60 GB with the cache capped at `KERNEL_CACHE` (probe of `bench/learning.py`'s run, mallinfo2).
-`cap_kernel_cache` sets `ONEDNN_PRIMITIVE_CACHE_CAPACITY` for a CPU training run (`run.py`, with either policy) unless
-the user set it; oneDNN reads it when it makes its first kernel, so it must run before any matmul.
+ideep, the layer between torch and oneDNN, keeps a second cache of its own (`LRU_CACHE_CAPACITY`, 1,024 by default)
+of prepared matmuls, each holding its oneDNN kernels whether or not oneDNN's cache still lists them, so capping
+oneDNN's alone left the kernels of every past shape alive: the live memory of a smollm2_agent run (eight
+micro-batches a step, each of a new length) grew about 0.15 GB a step. With both capped, `bench/learning.py`
+(5-6 steps, one run each) peaked at 4.74 GB against 5.11 GB (smollm2_agent, training 11.4 s a step against 14.3 s)
+and 4.07 GB against 4.29 GB (smollm2_arith, 2.9 s against 3.3 s).
+`cap_kernel_cache` sets `ONEDNN_PRIMITIVE_CACHE_CAPACITY` and `LRU_CACHE_CAPACITY` for a CPU training run (`run.py`,
+with either policy), each unless the user set it; both are read at the first matmul, so it must run before any.
 
 Whatever the policy, the step loop hands the heap's free pages back to the system once a step, after its
 checkpoint and eval (`release_freed_memory`, glibc's `malloc_trim`): an eval's 200 sessions and a checkpoint's
@@ -73,15 +79,17 @@ BOUNDED = ((M_ARENA_MAX, 1), (M_MMAP_THRESHOLD, 4 << 20))
 KERNEL_CACHE = 64
 """oneDNN kernels a CPU training process keeps: a step's forward, backward and the engine's decode use about 30."""
 KERNEL_CACHE_VARIABLE = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
+IDEEP_CACHE_VARIABLE = "LRU_CACHE_CAPACITY"
+"""ideep's own cache of prepared matmuls (torch's CPU bf16 path), 1,024 by default; each holds its oneDNN kernels."""
 
 
 def cap_kernel_cache(capacity: int = KERNEL_CACHE) -> bool:
-    """Cap oneDNN's kernel cache at `capacity` (see the module) unless the environment already sets it; True when
-    this call set it. Effective only before oneDNN's first kernel in this process."""
-    if KERNEL_CACHE_VARIABLE in os.environ:
-        return False
-    os.environ[KERNEL_CACHE_VARIABLE] = str(capacity)
-    return True
+    """Cap oneDNN's kernel cache and ideep's cache of prepared matmuls at `capacity` (see the module), each unless
+    the environment already sets it; True when this call set either. Effective only before the first matmul."""
+    unset = [name for name in (KERNEL_CACHE_VARIABLE, IDEEP_CACHE_VARIABLE) if name not in os.environ]
+    for name in unset:
+        os.environ[name] = str(capacity)
+    return bool(unset)
 
 
 def keep_freed_cpu_memory() -> bool:

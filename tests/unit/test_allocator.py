@@ -32,9 +32,20 @@ def test_a_training_thread_runs_every_call_on_one_thread_and_nested_calls_in_pla
 
 
 def test_kernel_cache_cap_leaves_a_users_value(monkeypatch) -> None:  # noqa: ANN001 - pytest's fixture
-    from relax_pipeline.train.allocator import KERNEL_CACHE, KERNEL_CACHE_VARIABLE, cap_kernel_cache
+    from relax_pipeline.train.allocator import (
+        IDEEP_CACHE_VARIABLE,
+        KERNEL_CACHE,
+        KERNEL_CACHE_VARIABLE,
+        cap_kernel_cache,
+    )
 
-    monkeypatch.delenv(KERNEL_CACHE_VARIABLE, raising=False)
-    assert cap_kernel_cache() and os.environ[KERNEL_CACHE_VARIABLE] == str(KERNEL_CACHE)
+    for name in (KERNEL_CACHE_VARIABLE, IDEEP_CACHE_VARIABLE):
+        monkeypatch.delenv(name, raising=False)
+    assert cap_kernel_cache()
+    assert os.environ[KERNEL_CACHE_VARIABLE] == os.environ[IDEEP_CACHE_VARIABLE] == str(KERNEL_CACHE)
     monkeypatch.setenv(KERNEL_CACHE_VARIABLE, "8")
-    assert not cap_kernel_cache() and os.environ[KERNEL_CACHE_VARIABLE] == "8"
+    monkeypatch.delenv(IDEEP_CACHE_VARIABLE)
+    assert cap_kernel_cache(), "the unset one is still capped"
+    assert os.environ[KERNEL_CACHE_VARIABLE] == "8" and os.environ[IDEEP_CACHE_VARIABLE] == str(KERNEL_CACHE)
+    monkeypatch.setenv(IDEEP_CACHE_VARIABLE, "9")
+    assert not cap_kernel_cache() and os.environ[IDEEP_CACHE_VARIABLE] == "9"

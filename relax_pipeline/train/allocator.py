@@ -77,7 +77,8 @@ BOUNDED = ((M_ARENA_MAX, 1), (M_MMAP_THRESHOLD, 4 << 20))
 
 
 KERNEL_CACHE = 64
-"""oneDNN kernels a CPU training process keeps: a step's forward, backward and the engine's decode use about 30."""
+"""oneDNN kernels (and ideep prepared matmuls) a CPU training process keeps: a step's forward, backward and the
+engine's decode use about 30."""
 KERNEL_CACHE_VARIABLE = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
 IDEEP_CACHE_VARIABLE = "LRU_CACHE_CAPACITY"
 """ideep's own cache of prepared matmuls (torch's CPU bf16 path), 1,024 by default; each holds its oneDNN kernels."""

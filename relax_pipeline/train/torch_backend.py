@@ -272,9 +272,9 @@ class CheckpointWriteError(RuntimeError):
         free_gb = shutil.disk_usage(_existing(path)).free / 2**30
         super().__init__(
             f"checkpoint {path} could not be written ({type(error).__name__}: {error}); {free_gb:.1f} GB free on "
-            "its disk. The earlier checkpoints are intact. Free space there, keep fewer checkpoints "
-            "(trainer.keep_checkpoints=2), save less often (trainer.save_interval) or without the optimizer state "
-            "(trainer.save_optimizer=false), or write them elsewhere (trainer.checkpoint_dir)")
+            "its disk. The earlier checkpoints are intact. If the disk is full: free space there, keep fewer "
+            "checkpoints (trainer.keep_checkpoints=2), save less often (trainer.save_interval) or without the "
+            "optimizer state (trainer.save_optimizer=false), or write them elsewhere (trainer.checkpoint_dir)")
 
 
 def _existing(path: Path) -> Path:

@@ -265,6 +265,10 @@ def _as_tuple(value: Any) -> Any:
     return tuple(_as_tuple(v) for v in value) if isinstance(value, list | tuple) else value
 
 
+TORCH_WRITE_FAILURES = ("inline_container.cc", "PytorchStreamWriter")
+"""Where torch.save's RuntimeError for a failed file write comes from (a full disk reads "unexpected pos")."""
+
+
 class CheckpointWriteError(RuntimeError):
     """A checkpoint folder could not be written; its partial copy is removed and the previous one stands."""
 
@@ -293,9 +297,11 @@ def atomic_folder(path: Path, write: Callable[..., None], *args: Any) -> None:
     tmp.mkdir(parents=True)
     try:
         write(tmp, *args)
-    except (OSError, RuntimeError) as error:  # torch.save reports a full disk as a RuntimeError
+    except Exception as error:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise CheckpointWriteError(path, error) from error
+        if isinstance(error, OSError) or any(mark in str(error) for mark in TORCH_WRITE_FAILURES):
+            raise CheckpointWriteError(path, error) from error
+        raise  # not the disk (a rank that failed, a bad state): the caller's own error
     if path.exists():
         path.rename(old)
     tmp.rename(path)

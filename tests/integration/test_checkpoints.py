@@ -101,6 +101,15 @@ def test_a_checkpoint_that_cannot_be_written_leaves_the_last_one_and_names_the_f
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_1"], "no partial folder is left"
     assert (tmp_path / "step_1" / "weights").read_text() == "one"
 
+    def rank_failed(folder: Path, text: str) -> None:
+        fill(folder, text)
+        raise RuntimeError("trainer rank 1 exited")  # RankFailed is a RuntimeError
+
+    with pytest.raises(RuntimeError, match="rank 1 exited") as other:  # not the disk: the caller's own error, unwrapped
+        atomic_folder(tmp_path / "step_1", rank_failed, "three")
+    assert not isinstance(other.value, CheckpointWriteError)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_1"]
+
 
 @pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::DeprecationWarning")
 @pytest.mark.parametrize("stage", [2, 3])

@@ -82,12 +82,14 @@ engine's decode use about 30."""
 KERNEL_CACHE_VARIABLE = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
 IDEEP_CACHE_VARIABLE = "LRU_CACHE_CAPACITY"
 """ideep's own cache of prepared matmuls (torch's CPU bf16 path), 1,024 by default; each holds its oneDNN kernels."""
+CACHE_VARIABLES = (KERNEL_CACHE_VARIABLE, IDEEP_CACHE_VARIABLE)
+"""What `cap_kernel_cache` sets."""
 
 
 def cap_kernel_cache(capacity: int = KERNEL_CACHE) -> bool:
     """Cap oneDNN's kernel cache and ideep's cache of prepared matmuls at `capacity` (see the module), each unless
     the environment already sets it; True when this call set either. Effective only before the first matmul."""
-    unset = [name for name in (KERNEL_CACHE_VARIABLE, IDEEP_CACHE_VARIABLE) if name not in os.environ]
+    unset = [name for name in CACHE_VARIABLES if name not in os.environ]
     for name in unset:
         os.environ[name] = str(capacity)
     return bool(unset)
@@ -104,24 +106,28 @@ def bound_cpu_memory() -> bool:
 
 
 def _mallopt(settings: tuple[tuple[int, int], ...]) -> bool:
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
+    mallopt = _glibc("mallopt", [ctypes.c_int, ctypes.c_int])
+    if mallopt is None:
         log.info("no glibc mallopt here: freed CPU memory is returned to the system as usual")
         return False
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return all(mallopt(option, value) == 1 for option, value in settings)
 
 
 def release_freed_memory() -> bool:
     """Give the free pages inside malloc's heaps back to the system (glibc `malloc_trim(0)`; see the module);
     True when glibc released any, False where there is none or it had nothing to give."""
+    trim = _glibc("malloc_trim", [ctypes.c_size_t])
+    return trim is not None and trim(0) == 1
+
+
+def _glibc(name: str, argtypes: list[Any]) -> Any:
+    """This process's C library function `name` returning an int, or None where it has none (musl, macOS)."""
     try:
-        trim = ctypes.CDLL(None).malloc_trim
+        function = getattr(ctypes.CDLL(None), name)
     except (OSError, AttributeError):
-        return False
-    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
-    return trim(0) == 1
+        return None
+    function.argtypes, function.restype = argtypes, ctypes.c_int
+    return function
 
 
 def wants_freed_memory_kept(setting: bool | None, device: str) -> bool:

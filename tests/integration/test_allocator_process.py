@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from relax_pipeline.train.allocator import IDEEP_CACHE_VARIABLE, KERNEL_CACHE_VARIABLE
+from relax_pipeline.train.allocator import CACHE_VARIABLES
 
 PROBE = """
 import sys, torch
@@ -50,8 +50,7 @@ print(bound, round(rss_mib() - before))
 
 
 def resident_after_free(mode: str, probe: str = PROBE) -> tuple[str, int]:
-    env = {k: v for k, v in os.environ.items()  # an in-process run may have set them
-           if k not in (KERNEL_CACHE_VARIABLE, IDEEP_CACHE_VARIABLE)}
+    env = {k: v for k, v in os.environ.items() if k not in CACHE_VARIABLES}  # an in-process run may have set them
     out = subprocess.run([sys.executable, "-c", probe, mode], capture_output=True, text=True, check=True, env=env)
     kept, grown = out.stdout.split()
     return kept, int(grown)

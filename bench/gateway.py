@@ -39,6 +39,12 @@ first session of a group brings a history never seen (`fresh`), the others the s
 first (`sibling`). One client sends them one after another to bare and to ours; printed per size: CPU ms per
 request of each and their ratio (bare only parses the body: what any forwarding proxy pays at least).
 
+The floor under the ratio (`bench/_gateway_floor.py`, in this process, no sockets): bare's app and ours' app called
+straight as uvicorn calls them, and the turn's own work (JSON in and out, parse, match, render, tokenize, commit)
+without HTTP, over sessions of the phases' shape. Bare's request less bare's app is uvicorn's and the kernel's part;
+that plus the turn's own work is the least ours could cost with the turn as it is, printed per concurrency beside
+what ours' HTTP glue adds above it.
+
 The clients speak minimal HTTP/1.1 over asyncio streams (one write per request, Content-Length bodies
 only): an HTTP library's client costs about as much CPU per request as the bare server, and on a small
 machine it would cap requests/s below what the servers can do.
@@ -129,13 +135,23 @@ async def _serve(kind: str, sessions: int) -> None:
 async def _start_ours() -> tuple[Any, Any]:
     """The gateway as `run.py` serves it: `create_app` under `GatewayServer.start()` in this loop, garbage
     settled as before a step (`serve` turned run logging on)."""
+    from relax_pipeline.gateway.app import create_app
+    from relax_pipeline.gateway.server import GatewayServer
+    from relax_pipeline.loop import settle_garbage
+
+    store, turns = build_ours()
+    server = GatewayServer(create_app(store, turns, prefix=PREFIX), prefix=PREFIX)
+    await server.start()
+    settle_garbage(full=True)
+    return server, store
+
+
+def build_ours() -> tuple[Any, Any]:
+    """Our gateway's forest store and turn service over the tiny model's tokenizer and an instant scripted engine."""
     from transformers import AutoTokenizer
 
     from relax_pipeline.engine.parsers import OutputParser
     from relax_pipeline.engine.template import ChatTemplate
-    from relax_pipeline.gateway.app import create_app
-    from relax_pipeline.gateway.server import GatewayServer
-    from relax_pipeline.loop import settle_garbage
     from relax_pipeline.models.tiny import build_tiny
     from relax_pipeline.testing.engines import ScriptedEngine
     from relax_pipeline.turn.service import ForestStore, SamplingDefaults, TurnService
@@ -144,11 +160,7 @@ async def _start_ours() -> tuple[Any, Any]:
     engine = ScriptedEngine(tokenizer, [ANSWER], record_prompts=False)
     turns = TurnService(ChatTemplate(tokenizer), engine, OutputParser(),
                         SamplingDefaults(max_context_len=1 << 20, max_response_len=256))
-    store = ForestStore()
-    server = GatewayServer(create_app(store, turns, prefix=PREFIX), prefix=PREFIX)
-    await server.start()
-    settle_garbage(full=True)
-    return server, store
+    return ForestStore(), turns
 
 
 def _open_session(store: Any, index: int) -> str:
@@ -426,6 +438,8 @@ class Result:
     """(server, history turns, fresh|sibling) → the first-turn phases, one per repeat."""
     first_requests: int = 0
     """Requests ours served in the first-turn case (its warm-up round included)."""
+    floor: dict[str, float] = field(default_factory=dict)
+    """In this process, no sockets (`measure_floor`): CPU ms per request of bare's app, ours' app, the turn's work."""
 
 
 def measure(args: argparse.Namespace) -> Result:
@@ -447,6 +461,7 @@ def measure(args: argparse.Namespace) -> Result:
                     result.phases[kind][clients].append(server.run(sessions, clients, args.turns))
         result.after = servers["ours"].ask(signal.SIGUSR1)
         measure_first(servers, result, first_turns, args)
+        result.floor = measure_floor(args)
     finally:
         for server in servers.values():
             server.stop()
@@ -472,6 +487,39 @@ def measure_first(servers: dict[str, Server], result: Result, first_turns: list[
                         result.first.setdefault((kind, turns, name), []).append(phase)
 
 
+def measure_floor(args: argparse.Namespace) -> dict[str, float]:
+    """CPU ms per request in this process, apps called straight (`bench/_gateway_floor.py`): bare's app, ours' app
+    (run logging on, as the server runs it) and the turn's own work, each over sessions of the phases' shape."""
+    from relax_pipeline.tracking.logs import run_logging
+
+    with tempfile.TemporaryDirectory(prefix="relax-bench-floor-") as logs, run_logging(Path(logs)):
+        return asyncio.run(_measure_floor(args))
+
+
+async def _measure_floor(args: argparse.Namespace) -> dict[str, float]:
+    from _gateway_floor import AppCall, TurnWork
+
+    from relax_pipeline.gateway.app import create_app
+    from relax_pipeline.loop import settle_garbage
+
+    sessions, floor = WARMUP_SESSIONS + max(args.serial, 1) * args.repeats, {}
+    bare_ids = [f"s{i}" for i in range(sessions)]
+    ours_store, ours_turns = build_ours()
+    work_store, work_turns = build_ours()
+    callers = {"bare_app": (AppCall(_bare_app()), bare_ids),
+               "ours_app": (AppCall(create_app(ours_store, ours_turns, prefix=PREFIX)),
+                            [_open_session(ours_store, i) for i in range(sessions)]),
+               "turn": (TurnWork(work_store, work_turns), [_open_session(work_store, i) for i in range(sessions)])}
+    settle_garbage(full=True)
+    for name, (caller, ids) in callers.items():
+        for index, session_id in enumerate(ids):
+            if index == WARMUP_SESSIONS:
+                caller.cpu_s, caller.requests = 0.0, 0
+            await _session(caller, session_id, args.turns, Load())  # type: ignore[arg-type] - a Connection stand-in
+        floor[name] = caller.cpu_ms
+    return floor
+
+
 def percentile_ms(phases: list[Phase], q: int) -> float:
     latencies = [latency for phase in phases for latency in phase.load.latencies]
     return statistics.quantiles(latencies, n=100, method="inclusive")[q - 1] * 1e3
@@ -490,6 +538,7 @@ def report(result: Result, args: argparse.Namespace) -> None:
             print(f"{kind:<7} {clients:>7} {sum(len(p.load.latencies) for p in phases):>8} {rate:>10.0f} "
                   f"{cpu:>14.3f} {percentile_ms(phases, 50):>7.2f} {percentile_ms(phases, 99):>7.2f}")
     _report_ratios(result, args)
+    _report_floor(result)
     _report_first(result)
     _report_tracing(result)
     _report_memory(result)
@@ -513,6 +562,23 @@ def _report_ratios(result: Result, args: argparse.Namespace) -> None:
     rates = {kind: statistics.median(p.rate for p in result.phases[kind][args.clients]) for kind in KINDS}
     print(f"requests/s at {args.clients} clients: ours {rates['ours']:.0f}, bare {rates['bare']:.0f}, "
           f"ours / bare {rates['ours'] / rates['bare']:.2f}; target >= 500")
+
+
+def _report_floor(result: Result) -> None:
+    """The floor under the ratio: uvicorn's and the kernel's part of bare's request plus the turn's own work."""
+    floor = result.floor
+    print(f"in this process, no sockets (bench/_gateway_floor.py), CPU ms per request: bare's app "
+          f"{floor['bare_app']:.3f}; ours' app {floor['ours_app']:.3f}, of which the turn's own work (JSON in and "
+          f"out, parse, match, render, tokenize, commit) {floor['turn']:.3f}")
+    parts = []
+    for clients, phases in result.phases["bare"].items():
+        bare = statistics.median(p.cpu_ms for p in phases)
+        ours = statistics.median(p.cpu_ms for p in result.phases["ours"][clients])
+        least = bare - floor["bare_app"] + floor["turn"]
+        parts.append(f"{bare - floor['bare_app']:.3f} + {floor['turn']:.3f} = {least:.3f} ms, {least / bare:.2f}x at "
+                     f"{clients} client(s) (ours' HTTP glue above it: {ours - least:.3f} ms)")
+    print(f"floor of ours / bare: uvicorn and the kernel under bare's app (bare - bare's app) plus the turn's own "
+          f"work: {'; '.join(parts)}")
 
 
 def _report_first(result: Result) -> None:

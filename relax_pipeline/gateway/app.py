@@ -33,7 +33,8 @@ where the same routes are also registered, so every answer the FastAPI app gave 
 slashes in a path (a base URL ending in `/` joined with `/chat/completions`) are read as one.
 `DisconnectWatch` cancels a turn when its client goes away, without a second task for the turn or a polling
 timer; `json_response` renders with orjson (compact UTF-8, as Starlette's JSONResponse writes it); an access
-line is formatted only by the handler that writes it.
+line goes straight into run.log's buffer where run.log alone would take it (`tracking.logs.write_info`), else
+through `logging`.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ from relax_pipeline.gateway.openapi import openapi_document
 from relax_pipeline.protocol.base import Frontend, ProtocolError, TurnMeta, anthropic_body, openai_body
 from relax_pipeline.protocol.chat import ChatFrontend
 from relax_pipeline.protocol.messages import MessagesFrontend, count_tokens
-from relax_pipeline.tracking.logs import ACCESS_LOGGER
+from relax_pipeline.tracking.logs import ACCESS_LOGGER, write_info
 from relax_pipeline.turn.records import TurnRequest, TurnResult
 from relax_pipeline.turn.service import ForestStore, PreparedTurn, Session, Status, TurnService
 
@@ -312,6 +313,8 @@ def _access(api: str, session_id: str | None, status: int, started: float, resul
     prompt, completion = (result.prompt_tokens, len(result.output.output_ids)) if result else (0, 0)
     fields = (api, session_id or "-", status, "true" if streamed else "false", prompt, completion, ms)
     if error is None:
+        if write_info(access_log, ACCESS_LINE % fields):  # run.log alone would take it: straight into its buffer
+            return
         line, values = ACCESS_LINE, fields
     else:
         line, values = ACCESS_LINE + " error=%s%s", (*fields, f"{error.param}: " if error.param else "", error.message)

@@ -13,6 +13,12 @@ of the interpreter) loses at most the INFO lines of its last `FLUSH_S`. The cons
 A fork flushes every `RunLogFile` first (a child never inherits buffered lines to write a second time), and in the
 child, which has no flusher thread, each line is flushed as it is written.
 `RunLogFormatter` writes `FORMAT` exactly as `logging.Formatter` does, making each second's date text once.
+
+`write_info` is the gateway's access line's short way into run.log (a `LogRecord`, the handler chain, its locks and
+filters and `Formatter.format` cost about as much CPU as the rest of the line's request's HTTP handling): where the
+only handlers the line would reach are `run_logging`'s own (run.log, and a console that drops INFO access lines),
+it writes the same text straight into run.log's buffer, under its lock and with its flush policy. Anywhere else (a
+user's handler, pytest's `caplog`, a filter on a logger, another format) the caller logs the record as usual.
 """
 
 from __future__ import annotations
@@ -49,11 +55,20 @@ class RunLogFormatter(logging.Formatter):
     def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:  # noqa: N802 - logging's name
         if datefmt is not None:
             return super().formatTime(record, datefmt)
+        return self.stamp(record.created, record.msecs)
+
+    def stamp(self, created: float, msecs: float) -> str:
+        """`asctime` of a record made at `created` (`msecs`: its milliseconds, as `LogRecord` computes them)."""
         second, text = self._second
-        if int(record.created) != second:
-            text = time.strftime(self.default_time_format, self.converter(record.created))
-            self._second = (int(record.created), text)
-        return self.default_msec_format % (text, record.msecs)
+        if int(created) != second:
+            text = time.strftime(self.default_time_format, self.converter(created))
+            self._second = (int(created), text)
+        return self.default_msec_format % (text, msecs)
+
+    def line(self, levelname: str, name: str, message: str) -> str:
+        """`FORMAT`'s text of a record logged now (what `format` writes for it; no exception or stack)."""
+        created = time.time()
+        return f"{self.stamp(created, int((created - int(created)) * 1000) + 0.0)} {levelname} {name}: {message}"
 
 
 class RunLogFile(logging.FileHandler):
@@ -84,6 +99,24 @@ class RunLogFile(logging.FileHandler):
             raise
         except Exception:  # noqa: BLE001 - logging's own contract: a failed line is reported, never raised
             self.handleError(record)
+
+    def write_info(self, line: str) -> None:
+        """An INFO line already formatted, written as `emit` writes one (under the handler's lock)."""
+        with self.lock:  # type: ignore[union-attr] - a Handler always has its lock after __init__
+            try:
+                if time.monotonic() - self._flushed >= self.interval:
+                    if self.stream is None:
+                        self.stream = self._open()
+                    self.stream.write(line + self.terminator)
+                    self.flush()
+                    self._flushed, self._dirty = time.monotonic(), False
+                    return
+                if self.stream is None:
+                    self.stream = self._open()
+                self.stream.write(line + self.terminator)
+                self._dirty = True
+            except Exception:  # noqa: BLE001 - logging's contract: a failed line is reported, never raised
+                self.handleError(logging.makeLogRecord({"msg": line, "levelno": logging.INFO}))
 
     def _flush_late(self) -> None:
         """The flusher thread: INFO lines left in the buffer reach the file within `interval`."""
@@ -116,6 +149,44 @@ def _in_child() -> None:
 
 
 os.register_at_fork(before=_before_fork, after_in_child=_in_child)
+
+
+def write_info(logger: logging.Logger, message: str) -> bool:
+    """Write `message` as `logger.info(message)` would into run.log when only `run_logging`'s handlers would see it
+    (see the module); False, writing nothing, otherwise. The caller has checked `logger.isEnabledFor(INFO)`."""
+    target = _sole_run_log(logger)
+    if target is None:
+        return False
+    target.write_info(target.formatter.line("INFO", logger.name, message))  # type: ignore[union-attr]
+    return True
+
+
+def _sole_run_log(logger: logging.Logger) -> RunLogFile | None:
+    """The `RunLogFile` that alone would write an INFO record of `logger` (`run_logging`'s, formatting `FORMAT`),
+    else None: a filter on the way, another handler that would take the record, another formatter."""
+    found: RunLogFile | None = None
+    current: logging.Logger | None = logger
+    while current is not None:
+        if current.filters:
+            return None
+        for handler in current.handlers:
+            if type(handler) is RunLogFile and found is None and _plain(handler):
+                found = handler
+            elif handler.level <= logging.INFO and not _drops_access_info(handler, logger.name):
+                return None
+        current = current.parent if current.propagate else None
+    return found
+
+
+def _plain(handler: logging.Handler) -> bool:
+    formatter = handler.formatter
+    return (handler.level <= logging.INFO and not handler.filters and type(formatter) is RunLogFormatter
+            and formatter._fmt == FORMAT)
+
+
+def _drops_access_info(handler: logging.Handler, name: str) -> bool:
+    """`run_logging`'s console: its filter drops every INFO line of the access logger."""
+    return name == ACCESS_LOGGER and _not_access_info in handler.filters
 
 
 @contextlib.contextmanager

@@ -3,11 +3,14 @@ warnings at once, INFO lines by the flusher within its interval, and everything 
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import re
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
-from relax_pipeline.tracking.logs import ACCESS_LOGGER, FORMAT, RunLogFile, RunLogFormatter, run_logging
+from relax_pipeline.tracking.logs import ACCESS_LOGGER, FORMAT, RunLogFile, RunLogFormatter, run_logging, write_info
 
 
 def _record(created: float, level: int = logging.INFO, message: str = "api=%s status=%d") -> logging.LogRecord:
@@ -51,3 +54,49 @@ def test_a_clean_stop_loses_no_line(tmp_path: Path) -> None:
     assert [line.rsplit("session=", 1)[1] for line in lines] == [f"s{k} status=200" for k in range(500)]
     assert all(f" INFO {ACCESS_LOGGER}: api=chat" in line for line in lines)
 
+
+
+@contextlib.contextmanager
+def plain_root() -> Iterator[None]:
+    """The root logger without pytest's capture handlers (added for each test's call), as in a run's process."""
+    root = logging.getLogger()
+    kept, root.handlers = root.handlers, []
+    try:
+        yield
+    finally:
+        root.handlers = kept
+
+
+def test_write_info_writes_the_line_logging_writes_and_loses_none(tmp_path: Path) -> None:
+    with plain_root(), run_logging(tmp_path) as path:
+        access = logging.getLogger(ACCESS_LOGGER)
+        access.info("api=chat session=%s status=%d", "s-logged", 200)
+        for k in range(300):
+            assert write_info(access, f"api=chat session=s{k} status=200")
+    logged, *direct = path.read_text().splitlines()
+    assert len(direct) == 300 and direct[-1].endswith(f" INFO {ACCESS_LOGGER}: api=chat session=s299 status=200")
+    stamp = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} ")
+    assert all(stamp.match(line) for line in (logged, *direct))
+    assert stamp.sub("", direct[0]).replace("s0", "s-logged") == stamp.sub("", logged)
+
+
+def test_write_info_leaves_the_line_to_logging_where_anything_else_would_see_it(tmp_path: Path) -> None:
+    seen: list[logging.LogRecord] = []
+    other = logging.Handler()
+    other.emit = seen.append  # type: ignore[method-assign]
+    access = logging.getLogger(ACCESS_LOGGER)
+    with plain_root(), run_logging(tmp_path) as path:
+        logging.getLogger().addHandler(other)  # a user's handler, or pytest's caplog
+        try:
+            assert not write_info(access, "api=chat session=s1 status=200")
+        finally:
+            logging.getLogger().removeHandler(other)
+        access.addFilter(lambda record: True)  # a filter may drop or change the record: logging decides
+        try:
+            assert not write_info(access, "api=chat session=s2 status=200")
+        finally:
+            access.filters.clear()
+        assert write_info(access, "api=chat session=s3 status=200")
+    with plain_root():
+        assert not write_info(access, "api=chat session=s4 status=200")  # no run.log at all
+    assert "session=s1" not in path.read_text() and "session=s3" in path.read_text() and not seen

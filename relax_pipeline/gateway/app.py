@@ -32,7 +32,8 @@ else (health, models, count_tokens, unknown routes, wrong methods, trailing slas
 where the same routes are also registered, so every answer the FastAPI app gave is still given. Repeated
 slashes in a path (a base URL ending in `/` joined with `/chat/completions`) are read as one.
 `DisconnectWatch` cancels a turn when its client goes away, without a second task for the turn or a polling
-timer; `json_response` renders with orjson (compact UTF-8, as Starlette's JSONResponse writes it); an access
+timer; `json_response` renders with orjson (compact UTF-8, as Starlette's JSONResponse writes it), and a turn's
+answer is sent as the same head and body by `JsonReply`, without a Starlette `Response` per turn; an access
 line goes straight into run.log's buffer where run.log alone would take it (`tracking.logs.write_info`), else
 through `logging`.
 """
@@ -150,7 +151,7 @@ class _Gateway:
         except ProtocolError as error:
             return json_response(anthropic_body(error), error.status)
 
-    async def turn(self, frontend: Frontend, scope: Scope, receive: Receive) -> Response:
+    async def turn(self, frontend: Frontend, scope: Scope, receive: Receive) -> ASGIApp:
         """Authenticate, parse and match, then answer as JSON or Buffered SSE; every error in protocol shape.
 
         The prompt is matched and its length checked before any stream opens, so a request over the
@@ -174,16 +175,16 @@ class _Gateway:
         except ProtocolError as error:
             return self._refuse(frontend, error, session, started)
         _access(frontend.name, session.id, 200, started, result)
-        return json_response(frontend.render(result, meta))
+        return JsonReply(frontend.render(result, meta))
 
     def _prepare(self, session: Session, turn: TurnRequest) -> PreparedTurn:
         """Match the request and build its prompt (400s: bad media, context too long) without generating."""
         return self.turns.prepare(session.forest, turn, session.turn_seed(), session.mode)
 
     def _refuse(self, frontend: Frontend, error: ProtocolError, session: Session | None, started: float,
-                streamed: bool = False) -> Response:
+                streamed: bool = False) -> JsonReply:
         _access(frontend.name, session.id if session else None, error.status, started, error=error, streamed=streamed)
-        return json_response(frontend.error_body(error), error.status)
+        return JsonReply(frontend.error_body(error), error.status)
 
     def _meta(self, body: Any, frontend: Frontend) -> TurnMeta:
         model = body.get("model") if isinstance(body.get("model"), str) else self.model_name
@@ -328,7 +329,7 @@ _ACCESS_LINENO = _access.__code__.co_firstlineno
 
 # --- raw ASGI pieces under the model routes ------------------------------------------------------
 
-TurnHandler = Callable[[Scope, Receive], Awaitable[Response]]
+TurnHandler = Callable[[Scope, Receive], Awaitable[ASGIApp]]
 
 
 class GatewayApp:
@@ -415,9 +416,29 @@ class DisconnectWatch:
 
 
 def json_response(body: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> Response:
+    """`body` as compact UTF-8 JSON (`json_bytes`) in a Starlette `Response` (for the FastAPI routes)."""
+    return Response(json_bytes(body), status_code=status, media_type="application/json", headers=headers)
+
+
+def json_bytes(body: Any) -> bytes:
     """`body` as compact UTF-8 JSON (orjson; the standard library for what orjson refuses)."""
     try:
-        payload = orjson.dumps(body)
+        return orjson.dumps(body)
     except TypeError:  # orjson.JSONEncodeError: big ints, non-string keys
-        payload = json.dumps(body, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
-    return Response(payload, status_code=status, media_type="application/json", headers=headers)
+        return json.dumps(body, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
+
+
+class JsonReply:
+    """A model turn's JSON answer as a plain ASGI app: the head and body Starlette's `json_response` sends (the same
+    two headers, in its order), without building a `Response` per turn."""
+
+    __slots__ = ("payload", "status")
+
+    def __init__(self, body: Any, status: int = 200) -> None:
+        self.payload = json_bytes(body)
+        self.status = status
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = [(b"content-length", b"%d" % len(self.payload)), (b"content-type", b"application/json")]
+        await send({"type": "http.response.start", "status": self.status, "headers": headers})
+        await send({"type": "http.response.body", "body": self.payload})

@@ -161,3 +161,18 @@ async def test_a_configured_port_is_bound_and_a_taken_one_is_named(template: Cha
         assert (await gw.http.get(f"http://127.0.0.1:{port}/health")).status_code == 200
         with pytest.raises(ValueError, match=f"gateway.port={port}: cannot bind"):
             await GatewayServer(gw.server.app, "127.0.0.1", port, PREFIX).start()
+
+
+async def test_a_trusted_proxys_headers_reach_every_route_but_the_model_turns(template: ChatTemplate,
+                                                                              tokenizer: Any) -> None:
+    """uvicorn's proxy-header middleware wraps the fallback routes only (`server.proxied`): behind a TLS proxy on
+    this host, FastAPI's trailing-slash redirect still names https; a model turn, which reads neither the client
+    nor the scheme, is served as before."""
+    forwarded = {"x-forwarded-proto": "https", "x-forwarded-for": "203.0.113.7"}
+    async with serving(template, ScriptedEngine(tokenizer, ["hi"]), "127.0.0.1", allow_remote=False) as gw:
+        redirect = await gw.http.get(gw.base_url + "v1/models/", headers=forwarded)
+        assert redirect.status_code == 307
+        assert redirect.headers["location"] == f"https://127.0.0.1:{gw.server.port}{PREFIX}/v1/models"
+        session = gw.open_session()
+        answer = await gw.post(session, CHAT, headers=forwarded)
+        assert answer.status_code == 200 and answer.json()["choices"][0]["message"]["content"] == "hi"

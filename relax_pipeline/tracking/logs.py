@@ -86,37 +86,36 @@ class RunLogFile(logging.FileHandler):
 
     def emit(self, record: logging.LogRecord) -> None:
         """Write the line; flush it now if it is a warning or worse or the last flush is `interval` old."""
-        if record.levelno >= logging.WARNING or time.monotonic() - self._flushed >= self.interval:
+        if record.levelno >= logging.WARNING:
             super().emit(record)  # writes and flushes
             self._flushed, self._dirty = time.monotonic(), False
             return
         try:
-            if self.stream is None:
-                self.stream = self._open()
-            self.stream.write(self.format(record) + self.terminator)
-            self._dirty = True
+            self._write(self.format(record))
         except RecursionError:
             raise
         except Exception:  # noqa: BLE001 - logging's own contract: a failed line is reported, never raised
             self.handleError(record)
 
     def write_info(self, line: str) -> None:
-        """An INFO line already formatted, written as `emit` writes one (under the handler's lock)."""
+        """An INFO line already formatted, written as `emit` writes one (under the handler's lock, as `handle` takes
+        it for `emit`)."""
         with self.lock:  # type: ignore[union-attr] - a Handler always has its lock after __init__
             try:
-                if time.monotonic() - self._flushed >= self.interval:
-                    if self.stream is None:
-                        self.stream = self._open()
-                    self.stream.write(line + self.terminator)
-                    self.flush()
-                    self._flushed, self._dirty = time.monotonic(), False
-                    return
-                if self.stream is None:
-                    self.stream = self._open()
-                self.stream.write(line + self.terminator)
-                self._dirty = True
-            except Exception:  # noqa: BLE001 - logging's contract: a failed line is reported, never raised
+                self._write(line)
+            except Exception:  # noqa: BLE001 - logging's own contract: a failed line is reported, never raised
                 self.handleError(logging.makeLogRecord({"msg": line, "levelno": logging.INFO}))
+
+    def _write(self, line: str) -> None:
+        """An INFO line into the buffer, flushed now only when the last flush is `interval` old."""
+        if self.stream is None:
+            self.stream = self._open()
+        self.stream.write(line + self.terminator)
+        if time.monotonic() - self._flushed >= self.interval:
+            self.flush()
+            self._flushed, self._dirty = time.monotonic(), False
+        else:
+            self._dirty = True
 
     def _flush_late(self) -> None:
         """The flusher thread: INFO lines left in the buffer reach the file within `interval`."""

@@ -12,9 +12,12 @@ linear layers plus n × n attention pairs, so merging rows that share little int
 more than it saves. `cost(queries, keys)` is the model of that: queries + queries × keys / `ATTENTION_WIDTH`.
 Rows join, in order, the tree that saves the most, or start their own. `tree_groups(rows, limit)` also caps a
 tree's nodes (`TREE_ROW_NODES` for the packed forward): a tree row's eager attention holds [heads, n, n]
-probabilities per layer for the backward, so one 784-node tree over a 64-row GRPO micro-batch held about 1 GB;
-capped, a row that would grow its best tree past the limit joins another or starts its own (its shared prefix
-then runs once more), and attention memory grows with the capped row's length squared.
+probabilities per layer for the backward, so one 784-node tree over a 64-row GRPO micro-batch held about 1 GB.
+A tree passes the cap only while its attention is no larger than its own rows' would be (n² at most the sum of
+their squared lengths): a forked session's leaves, long rows that share most of their tokens, stay one tree (what
+tree training is for), while short rows that share a preamble (GRPO groups) do not grow one long row. Capped, a row
+that would grow its best tree past the limit joins another or starts its own (its shared prefix then runs once
+more), and attention memory grows with the capped row's length squared.
 
 What this module does not do: tensors, masks or models (train/tree_batch.py packs a tree for the forward), or
 decide the loss: every row keeps its own response positions, so its reductions are untouched.
@@ -76,6 +79,8 @@ class TrieBuilder:
         self.parents: list[int] = []
         self.depths: list[int] = []
         self.paths: list[tuple[int, ...]] = []
+        self.squares = 0
+        """The sum of the rows' squared lengths: their attention pairs as rows of their own."""
 
     @property
     def size(self) -> int:
@@ -103,6 +108,7 @@ class TrieBuilder:
             path.append(child)
             node = child
         self.paths.append(tuple(path))
+        self.squares += len(tokens) * len(tokens)
 
     def tree(self) -> PrefixTree:
         return PrefixTree(tuple(self.tokens), tuple(self.parents), tuple(self.depths), tuple(self.paths))
@@ -126,13 +132,16 @@ class TreeGroup:
 
 
 def tree_groups(rows: Sequence[Tokens], limit: int | None = None) -> list[TreeGroup]:
-    """Rows grouped into trees, in order: each row joins the tree where adding it saves the most `cost`
-    against a row of its own, or starts a new tree when none saves. With `limit`, a row joins only a tree that
-    stays within `limit` nodes (a row longer than it is a tree of its own)."""
+    """Rows grouped into trees (each group's rows in order, groups by their first row): longest first, each row
+    joins the tree where adding it saves the most `cost` against a row of its own, or starts a new tree when none
+    saves, so a forked session's longest leaf starts its tree and its shorter leaves join it. With `limit`, a row
+    joins only a tree that stays within `limit` nodes or whose attention stays no larger than its rows' own (see
+    the module)."""
     builders: list[TrieBuilder] = []
     members: list[list[int]] = []
-    for index, row in enumerate(rows):
-        savings = [_join_saving(b.size, len(row), b.shared(row), limit) for b in builders]
+    for index in sorted(range(len(rows)), key=lambda i: -len(rows[i])):
+        row = rows[index]
+        savings = [_join_saving(b.size, len(row), b.shared(row), limit, b.squares) for b in builders]
         best = max(range(len(builders)), key=savings.__getitem__, default=-1)
         if best < 0 or savings[best] <= 0:
             builders.append(TrieBuilder())
@@ -140,13 +149,15 @@ def tree_groups(rows: Sequence[Tokens], limit: int | None = None) -> list[TreeGr
             best = len(builders) - 1
         builders[best].add(row)
         members[best].append(index)
-    return [TreeGroup(tuple(m), b.tree()) for m, b in zip(members, builders, strict=True)]
+    groups = sorted(sorted(m) for m in members)
+    return [TreeGroup(tuple(m), build_tree([rows[i] for i in m])) for m in groups]
 
 
-def _join_saving(size: int, length: int, shared: int, limit: int | None = None) -> float:
-    """Cost saved by adding a row of `length` tokens (`shared` already present) to a tree of `size` nodes;
-    nothing (0) when the grown tree would pass `limit` nodes."""
+def _join_saving(size: int, length: int, shared: int, limit: int | None = None, squares: int = 0) -> float:
+    """Cost saved by adding a row of `length` tokens (`shared` already present) to a tree of `size` nodes whose
+    rows' squared lengths sum to `squares`; nothing (0) when the grown tree would pass `limit` nodes with more
+    attention pairs than its rows have (grown² > squares + length²)."""
     grown = size + length - shared
-    if limit is not None and grown > limit:
+    if limit is not None and grown > limit and grown * grown > squares + length * length:
         return 0.0
     return cost(size, size) + cost(length, length) - cost(grown, grown)

@@ -110,11 +110,14 @@ def test_tree_logprobs_entropies_and_gradients_equal_the_rows(tiny_path: Path, w
 def test_trees_capped_at_a_row_size_still_equal_the_rows(tiny_path: Path, workload: str,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     samples = WORKLOADS[workload]()
-    monkeypatch.setattr("relax_pipeline.train.step.TREE_ROW_NODES", 80)
+    monkeypatch.setattr("relax_pipeline.train.step.TREE_ROW_NODES", 40)
     t = trainer(tiny_path, tree=True, attn_implementation="grouped")
     packed = assert_tree_equals_rows(t, samples)
-    assert packed.input_ids.shape[1] <= max(80, *(len(s.tokens) for s in samples)), "no tree row past the cap"
-    assert len(packed.input_ids) > len(tree_groups([s.tokens for s in samples])), "the cap split a tree"
+    rows = [s.tokens for s in samples]
+    capped = tree_groups(rows, 40)
+    assert len(packed.input_ids) == len(capped) > len(tree_groups(rows)), "the cap split a tree"
+    for group in capped:  # past the cap only with no more attention pairs than its rows have as rows
+        assert group.tree.size <= 40 or group.tree.size ** 2 <= sum(len(rows[i]) ** 2 for i in group.rows)
 
 
 def assert_tree_equals_rows(t: TorchTrainer, samples: list[Sample]) -> tree_batch.TreeBatch:

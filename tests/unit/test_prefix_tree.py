@@ -109,3 +109,23 @@ def test_ranks_get_whole_trees_and_a_tree_too_large_for_one_rank_row_by_row() ->
     nested = [row(tuple(range(10, 10 + n)), 1) for n in (4, 6, 8, 10)]
     dealt = shard(nested, 2, BatchSettings(micro_batch_size=8))
     assert [list(s.micro_batches[0]) for s in dealt] == [nested[0::2], nested[1::2]], "one big tree: row by row"
+
+
+def test_a_forked_session_longer_than_the_cap_stays_one_tree_and_a_short_groups_preamble_does_not() -> None:
+    """Past its cap a tree grows only with no more attention pairs than its rows (nodes² <= sum of squared row
+    lengths): a session forked at every turn (long rows sharing most tokens) stays one tree per session, each
+    started by its longest leaf; short rows that share only a preamble are split by the cap."""
+    rng = random.Random(2)
+    system = tuple(rng.randrange(10, 1000) for _ in range(48))
+    sessions = []
+    for _ in range(2):
+        history, rows = system + tuple(rng.randrange(10, 1000) for _ in range(8)), []
+        for _ in range(8):
+            rows.append(history + tuple(rng.randrange(10, 1000) for _ in range(24)))
+            history += tuple(rng.randrange(10, 1000) for _ in range(48))
+        sessions.append(rows)
+    groups = tree_groups(sessions[0] + sessions[1], limit=256)
+    assert [g.rows for g in groups] == [tuple(range(8)), tuple(range(8, 16))]
+    assert [g.tree.size for g in groups] == [80 + 7 * 72] * 2 and all(g.tree.size > 256 for g in groups)
+    short = [system + tuple(rng.randrange(10, 1000) for _ in range(16)) for _ in range(16)]
+    assert all(g.tree.size <= 256 for g in tree_groups(short, limit=256)) and len(tree_groups(short, limit=256)) > 1

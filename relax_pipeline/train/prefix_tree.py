@@ -110,8 +110,10 @@ class TrieBuilder:
         self.paths.append(tuple(path))
         self.squares += len(tokens) * len(tokens)
 
-    def tree(self) -> PrefixTree:
-        return PrefixTree(tuple(self.tokens), tuple(self.parents), tuple(self.depths), tuple(self.paths))
+    def tree(self, rows: Sequence[int] | None = None) -> PrefixTree:
+        """The tree so far; `rows`: the index of each inserted row, whose paths are then listed in index order."""
+        paths = self.paths if rows is None else [path for _, path in sorted(zip(rows, self.paths, strict=True))]
+        return PrefixTree(tuple(self.tokens), tuple(self.parents), tuple(self.depths), tuple(paths))
 
 
 def build_tree(rows: Sequence[Tokens]) -> PrefixTree:
@@ -149,8 +151,8 @@ def tree_groups(rows: Sequence[Tokens], limit: int | None = None) -> list[TreeGr
             best = len(builders) - 1
         builders[best].add(row)
         members[best].append(index)
-    groups = sorted(sorted(m) for m in members)
-    return [TreeGroup(tuple(m), build_tree([rows[i] for i in m])) for m in groups]
+    groups = [TreeGroup(tuple(sorted(m)), b.tree(m)) for m, b in zip(members, builders, strict=True)]
+    return sorted(groups, key=lambda g: g.rows)
 
 
 def _join_saving(size: int, length: int, shared: int, limit: int | None = None, squares: int = 0) -> float:

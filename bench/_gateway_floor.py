@@ -27,20 +27,37 @@ from typing import Any
 import orjson
 
 
-class TurnWork:
+class Timed:
+    """CPU seconds spent in the calls counted, and their count (`reset` after a warm-up)."""
+
+    def __init__(self) -> None:
+        self.cpu_s, self.requests = 0.0, 0
+
+    def count(self, started: float) -> None:
+        self.cpu_s += time.process_time() - started
+        self.requests += 1
+
+    def reset(self) -> None:
+        self.cpu_s, self.requests = 0.0, 0
+
+    @property
+    def cpu_ms(self) -> float:
+        return self.cpu_s / max(self.requests, 1) * 1e3
+
+
+class TurnWork(Timed):
     """A bench `Connection` stand-in: `post` answers with the turn's own work in this process (see the module)."""
 
     def __init__(self, store: Any, turns: Any) -> None:
         from relax_pipeline.protocol.chat import ChatFrontend
 
+        super().__init__()
         self.store, self.turns, self.frontend = store, turns, ChatFrontend()
-        self.cpu_s, self.requests = 0.0, 0
 
     async def post(self, path: str, token: str, body: bytes) -> bytes:
         started = time.process_time()
         reply = await self._answer(token, body)
-        self.cpu_s += time.process_time() - started
-        self.requests += 1
+        self.count(started)
         return reply
 
     async def _answer(self, token: str, body: bytes) -> bytes:
@@ -55,17 +72,13 @@ class TurnWork:
         self.store.remember_response(session, meta.response_id, result.node_id)
         return reply
 
-    @property
-    def cpu_ms(self) -> float:
-        return self.cpu_s / max(self.requests, 1) * 1e3
 
-
-class AppCall:
+class AppCall(Timed):
     """A bench `Connection` stand-in that calls an ASGI `app` straight, as uvicorn would, timing only the call."""
 
     def __init__(self, app: Any) -> None:
+        super().__init__()
         self.app = app
-        self.cpu_s, self.requests = 0.0, 0
 
     async def post(self, path: str, token: str, body: bytes) -> bytes:
         sent: list[dict[str, Any]] = []
@@ -73,13 +86,8 @@ class AppCall:
         receive, send = _receiver(body), _sender(sent)
         started = time.process_time()
         await self.app(scope, receive, send)
-        self.cpu_s += time.process_time() - started
-        self.requests += 1
+        self.count(started)
         return b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
-
-    @property
-    def cpu_ms(self) -> float:
-        return self.cpu_s / max(self.requests, 1) * 1e3
 
 
 def _scope(path: str, token: str, length: int) -> dict[str, Any]:

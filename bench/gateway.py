@@ -516,7 +516,7 @@ async def _measure_floor(args: argparse.Namespace) -> dict[str, float]:
     for name, (caller, ids) in callers.items():
         for index, session_id in enumerate(ids):
             if index == WARMUP_SESSIONS:
-                caller.cpu_s, caller.requests = 0.0, 0
+                caller.reset()
             await _session(caller, session_id, args.turns, Load())  # type: ignore[arg-type] - a Connection stand-in
         floor[name] = caller.cpu_ms
     return floor

@@ -21,8 +21,19 @@ memory, on Ray with the session files on this machine's disk (`ray.node_tmpdir` 
 before); printed: ms beyond the sleep, Ray's overhead (target < 50 ms) and the nodes' runner CPU per session
 (target < 2 ms; what the runners use with no session running, Ray's own threads, about 5 ms a second each, taken
 out), each the median over `--repeats` runs with every run's figure, and the median of the runs' mean phases of the
-Ray sessions' `ray: timing ms:` lines (where a Ray session's time goes). Odd runs take the modes in reverse order, so
-load that rises or falls over the runs weighs on local and Ray alike; the load average at each run's end is printed.
+Ray sessions' `ray: timing ms:` lines (where a Ray session's time goes), and each mode's CPU per session of the
+whole machine (/proc/stat; every process and the kernel, the idle background taken out). Odd runs take the modes in
+reverse order, so load that rises or falls over the runs weighs on local and Ray alike; the load average at each
+run's end is printed. An unreported run first warms every mode up: the first 256 spawns of a process are slower
+(local subprocesses measured 300-320 ms beyond their sleep first, 190-240 after), which made the first run's Ray
+overhead read near zero.
+
+The same comparison again with `--few` sessions (16) shows where Ray's overhead comes from: with few, no session
+waits for another's start, so what is left is Ray's own latency (the call to the node, the spawn there, the answer
+back); with 256 at once on this machine's 2 cores, each spawn also queues behind the others' on the cores that run
+both nodes, the driver and Ray's processes. Printed (`report_scaling`): Ray's overhead at both sizes, its growth per
+session started at once per core, the sessions per core that fit in 50 ms at that rate, and what the runners' CPU per
+session alone predicts when queued on the cores (half of it per session ahead on the same core, on average).
 
 Why not the difference of `agent_s` (what this bench printed first): its start point is not the same in both
 modes. A local session is marked running just before its own spawn, and the prepare stage spawns one session
@@ -39,7 +50,7 @@ local with the cluster in-process, one run; -2.1 to +2.6 s, mean +0.3 s, over fi
 own session). On separate machines the nodes never take the driver's share.
 
     python bench/agents_ray.py [--groups 64] [--n 4] [--turns 4] [--repeats 3] [--executor-only] [--sleep-s 3]
-                               [--smoke]
+                               [--few 16] [--smoke]
 """
 
 from __future__ import annotations
@@ -157,6 +168,9 @@ class Cost:
     runners use with no session, measured for `IDLE_S` before the clock starts); None for local agents."""
     idle_cpu_s: float | None
     """Ray: the runners' idle background per session over the same time (taken out of `runner_cpu_s`)."""
+    machine_cpu_s: float
+    """CPU seconds per session of the whole machine (every process: this driver, Ray's, the agents' shells, the
+    kernel's work for them), the machine's background before the clock (the cluster up, no session) taken out."""
     phases: dict[str, float]
     """Ray: mean ms of each phase of the sessions' `ray: timing ms:` lines (`phase_means`); empty for local."""
     load: float
@@ -178,8 +192,8 @@ async def executor_cost(executor: str, address: str | None, sleeps: list[float],
     spec = AgentSpec(command=SLEEPER, executor=executor, ray=ray)
     if executor == "ray":
         await warm_up(spec)  # as the run does at start-up: the nodes' runners are up before the first session
-    idle_rate = await runners_idle_rate(spec)
-    cpu_before = await runners_cpu(spec)
+    idle_rate, machine_idle_rate = await idle_rates(spec)
+    cpu_before, machine_before = await runners_cpu(spec), machine_busy_s()
     agents = [new_agent(spec) for _ in sleeps]
     io_dirs = [folder / f"{executor}-{node_tmpdir is not None}" / str(i) for i in range(len(sleeps))]
     for io_dir, sleep in zip(io_dirs, sleeps, strict=True):
@@ -196,12 +210,13 @@ async def executor_cost(executor: str, address: str | None, sleeps: list[float],
 
     try:
         mean = statistics.fmean(await asyncio.gather(*(beyond(a, s) for a, s in zip(agents, sleeps, strict=True))))
-        cpu_after, elapsed = await runners_cpu(spec), time.monotonic() - begin
+        machine_after, cpu_after, elapsed = machine_busy_s(), await runners_cpu(spec), time.monotonic() - begin
+        machine = (machine_after - machine_before - machine_idle_rate * elapsed) / len(sleeps)
         phases, load = phase_means(io_dirs), os.getloadavg()[0]
         if cpu_before is None or cpu_after is None or idle_rate is None:
-            return Cost(mean, None, None, phases, load)
+            return Cost(mean, None, None, machine, phases, load)
         idle = idle_rate * elapsed / len(sleeps)
-        return Cost(mean, (cpu_after - cpu_before) / len(sleeps) - idle, idle, phases, load)
+        return Cost(mean, (cpu_after - cpu_before) / len(sleeps) - idle, idle, machine, phases, load)
     finally:
         ray_runtime.shutdown()
 
@@ -210,12 +225,22 @@ IDLE_S = 1.0
 """Seconds over which the runners' idle CPU is measured before the clock starts."""
 
 
-async def runners_idle_rate(spec: AgentSpec) -> float | None:
-    """CPU seconds per second the runners use with no session (Ray's own threads), None for local agents."""
-    before = await runners_cpu(spec)
+async def idle_rates(spec: AgentSpec) -> tuple[float | None, float]:
+    """CPU seconds per second with no session: the runners' (Ray's own threads; None for local agents) and the
+    whole machine's (`machine_busy_s`), over the same `IDLE_S`."""
+    before, machine_before = await runners_cpu(spec), machine_busy_s()
     await asyncio.sleep(IDLE_S)
-    after = await runners_cpu(spec)
-    return None if before is None or after is None else (after - before) / IDLE_S
+    after, machine_after = await runners_cpu(spec), machine_busy_s()
+    runners = None if before is None or after is None else (after - before) / IDLE_S
+    return runners, (machine_after - machine_before) / IDLE_S
+
+
+def machine_busy_s() -> float:
+    """CPU seconds the machine's cores have been busy since boot, all processes and the kernel: /proc/stat's `cpu`
+    line (clock ticks) in user, nice, system, irq and softirq (not idle, I/O wait, stolen or guest time)."""
+    with open("/proc/stat") as stat:
+        ticks = [int(field) for field in stat.readline().split()[1:]]
+    return sum(ticks[i] for i in (0, 1, 2, 5, 6)) / os.sysconf("SC_CLK_TCK")
 
 
 async def runners_cpu(spec: AgentSpec) -> float | None:
@@ -253,17 +278,23 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="runs of the executor-only comparison (median shown)")
     parser.add_argument("--executor-only", action="store_true", help="skip the runs through the gateway")
     parser.add_argument("--sleep-s", type=float, default=3.0, help="longest agent sleep (the shortest is a third)")
-    args = parse_args(parser, groups=1, n=2, turns=1, repeats=1, sleep_s=0.3)
+    parser.add_argument("--few", type=int, default=16,
+                        help="sessions of the executor-only comparison's second size (Ray's latency without a queue)")
+    args = parse_args(parser, groups=1, n=2, turns=1, repeats=1, sleep_s=0.3, few=1)
     register()
     register_paced()
     sessions = args.groups * args.n
     local = None if args.executor_only else measure(args, ["agent.executor=local"])
     with separate_cluster(workers=1, cpus=2, head_cpus=2) as address:
         on_ray = None if local is None else measure(args, ["agent.executor=ray", f"ray.address={address}"])
+        executor_costs(address, sessions, args.sleep_s / 10)  # not reported: the first 256 spawns of a process are slow
         light = [executor_costs(address, sessions, args.sleep_s, run) for run in range(args.repeats)]
+        few = [executor_costs(address, args.few, args.sleep_s, run) for run in range(args.repeats)]
     if local is not None and on_ray is not None:
         report_pipeline(args, local, on_ray)
     report_executors(sessions, light, args.sleep_s)
+    report_executors(args.few, few, args.sleep_s)
+    report_scaling(args.few, sessions, few, light)
 
 
 def report_pipeline(args: argparse.Namespace, local: dict[str, float], on_ray: dict[str, float]) -> None:
@@ -288,9 +319,10 @@ def report_executors(sessions: int, runs: list[dict[str, Cost]], longest_s: floa
           f"interpreter start, no model calls), all started at once, {len(runs)} runs; ms beyond its sleep per "
           "session, median [each run]:")
     for name in runs[0]:
-        print(f"  {name:<32} {_figures([1000 * run[name].beyond_s for run in runs], '6.0f', '.0f')}")
+        print(f"  {name:<32} {_figures([1000 * run[name].beyond_s for run in runs], '6.0f', '.0f')}; machine CPU "
+              f"{_figures([1000 * run[name].machine_cpu_s for run in runs], '.2f', '.2f')} ms/session")
         if name != "local subprocesses":
-            extra = [1000 * (run[name].beyond_s - run["local subprocesses"].beyond_s) for run in runs]
+            extra = overheads(runs, name)
             cpu = [1000 * (run[name].runner_cpu_s or 0.0) for run in runs]
             idle = [1000 * (run[name].idle_cpu_s or 0.0) for run in runs]
             print(f"  {'':<32} Ray overhead {_figures(extra, '+.1f', '+.0f')} ms (target < 50 ms); runner CPU "
@@ -301,6 +333,32 @@ def report_executors(sessions: int, runs: list[dict[str, Cost]], longest_s: floa
             print(f"  {'':<32} phases, median of the runs' mean ms: "
                   + ", ".join(f"{label} {ms:.1f}" for label, ms in phases.items()))
     print(f"  load average (1 min) at each run's end: {', '.join(f'{run[n].load:.1f}' for run in runs for n in run)}")
+
+
+def overheads(runs: list[dict[str, Cost]], name: str) -> list[float]:
+    """Ray's overhead of mode `name` in each run, ms: its ms beyond the sleep less local subprocesses' in that run."""
+    return [1000 * (run[name].beyond_s - run["local subprocesses"].beyond_s) for run in runs]
+
+
+def report_scaling(few: int, many: int, few_runs: list[dict[str, Cost]], many_runs: list[dict[str, Cost]]) -> None:
+    """Ray's overhead with `few` and with `many` sessions started at once (medians of the runs), per Ray mode. With
+    few, no session waits for another's start: what remains is Ray's own latency (the call to the node, the spawn
+    there, the answer back). With many, each session's spawn also queues behind the others' on the cores that run
+    the nodes (and, on one machine, the driver and Ray's own processes), so the overhead grows with the sessions
+    started at once per core; printed: that growth per session per core, and how many sessions per core may start
+    at once within the 50 ms target at that rate (on a cluster each node's cores take its own sessions)."""
+    cores = len(os.sched_getaffinity(0))
+    print(f"Ray's overhead by sessions started at once on {cores} cores, median of the runs:")
+    for name in (n for n in many_runs[0] if n != "local subprocesses"):
+        low, high = statistics.median(overheads(few_runs, name)), statistics.median(overheads(many_runs, name))
+        slope = (high - low) / ((many - few) / cores)
+        within = few / cores + (50.0 - low) / slope if slope > 0 and low < 50.0 else float("nan")
+        runner_ms = 1000 * statistics.median(run[name].runner_cpu_s or 0.0 for run in many_runs)
+        queued = runner_ms * (many - few) / cores / 2
+        print(f"  {name:<32} {few}: {low:+.1f} ms (Ray's own latency), {many}: {high:+.1f} ms; "
+              f"{slope:+.2f} ms per session started at once per core; within 50 ms up to {within:.0f} per core; the "
+              f"runners' CPU ({runner_ms:.2f} ms/session) queued on the cores alone: {low:+.1f} + {runner_ms:.2f} x "
+              f"{(many - few) / cores:g} / 2 = {low + queued:+.1f} ms")
 
 
 def _figures(values: list[float], median: str, each: str) -> str:

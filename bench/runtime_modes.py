@@ -9,7 +9,11 @@ same steps, groups and seeds; the first step is left out of the rates (nothing i
 
 Printed per mode, over steps 2..N-1 (from the end of step 1 to the end of the step before the last): trained
 samples/s, engine busy fraction (time with at least one generation active), mean rollout time per step,
-and the throughput ratio to `sync`; then the same figures to the end of the last step. The last step is left
+the throughput ratio to `sync`, and the share of the agent slots held by a running agent (`runtime.concurrency`
+groups of n sessions, one slot a session; from the dump's `running` and `exited` marks): a mode whose slots are
+all busy runs at the ceiling of this concurrency, which only more slots or shorter sessions raise, so its ratio to
+`sync` is then set by the workload (how long sync's step waits for its slowest session and its training), not by
+the scheduler; then the same figures to the end of the last step. The last step is left
 out of the first table because under fully_async it is the run's end, not its steady state: it drains every
 resident group and then trains with nothing left to generate, so the engine idles for the whole `--train-s`
 (measured: 99.8% busy over steps 2..5 of 6, 93.5% with step 6). Then, on short one-turn sessions whose optimizer
@@ -36,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _smoke import parse_args  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 
-from relax_pipeline.config import CONF_DIR, register  # noqa: E402
+from relax_pipeline.config import CONF_DIR, quote_placeholders, register  # noqa: E402
 from relax_pipeline.run import run  # noqa: E402
 from relax_pipeline.testing.engines import PacedEngine, register_paced  # noqa: E402
 
@@ -62,6 +66,7 @@ def overrides(folder: Path, data: Path, mode: str, args: argparse.Namespace, tra
         f"rollout.num_steps={args.steps}", f"rollout.batch_size={groups}", f"rollout.n_samples_per_prompt={args.n}",
         f"rollout.over_sampling_batch_size={groups + groups // 2}", f"runtime.concurrency={2 * groups}",
         "rollout.max_response_len=1024", "rollout.max_context_len=8192", "runtime.max_staleness=null",
+        f"debug.save_rollout_data={folder}/rollout_{{rollout_id}}.jsonl",
     ]
 
 
@@ -82,13 +87,38 @@ def measure(mode: str, args: argparse.Namespace, data_args: tuple, train_s: floa
         folder = Path(tmp)
         data = workload(folder, *data_args)
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            cfg = compose("config", overrides=overrides(folder, data, mode, args, train_s, mean_tokens))
+            given = overrides(folder, data, mode, args, train_s, mean_tokens)
+            cfg = compose("config", overrides=quote_placeholders(given))
         run(cfg)
         steps = steps_of(folder / "run.log")
+        agents = agent_spans(folder)
     engine = PacedEngine.last
     assert engine is not None
     steady, whole = window(steps, engine.busy_spans, len(steps) - 1), window(steps, engine.busy_spans, len(steps))
-    return {**steady, **{f"run_{key}": value for key, value in whole.items()}}
+    slots = 2 * args.batch * args.n  # runtime.concurrency groups (`overrides`) of n sessions: one slot a session
+    return {**steady, "slots": occupancy(steps, agents, len(steps) - 1) / slots,
+            **{f"run_{key}": value for key, value in whole.items()}}
+
+
+def agent_spans(folder: Path) -> list[tuple[float, float]]:
+    """(created, exited) epoch seconds of every session in the run's dumps: the time it held its agent slot (a group
+    takes its sessions' slots when they are created, prelaunched ones included, and each is given back when its agent
+    ends; `running` is no start: a parked session is marked running again when it resumes). A session without an
+    `exited` mark (dropped before its agent ended) held its slot to its last mark."""
+    spans = []
+    for dump in folder.glob("rollout_*.jsonl"):
+        for line in dump.read_text().splitlines():
+            timing = {key: value for key, value in json.loads(line)["timing"].items()
+                      if key != "agent_s" and isinstance(value, float)}
+            if "created" in timing:
+                spans.append((timing["created"], timing.get("exited", max(timing.values()))))
+    return spans
+
+
+def occupancy(steps: list[tuple[float, dict[str, float]]], spans: list[tuple[float, float]], last: int) -> float:
+    """Mean agent slots in use over the window of `window` (the end of step 1 to the end of `steps[last - 1]`)."""
+    begin, end = steps[0][0], steps[last - 1][0]
+    return sum(max(0.0, min(b, end) - max(a, begin)) for a, b in spans) / (end - begin)
 
 
 def window(steps: list[tuple[float, dict[str, float]]], spans: list[tuple[float, float]], last: int
@@ -131,13 +161,15 @@ def main() -> None:
     print(f"long-tailed workload: {args.batch} groups x {args.n} sessions per step, {args.turns} turns, start-up "
           f"{args.startup_s:g} s, tool {args.tool_s:g} s, {args.mean_tokens:g} tokens mean, train {args.train_s:g} s")
     print(f"{'mode':<12} {'samples/s':>10} {'engine busy':>12} {'rollout s/step':>15} {'vs sync':>8} "
-          f"{'older weights':>14}")
+          f"{'older weights':>14} {'slots busy':>11}")
     for mode, r in results.items():
         print(f"{mode:<12} {r['samples_per_s']:>10.2f} {r['busy']:>11.1%} {r['rollout_s']:>15.2f} "
-              f"{r['samples_per_s'] / base:>7.2f}x {r['mixed']:>13.0%}")
+              f"{r['samples_per_s'] / base:>7.2f}x {r['mixed']:>13.0%} {r['slots']:>10.1%}")
     print(f"steps 2..{args.steps - 1} (the last step is left out: under fully_async it drains the pool and trains "
           "with nothing left to generate); older weights: share of trained tokens sampled by a weight version behind "
-          "the one trained (1 - train/version_lag/0)")
+          f"the one trained (1 - train/version_lag/0); slots busy: mean share of the {2 * args.batch * args.n} agent "
+          "slots (runtime.concurrency groups x n) held by a running agent, the ceiling of any mode's rate with this "
+          "concurrency (at 100% only more slots or shorter sessions go faster)")
     run_base = results["sync"]["run_samples_per_s"]
     print(f"steps 2..{args.steps}, the last included: " + ", ".join(
         f"{mode} {r['run_samples_per_s']:.2f} samples/s, busy {r['run_busy']:.1%}, "

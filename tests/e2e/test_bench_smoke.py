@@ -36,7 +36,7 @@ HEADLINES = {
     "forest_memory.py": r"^tuples / compact bytes per token: \d",
     "gateway.py": r"^ours / bare CPU per request, .*: \d+\.\d+x",
     "learning.py": r"^mean step \d+\.\d s",
-    "runtime_modes.py": r"^fully_async +\d.* \d+\.\d+x +\d+%$",
+    "runtime_modes.py": r"^fully_async +\d.* \d+\.\d+x +\d+% +\d+\.\d%$",
     "soak.py": r"^waves \d+ .* requests, 0 errors",
     "train_step.py": r"^ratio ours / bare +\d+\.\d+",
     "view.py": r"naive / ours \(cold open\) = \d+\.\d+x",

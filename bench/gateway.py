@@ -1,7 +1,7 @@
 """Gateway cost over real HTTP, side by side in one run: a bare FastAPI echo vs our gateway as a run starts it.
 
-Each server runs in its own process; this process is only the load generator, so its CPU is never
-counted as the server's (each server reports its own CPU time from `getrusage` on SIGUSR2: all its
+Each server runs in its own process (`bench/_gateway_server.py`); this process is only the load generator, so its
+CPU is never counted as the server's (each server reports its own CPU time from `getrusage` on SIGUSR2: all its
 threads, microsecond resolution, where /proc/<pid>/stat counts 10 ms ticks). The two servers:
 
 - bare: a FastAPI endpoint that reads and parses the body and returns a fixed chat completion, under
@@ -61,11 +61,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import gc
 import json
-import os
-import resource
 import signal
 import statistics
 import subprocess
@@ -78,17 +74,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from _gateway_server import CHAT_PATH, KINDS, PREFIX, bare_app, build_ours, open_session  # noqa: E402
 from _smoke import parse_args  # noqa: E402
-from fastapi import FastAPI, Request  # noqa: E402
-from fastapi.responses import JSONResponse  # noqa: E402
 
-PREFIX = "/agentic_api"
-CHAT_PATH = f"{PREFIX}/v1/chat/completions"
+SERVER = Path(__file__).resolve().parent / "_gateway_server.py"
+"""The script each server process runs."""
 WARMUP_SESSIONS = 2
-KINDS = ("bare", "ours", "traced")
-"""`traced`: ours with session traces written (see the module)."""
 TOOLS = [{"type": "function", "function": {"name": "search", "parameters": {"type": "object"}}}]
-ANSWER = "I looked at the record and the number is 1234; continuing with the next part of the task now."
 RESULT = "Record {i}: the city had about {n} residents at the last census, according to the registry."
 FIRST_SYSTEM = "You are a careful research agent: check every record twice and cite the registry. " * 24
 FIRST_TOOLS = [{"type": "function", "function": {
@@ -97,177 +89,6 @@ FIRST_TOOLS = [{"type": "function", "function": {
                                                     "year": {"type": "integer", "description": "census year"}}}}}
     for k in range(4)]
 """The first-turn case's system prompt and tools: the same in every session (a harness's fixed prefix)."""
-
-
-# --- server process ---------------------------------------------------------------------------------
-
-
-def serve(kind: str, sessions: int, log_dir: str) -> None:
-    """Run one server; print its port and session ids as one JSON line, then serve until SIGTERM.
-
-    SIGUSR1 prints one JSON line: the process's RSS after `gc.collect()` and the tokens its forests hold;
-    SIGUSR2 prints its CPU seconds so far (all threads, microsecond resolution, unlike /proc's clock ticks).
-    """
-    from relax_pipeline.tracking.logs import run_logging
-
-    logs = Path(log_dir) / ("traced" if kind == "traced" else "")  # the traced server logs the same, elsewhere
-    with run_logging(logs) if kind != "bare" else contextlib.nullcontext():
-        asyncio.run(_serve(kind, sessions))
-
-
-async def _serve(kind: str, sessions: int) -> None:
-    store = None
-    if kind != "bare":
-        server, store = await _start_ours()
-        port, ids = server.port, [_open_session(store, i) for i in range(sessions)]
-    else:
-        server, ids = await _start_bare(), [f"s{i}" for i in range(sessions)]
-        port = server.servers[0].sockets[0].getsockname()[1]
-    gc.callbacks.append(GC_CLOCK)
-    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, _report_memory_use, store)
-    report = Tracing(store).report_cpu if kind == "traced" else _report_cpu
-    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR2, report)
-    stop = asyncio.Event()
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-    print(json.dumps({"port": port, "ids": ids}), flush=True)
-    await stop.wait()  # a clean stop, as a run's: `serve` then leaves `run_logging`, which writes out run.log
-    await (server.stop() if kind != "bare" else server.shutdown())
-
-
-async def _start_ours() -> tuple[Any, Any]:
-    """The gateway as `run.py` serves it: `create_app` under `GatewayServer.start()` in this loop, garbage
-    settled as before a step (`serve` turned run logging on)."""
-    from relax_pipeline.gateway.app import create_app
-    from relax_pipeline.gateway.server import GatewayServer
-    from relax_pipeline.loop import settle_garbage
-
-    store, turns = build_ours()
-    server = GatewayServer(create_app(store, turns, prefix=PREFIX), prefix=PREFIX)
-    await server.start()
-    settle_garbage(full=True)
-    return server, store
-
-
-def build_ours() -> tuple[Any, Any]:
-    """Our gateway's forest store and turn service over the tiny model's tokenizer and an instant scripted engine."""
-    from transformers import AutoTokenizer
-
-    from relax_pipeline.engine.parsers import OutputParser
-    from relax_pipeline.engine.template import ChatTemplate
-    from relax_pipeline.models.tiny import build_tiny
-    from relax_pipeline.testing.engines import ScriptedEngine
-    from relax_pipeline.turn.service import ForestStore, SamplingDefaults, TurnService
-
-    tokenizer = AutoTokenizer.from_pretrained(build_tiny(Path(tempfile.gettempdir()) / "relax-bench"))
-    engine = ScriptedEngine(tokenizer, [ANSWER], record_prompts=False)
-    turns = TurnService(ChatTemplate(tokenizer), engine, OutputParser(),
-                        SamplingDefaults(max_context_len=1 << 20, max_response_len=256))
-    return ForestStore(), turns
-
-
-def _open_session(store: Any, index: int) -> str:
-    from relax_pipeline.turn.service import Status
-
-    session = store.open("g", index, 0, "train", {})
-    store.set_status(session, Status.RUNNING)
-    return session.key
-
-
-async def _start_bare() -> Any:
-    import uvicorn
-
-    config = uvicorn.Config(_bare_app(), host="127.0.0.1", port=0, log_level="warning", lifespan="off",
-                            access_log=False, timeout_keep_alive=30, backlog=2048)
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        if task.done():
-            task.result()
-        await asyncio.sleep(0.01)
-    return server
-
-
-def _bare_app() -> FastAPI:
-    app = FastAPI()
-    reply = {"id": "x", "object": "chat.completion", "created": 0, "model": "m", "choices": [
-        {"index": 0, "message": {"role": "assistant", "content": ANSWER}, "finish_reason": "stop"}],
-        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
-
-    @app.post(CHAT_PATH)
-    async def chat(request: Request) -> JSONResponse:
-        json.loads(await request.body())
-        return JSONResponse(reply)
-
-    return app
-
-
-def _report_cpu() -> None:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    print(json.dumps({"cpu": usage.ru_utime + usage.ru_stime, "sys": usage.ru_stime}), flush=True)
-
-
-class Tracing:
-    """The traced server's step end: every session with new turns traced (spans built, OTLP JSON written) before its
-    CPU is reported, so each phase pays for its own sessions' traces."""
-
-    def __init__(self, store: Any) -> None:
-        from relax_pipeline.tracking.traces import TraceWriter
-
-        self.store = store
-        self.folder = tempfile.TemporaryDirectory(prefix="relax-bench-traces-")
-        self.writer = TraceWriter(self.folder.name)
-        self.traced: dict[str, int] = {}
-        """Session id → the turns it had when last traced."""
-        self.step = 0
-
-    def report_cpu(self) -> None:
-        from relax_pipeline.data.dataset import Prompt
-        from relax_pipeline.stages.group import Group
-        from relax_pipeline.stages.traces import session_trace
-
-        ended = [s for s in self.store if s.forest.turn_count > self.traced.get(s.id, 0)]
-        records = [session_trace(Group("g", Prompt(0, None), 0, "train", Path(self.folder.name), [s]), s, self.step)
-                   for s in ended]
-        self.writer.submit(self.step, records)
-        self.writer.flush()
-        self.traced.update((s.id, s.forest.turn_count) for s in ended)
-        self.step += 1
-        _report_cpu()
-
-
-@dataclass
-class GcClock:
-    """A `gc.callbacks` entry: per generation, the collections since `reset`, their CPU seconds, the longest."""
-
-    count: list[int] = field(default_factory=lambda: [0, 0, 0])
-    spent: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
-    longest: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
-    started: float = 0.0
-
-    def __call__(self, phase: str, info: dict[str, int]) -> None:
-        if phase == "start":
-            self.started = time.thread_time()
-            return
-        generation, took = info["generation"], time.thread_time() - self.started
-        self.count[generation] += 1
-        self.spent[generation] += took
-        self.longest[generation] = max(self.longest[generation], took)
-
-    def reset(self) -> None:
-        self.count, self.spent, self.longest = [0, 0, 0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]
-
-
-GC_CLOCK = GcClock()
-
-
-def _report_memory_use(store: Any) -> None:
-    """RSS after a full collection, stored tokens, and the collector's work since the previous report."""
-    collected = {"count": GC_CLOCK.count, "spent": GC_CLOCK.spent, "longest": GC_CLOCK.longest}
-    gc.collect()
-    GC_CLOCK.reset()
-    rss = int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    tokens = sum(len(node.token_ids) for session in store for node in session.forest.nodes) if store else 0
-    print(json.dumps({"rss": rss, "tokens": tokens, "gc": collected}), flush=True)
 
 
 # --- load process -----------------------------------------------------------------------------------
@@ -385,11 +206,11 @@ class Phase:
 
 
 class Server:
-    """A `--serve` process: its port, its unused session ids, and its answers to SIGUSR1 / SIGUSR2."""
+    """A server process (`_gateway_server.py`): its port, its unused session ids, its answers to SIGUSR1 / SIGUSR2."""
 
     def __init__(self, kind: str, sessions: int, log_dir: str) -> None:
-        self.process = subprocess.Popen([sys.executable, __file__, "--serve", kind, "--sessions", str(sessions),
-                                         "--log-dir", log_dir], stdout=subprocess.PIPE, text=True)
+        self.process = subprocess.Popen([sys.executable, str(SERVER), kind, str(sessions), log_dir],
+                                        stdout=subprocess.PIPE, text=True)
         info = json.loads(self.process.stdout.readline())
         self.port: int = info["port"]
         self.ids: list[str] = info["ids"]
@@ -508,10 +329,10 @@ async def _measure_floor(args: argparse.Namespace) -> dict[str, float]:
     bare_ids = [f"s{i}" for i in range(sessions)]
     ours_store, ours_turns = build_ours()
     work_store, work_turns = build_ours()
-    callers = {"bare_app": (AppCall(_bare_app()), bare_ids),
+    callers = {"bare_app": (AppCall(bare_app()), bare_ids),
                "ours_app": (AppCall(create_app(ours_store, ours_turns, prefix=PREFIX)),
-                            [_open_session(ours_store, i) for i in range(sessions)]),
-               "turn": (TurnWork(work_store, work_turns), [_open_session(work_store, i) for i in range(sessions)])}
+                            [open_session(ours_store, i) for i in range(sessions)]),
+               "turn": (TurnWork(work_store, work_turns), [open_session(work_store, i) for i in range(sessions)])}
     settle_garbage(full=True)
     for name, (caller, ids) in callers.items():
         for index, session_id in enumerate(ids):
@@ -639,12 +460,7 @@ def main() -> None:
     parser.add_argument("--first-turns", default="20,128", help="history turns of the first-turn case (comma list)")
     parser.add_argument("--groups", type=int, default=3, help="first-turn case: histories (groups) per size and repeat")
     parser.add_argument("--group", type=int, default=4, help="first-turn case: sessions per group (same first request)")
-    parser.add_argument("--serve", choices=KINDS)
-    parser.add_argument("--sessions", type=int, default=0, help="sessions a --serve process opens")
-    parser.add_argument("--log-dir", default=tempfile.gettempdir(), help="where a --serve process writes run.log")
     args = parse_args(parser, turns=2, clients=2, rounds=1, serial=1, repeats=1, first_turns="3", groups=1, group=2)
-    if args.serve:
-        return serve(args.serve, args.sessions, args.log_dir)
     report(measure(args), args)
 
 

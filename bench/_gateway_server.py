@@ -54,7 +54,7 @@ def serve(kind: str, sessions: int, log_dir: str) -> None:
 async def _serve(kind: str, sessions: int) -> None:
     store = None
     if kind != "bare":
-        server, store = await _start_ours()
+        server, store = await start_ours()
         port, ids = server.port, [open_session(store, i) for i in range(sessions)]
     else:
         server, ids = await _start_bare(), [f"s{i}" for i in range(sessions)]
@@ -70,7 +70,7 @@ async def _serve(kind: str, sessions: int) -> None:
     await (server.stop() if kind != "bare" else server.shutdown())
 
 
-async def _start_ours() -> tuple[Any, Any]:
+async def start_ours() -> tuple[Any, Any]:
     """The gateway as `run.py` serves it: `create_app` under `GatewayServer.start()` in this loop, garbage
     settled as before a step (`serve` turned run logging on)."""
     from relax_pipeline.gateway.app import create_app

@@ -1,8 +1,8 @@
 """Load soak: waves of 64 concurrent sessions × 32 turns through the real gateway for N minutes; gateway RSS.
 
-The gateway runs in its own process exactly as `bench/gateway.py` starts it (`create_app` under
-`GatewayServer.start()`, the scripted engine answering at once, run.log access lines on); this process
-only drives it. Each wave opens `--sessions` sessions (default 64), runs them at once, one keep-alive
+The gateway runs in its own process exactly as `bench/gateway.py` starts it (`_gateway_server.start_ours`:
+`create_app` under `GatewayServer.start()`, the scripted engine answering at once, run.log access lines on); this
+process only drives it. Each wave opens `--sessions` sessions (default 64), runs them at once, one keep-alive
 connection each, `--turns` turns apiece (default 32), every turn replaying the whole growing history, then
 ends them as a run ends a finished group's sessions (`ForestStore.set_status(COMPLETED)` then
 `ForestStore.release`; `--keep-ended` skips the release, as runs did before: every forest stays and the
@@ -33,7 +33,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import gateway as gateway_bench  # noqa: E402 - bench/gateway.py: the server as a run starts it, the HTTP client
+import gateway as gateway_bench  # noqa: E402 - bench/gateway.py: the HTTP client
+from _gateway_server import start_ours  # noqa: E402 - the gateway as a run starts it
 from _smoke import parse_args  # noqa: E402
 
 
@@ -55,7 +56,7 @@ def serve(log_dir: str, keep_ended: bool) -> None:
 async def _serve(keep_ended: bool) -> None:
     from relax_pipeline.turn.service import Status
 
-    server, store = await gateway_bench._start_ours()
+    server, store = await start_ours()
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)

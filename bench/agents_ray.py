@@ -281,9 +281,11 @@ def main() -> None:
     parser.add_argument("--few", type=int, default=16,
                         help="sessions of the executor-only comparison's second size (Ray's latency without a queue)")
     args = parse_args(parser, groups=1, n=2, turns=1, repeats=1, sleep_s=0.3, few=1)
+    sessions = args.groups * args.n
+    if not 0 < args.few < sessions:
+        parser.error(f"--few {args.few}: between 1 and the sessions of a step less one (--groups x --n = {sessions})")
     register()
     register_paced()
-    sessions = args.groups * args.n
     local = None if args.executor_only else measure(args, ["agent.executor=local"])
     with separate_cluster(workers=1, cpus=2, head_cpus=2) as address:
         on_ray = None if local is None else measure(args, ["agent.executor=ray", f"ray.address={address}"])

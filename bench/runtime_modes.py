@@ -10,7 +10,7 @@ same steps, groups and seeds; the first step is left out of the rates (nothing i
 Printed per mode, over steps 2..N-1 (from the end of step 1 to the end of the step before the last): trained
 samples/s, engine busy fraction (time with at least one generation active), mean rollout time per step,
 the throughput ratio to `sync`, and the share of the agent slots held by a running agent (`runtime.concurrency`
-groups of n sessions, one slot a session; from the dump's `running` and `exited` marks): a mode whose slots are
+groups of n sessions, one slot a session; from the dump's `created` and `exited` marks): a mode whose slots are
 all busy runs at the ceiling of this concurrency, which only more slots or shorter sessions raise, so its ratio to
 `sync` is then set by the workload (how long sync's step waits for its slowest session and its training), not by
 the scheduler; then the same figures to the end of the last step. The last step is left
@@ -45,6 +45,8 @@ from relax_pipeline.run import run  # noqa: E402
 from relax_pipeline.testing.engines import PacedEngine, register_paced  # noqa: E402
 
 MODES = ("sync", "prelaunch", "partial", "fully_async")
+RESIDENT = 2
+"""Resident groups (`runtime.concurrency`) per group of a step (`rollout.batch_size`)."""
 _STEP = re.compile(r"^(\S+ \S+) INFO relax_pipeline: step (\d+) metrics (.*)$")
 
 
@@ -64,7 +66,7 @@ def overrides(folder: Path, data: Path, mode: str, args: argparse.Namespace, tra
         f"engine.mean_tokens={mean_tokens}", "engine.sigma=1.0",
         "trainer=paced", f"trainer.train_s={train_s}",
         f"rollout.num_steps={args.steps}", f"rollout.batch_size={groups}", f"rollout.n_samples_per_prompt={args.n}",
-        f"rollout.over_sampling_batch_size={groups + groups // 2}", f"runtime.concurrency={2 * groups}",
+        f"rollout.over_sampling_batch_size={groups + groups // 2}", f"runtime.concurrency={RESIDENT * groups}",
         "rollout.max_response_len=1024", "rollout.max_context_len=8192", "runtime.max_staleness=null",
         f"debug.save_rollout_data={folder}/rollout_{{rollout_id}}.jsonl",
     ]
@@ -95,9 +97,13 @@ def measure(mode: str, args: argparse.Namespace, data_args: tuple, train_s: floa
     engine = PacedEngine.last
     assert engine is not None
     steady, whole = window(steps, engine.busy_spans, len(steps) - 1), window(steps, engine.busy_spans, len(steps))
-    slots = 2 * args.batch * args.n  # runtime.concurrency groups (`overrides`) of n sessions: one slot a session
-    return {**steady, "slots": occupancy(steps, agents, len(steps) - 1) / slots,
+    return {**steady, "slots": occupancy(steps, agents, len(steps) - 1) / agent_slots(args),
             **{f"run_{key}": value for key, value in whole.items()}}
+
+
+def agent_slots(args: argparse.Namespace) -> int:
+    """The agent slots of every run: `runtime.concurrency` groups (`overrides`) of n sessions, one slot a session."""
+    return RESIDENT * args.batch * args.n
 
 
 def agent_spans(folder: Path) -> list[tuple[float, float]]:
@@ -167,7 +173,7 @@ def main() -> None:
               f"{r['samples_per_s'] / base:>7.2f}x {r['mixed']:>13.0%} {r['slots']:>10.1%}")
     print(f"steps 2..{args.steps - 1} (the last step is left out: under fully_async it drains the pool and trains "
           "with nothing left to generate); older weights: share of trained tokens sampled by a weight version behind "
-          f"the one trained (1 - train/version_lag/0); slots busy: mean share of the {2 * args.batch * args.n} agent "
+          f"the one trained (1 - train/version_lag/0); slots busy: mean share of the {agent_slots(args)} agent "
           "slots (runtime.concurrency groups x n) held by a running agent, the ceiling of any mode's rate with this "
           "concurrency (at 100% only more slots or shorter sessions go faster)")
     run_base = results["sync"]["run_samples_per_s"]

@@ -55,7 +55,6 @@ def test_a_clean_stop_loses_no_line(tmp_path: Path) -> None:
     assert all(f" INFO {ACCESS_LOGGER}: api=chat" in line for line in lines)
 
 
-
 @contextlib.contextmanager
 def plain_root() -> Iterator[None]:
     """The root logger without pytest's capture handlers (added for each test's call), as in a run's process."""

@@ -88,11 +88,12 @@ def build_ours() -> tuple[Any, Any]:
     """Our gateway's forest store and turn service over the tiny model's tokenizer and an instant scripted engine."""
     from transformers import AutoTokenizer
 
-    from relax_pipeline.engine.parsers import OutputParser
-    from relax_pipeline.engine.template import ChatTemplate
+    from relax_pipeline.chat.parsers import OutputParser
+    from relax_pipeline.chat.template import ChatTemplate
     from relax_pipeline.models.tiny import build_tiny
     from relax_pipeline.testing.engines import ScriptedEngine
-    from relax_pipeline.turn.service import ForestStore, SamplingDefaults, TurnService
+    from relax_pipeline.turn.service import SamplingDefaults, TurnService
+    from relax_pipeline.turn.sessions import ForestStore
 
     tokenizer = AutoTokenizer.from_pretrained(build_tiny(Path(tempfile.gettempdir()) / "relax-bench"))
     engine = ScriptedEngine(tokenizer, [ANSWER], record_prompts=False)
@@ -102,7 +103,7 @@ def build_ours() -> tuple[Any, Any]:
 
 
 def open_session(store: Any, index: int) -> str:
-    from relax_pipeline.turn.service import Status
+    from relax_pipeline.turn.sessions import Status
 
     session = store.open("g", index, 0, "train", {})
     store.set_status(session, Status.RUNNING)

@@ -44,7 +44,7 @@ from _smoke import parse_args  # noqa: E402
 
 from relax_pipeline.engine.base import SamplingParams  # noqa: E402
 from relax_pipeline.engine.settings import EngineRun, SglangEngineSettings  # noqa: E402
-from relax_pipeline.engine.sglang import SglangEngine  # noqa: E402
+from relax_pipeline.engine.sglang.client import SglangEngine  # noqa: E402
 from relax_pipeline.testing.sglang_server import FakeSglangServer  # noqa: E402
 
 MODES = ("none", "kv", "program")

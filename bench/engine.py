@@ -51,9 +51,10 @@ import torch  # noqa: E402
 from _smoke import parse_args  # noqa: E402
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM  # noqa: E402
 
-from relax_pipeline.engine import hf, hf_batch  # noqa: E402
 from relax_pipeline.engine.base import GenerateResult, SamplingParams  # noqa: E402
-from relax_pipeline.engine.hf import HFEngine  # noqa: E402
+from relax_pipeline.engine.hf import batch as hf_batch  # noqa: E402
+from relax_pipeline.engine.hf import engine as hf  # noqa: E402
+from relax_pipeline.engine.hf.engine import HFEngine  # noqa: E402
 from relax_pipeline.engine.settings import EngineRun, HFEngineSettings
 from relax_pipeline.models.spec import load_pretrained  # noqa: E402
 from relax_pipeline.models.tiny import build_tiny  # noqa: E402

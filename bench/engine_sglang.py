@@ -107,7 +107,7 @@ async def replay(http: httpx.AsyncClient, url: str, calls: list[tuple[list[int],
                  key: str) -> list[float]:
     """The recorded generations of one session, in order, straight to `url`/generate (routing key `key`, which
     a router keeps on the worker it chose for ours); seconds per turn."""
-    from relax_pipeline.engine.sglang_wire import payload
+    from relax_pipeline.engine.sglang.wire import payload
 
     took = []
     for i, (ids, sampling) in enumerate(calls):
@@ -120,13 +120,14 @@ async def replay(http: httpx.AsyncClient, url: str, calls: list[tuple[list[int],
 
 
 async def measure(args: argparse.Namespace) -> tuple[dict[str, list[float]], dict[str, float]]:
-    from relax_pipeline.engine.parsers import OutputParser
-    from relax_pipeline.engine.sglang import SglangEngine
-    from relax_pipeline.engine.template import ChatTemplate
+    from relax_pipeline.chat.parsers import OutputParser
+    from relax_pipeline.chat.template import ChatTemplate
+    from relax_pipeline.engine.sglang.client import SglangEngine
     from relax_pipeline.gateway.app import create_app
     from relax_pipeline.gateway.server import GatewayServer
     from relax_pipeline.models.tiny import build_tiny
-    from relax_pipeline.turn.service import ForestStore, SamplingDefaults, TurnService
+    from relax_pipeline.turn.service import SamplingDefaults, TurnService
+    from relax_pipeline.turn.sessions import ForestStore
 
     model = args.model or str(build_tiny(Path(tempfile.gettempdir()) / "relax-bench"))
     fake = f"{sys.executable} -m relax_pipeline.testing.sglang_server"
@@ -166,7 +167,7 @@ async def measure(args: argparse.Namespace) -> tuple[dict[str, list[float]], dic
 
 async def side_by_side(urls: list[str], model: str, args: argparse.Namespace) -> dict[str, float]:
     """Sessions off vs on and weight updates by abort vs pause, two clients of the same servers."""
-    from relax_pipeline.engine.sglang import SglangEngine
+    from relax_pipeline.engine.sglang.client import SglangEngine
 
     clients = []
     for options in ({"sessions": False, "weight_update": "abort"}, {"sessions": True, "weight_update": "pause"}):
@@ -263,7 +264,7 @@ async def _servers_of(http: httpx.AsyncClient, urls: list[str], recorder: Record
 async def _ours(http: httpx.AsyncClient, base: str, store: Any, recorder: Recorder, round_: int,
                 args: argparse.Namespace, results: dict[str, list[float]]) -> list[list[tuple[list[int], Any]]]:
     """One round of agents through the gateway; the generations it made, by session."""
-    from relax_pipeline.turn.service import Status
+    from relax_pipeline.turn.sessions import Status
 
     sessions = []
     for i in range(args.sessions):

@@ -28,13 +28,14 @@ import orjson  # noqa: E402
 from _smoke import parse_args  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
+from relax_pipeline.chat.parsers import OutputParser  # noqa: E402
+from relax_pipeline.chat.template import ChatTemplate, Codec  # noqa: E402
 from relax_pipeline.engine.base import GenerateResult  # noqa: E402
-from relax_pipeline.engine.parsers import OutputParser  # noqa: E402
-from relax_pipeline.engine.template import ChatTemplate, Codec  # noqa: E402
 from relax_pipeline.models.tiny import build_tiny  # noqa: E402
 from relax_pipeline.protocol.chat import parse_request  # noqa: E402
 from relax_pipeline.testing.engines import ScriptedEngine  # noqa: E402
-from relax_pipeline.turn.service import SamplingDefaults, Session, TurnService  # noqa: E402
+from relax_pipeline.turn.service import SamplingDefaults, TurnService  # noqa: E402
+from relax_pipeline.turn.sessions import Session  # noqa: E402
 
 TOOLS = [{"type": "function", "function": {"name": "search", "description": "Search the web.",
           "parameters": {"type": "object", "properties": {"query": {"type": "string"}}}}}]

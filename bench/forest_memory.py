@@ -30,14 +30,15 @@ from _smoke import parse_args  # noqa: E402
 from forest import ANSWER, TOOLS, history  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
+from relax_pipeline.chat.parsers import OutputParser  # noqa: E402
+from relax_pipeline.chat.template import ChatTemplate  # noqa: E402
 from relax_pipeline.engine.base import GenerateResult  # noqa: E402
-from relax_pipeline.engine.parsers import OutputParser  # noqa: E402
-from relax_pipeline.engine.template import ChatTemplate  # noqa: E402
 from relax_pipeline.forest.store import Node, SessionForest  # noqa: E402
 from relax_pipeline.models.tiny import build_tiny  # noqa: E402
 from relax_pipeline.protocol.chat import parse_request  # noqa: E402
 from relax_pipeline.testing.engines import ScriptedEngine  # noqa: E402
-from relax_pipeline.turn.service import SamplingDefaults, Session, TurnService  # noqa: E402
+from relax_pipeline.turn.service import SamplingDefaults, TurnService  # noqa: E402
+from relax_pipeline.turn.sessions import Session  # noqa: E402
 
 
 class TupleForest(SessionForest):

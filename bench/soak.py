@@ -54,7 +54,7 @@ def serve(log_dir: str, keep_ended: bool) -> None:
 
 
 async def _serve(keep_ended: bool) -> None:
-    from relax_pipeline.turn.service import Status
+    from relax_pipeline.turn.sessions import Status
 
     server, store = await start_ours()
     loop = asyncio.get_running_loop()

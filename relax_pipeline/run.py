@@ -45,6 +45,7 @@ from relax_pipeline.agent.services import Services, service_problems
 from relax_pipeline.certify.certificate import Cause, Stage
 from relax_pipeline.certify.check import CheckKeys, certify_sessions, conclude, config_stage, start_failed
 from relax_pipeline.certify.evidence import RuntimeKeys
+from relax_pipeline.chat.template import ChatTemplate
 from relax_pipeline.config import (
     Config,
     check_context_len,
@@ -57,7 +58,6 @@ from relax_pipeline.config import (
 from relax_pipeline.data.dataset import DataSource
 from relax_pipeline.data.settings import with_source
 from relax_pipeline.engine.settings import EngineRun
-from relax_pipeline.engine.template import ChatTemplate
 from relax_pipeline.gateway.app import create_app
 from relax_pipeline.gateway.server import GatewayServer
 from relax_pipeline.infra import ray_runtime
@@ -85,7 +85,8 @@ from relax_pipeline.train.allocator import (
 )
 from relax_pipeline.train.base import Trainer
 from relax_pipeline.train.settings import TrainerRun
-from relax_pipeline.turn.service import ForestStore, SamplingDefaults, TurnService
+from relax_pipeline.turn.service import SamplingDefaults, TurnService
+from relax_pipeline.turn.sessions import ForestStore
 from relax_pipeline.view.server import serve_view
 
 log = logging.getLogger("relax_pipeline")

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from relax_pipeline.engine.base import GenerateResult, SamplingParams
-from relax_pipeline.engine.sglang import SglangEngine
+from relax_pipeline.engine.sglang.client import SglangEngine
 
 PROBE = [1, 2, 3, 4, 5, 6, 7, 8]
 """Token ids of the fixed prompt whose greedy logprob must change with the weights."""

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from relax_pipeline.engine.template import ChatTemplate
+from relax_pipeline.chat.template import ChatTemplate
 from relax_pipeline.models.tiny import build_tiny
 from relax_pipeline.models.tiny_vl import build_tiny_vl
 

@@ -27,8 +27,8 @@ from relax_pipeline.certify.evidence import (
 )
 from relax_pipeline.certify.examine import Causes, template_and_forks
 from relax_pipeline.certify.sessions import run_sessions
-from relax_pipeline.engine.parsers import OutputParser
-from relax_pipeline.engine.template import ChatTemplate
+from relax_pipeline.chat.parsers import OutputParser
+from relax_pipeline.chat.template import ChatTemplate
 from relax_pipeline.stages.pipeline import Pipeline
 
 log = logging.getLogger("relax_pipeline")

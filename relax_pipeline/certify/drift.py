@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from relax_pipeline.canonical.form import Context, Message
-from relax_pipeline.engine.template import ChatTemplate
+from relax_pipeline.chat.template import ChatTemplate
 
 REASONING_DROPPED = "reasoning_dropped"
 REASONING_REWRITTEN = "reasoning_rewritten"

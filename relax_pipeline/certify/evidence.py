@@ -25,8 +25,8 @@ from typing import Any
 from relax_pipeline.canonical.form import Context, Message
 from relax_pipeline.certify.certificate import FAIL, PASS, WARN, Stage
 from relax_pipeline.certify.sessions import SessionRun
-from relax_pipeline.engine.parsers import OutputParser
-from relax_pipeline.engine.template import ChatTemplate
+from relax_pipeline.chat.parsers import OutputParser
+from relax_pipeline.chat.template import ChatTemplate
 from relax_pipeline.forest.store import Node
 
 MAX_LISTED = 20

@@ -24,7 +24,7 @@ from relax_pipeline.canonical.form import Message
 from relax_pipeline.certify import drift
 from relax_pipeline.certify.certificate import FAIL, PASS, WARN, Cause, Stage
 from relax_pipeline.certify.sessions import SentTurn, SessionRun
-from relax_pipeline.engine.template import ChatTemplate
+from relax_pipeline.chat.template import ChatTemplate
 
 HARNESS = "harness: "
 FIXES = {

@@ -24,7 +24,7 @@ from relax_pipeline.engine.base import GenerateResult, SamplingParams
 from relax_pipeline.forest.store import Attachment, ForkEvent, Node, Observation, SessionForest, TurnTiming
 from relax_pipeline.stages.group import Group
 from relax_pipeline.stages.pipeline import Pipeline
-from relax_pipeline.turn.service import Session
+from relax_pipeline.turn.sessions import Session
 
 CHECK_ROLLOUT = 0
 """The rollout id of the check's groups."""

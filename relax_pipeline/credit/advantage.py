@@ -7,7 +7,8 @@ reinforce_plus_plus keeps the reward itself (its normalization is the batch whit
 reinforce_plus_plus_baseline subtracts the group mean without any std division.
 
 What this module does not do: read rewards (credit/reward.py), call user advantage hooks, or expand the
-scalar over tokens and whiten it (the trainer's, `train/advantages.py`, which also owns the estimator names).
+scalar over tokens and whiten it (the trainer's, `train/advantages.py`). The estimator names are
+`credit/settings.py`'s.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from relax_pipeline.train.advantages import ESTIMATORS, check_estimator
+from relax_pipeline.credit.settings import ESTIMATORS, check_estimator
 
 __all__ = ["ESTIMATORS", "base_advantages", "check_estimator"]
 

@@ -2,17 +2,52 @@
 
 `CreditSettings` holds the keys of all four options (`reward`, `custom_rm`, `group_rm`, `custom_advantage`);
 each option's yaml names its class in `_target_`, and the class refuses a path key it does not use. The
-estimator, KL shaping and whitening keys are also the trainer's: `advantages` hands them to it as the train
-floor's `AdvantageSettings`, so the credit classes read only what scoring needs.
+estimator, KL shaping and whitening keys are also the trainer's: `advantages` hands them to it as
+`AdvantageSettings`, declared here with the estimator names (credit owns them; the trainer's
+`train/advantages.py` reads them), so the credit classes read only what scoring needs.
 
 What it does not do: load user functions or score anything (credit/reward.py and its subclasses do).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-from relax_pipeline.train.advantages import AdvantageSettings
+ESTIMATORS: tuple[str, ...] = ("grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline")
+KL_SHAPING_ESTIMATORS: tuple[str, ...] = ("reinforce_plus_plus", "reinforce_plus_plus_baseline")
+
+
+def check_estimator(estimator: str) -> None:
+    """Raise a ValueError naming `credit.estimator` when `estimator` is not one of ESTIMATORS."""
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"credit.estimator={estimator!r}; choose one of {list(ESTIMATORS)}")
+
+
+def check_kl_coef(estimator: str, kl_coef: float) -> None:
+    """KL reward shaping needs a finite coefficient >= 0, and > 0 only with a reinforce++ estimator."""
+    if not math.isfinite(kl_coef) or kl_coef < 0:
+        raise ValueError(f"credit.kl_coef must be a finite number >= 0, got {kl_coef}")
+    if kl_coef > 0 and estimator not in KL_SHAPING_ESTIMATORS:
+        raise ValueError(f"credit.kl_coef={kl_coef} (KL reward shaping) is not supported by credit.estimator="
+                         f"{estimator!r}; use one of {list(KL_SHAPING_ESTIMATORS)} or set "
+                         "trainer.loss.use_kl_loss=true with trainer.loss.kl_loss_coef instead")
+
+
+@dataclass
+class AdvantageSettings:
+    """The credit keys the trainer agrees on; connects the `credit` group to the trainer's step."""
+
+    estimator: str = "grpo"
+    """credit.estimator: how base scalars spread over tokens (reinforce++ writes returns-to-go)."""
+    kl_coef: float = 0.0
+    """credit.kl_coef: KL reward shaping (reinforce++ estimators only); > 0 needs a reference model."""
+    normalize_advantages: bool = False
+    """credit.normalize_advantages: whiten token advantages over the global batch."""
+
+    def __post_init__(self) -> None:
+        check_estimator(self.estimator)
+        check_kl_coef(self.estimator, self.kl_coef)
 
 
 @dataclass
@@ -47,7 +82,7 @@ class CreditSettings:
     exported); a reward model, when configured, scores it first."""
 
     def __post_init__(self) -> None:
-        self.advantages  # noqa: B018 - the trainer's record checks estimator and kl_coef, naming them
+        self.advantages  # noqa: B018 - the advantage record checks estimator and kl_coef, naming them
 
     @property
     def advantages(self) -> AdvantageSettings:

@@ -31,7 +31,7 @@ requests, evictable cache excluded; served with `--enable-metrics`) at most once
 for admission (`sglang_load`); without metrics the ledger counts its own leases only (logged once,
 `agentic_kv/load_tokens` 0). engine=hf sets `capacity` to its prefix cache in tokens (`hf_capacity_tokens`).
 
-Not done here: choosing the worker, per-request KV admission (`sglang_routing.KvAdmission`).
+Not done here: choosing the worker, per-request KV admission (`sglang.routing.KvAdmission`).
 """
 
 from __future__ import annotations

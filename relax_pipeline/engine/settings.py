@@ -24,7 +24,7 @@ ROUTERS = ("none", "sglang")
 WEIGHT_UPDATES = ("abort", "pause")
 """`engine.weight_update` of engine=sglang: generations are aborted and resumed around an update, or paused in place."""
 WEIGHT_TRANSFERS = ("disk", "tensor", "distributed")
-"""`engine.weight_transfer` of engine=sglang: how new weights reach the servers (engine/sglang_weights.py)."""
+"""`engine.weight_transfer` of engine=sglang: how new weights reach the servers (engine/sglang/weights.py)."""
 WEIGHT_BACKENDS = ("nccl", "gloo")
 """`engine.weight_backend` of weight_transfer=distributed (null: nccl with CUDA, else gloo)."""
 ADMISSIONS = ("none", "kv", "program")
@@ -55,7 +55,7 @@ class EngineRun:
 
 @dataclass
 class HFEngineSettings:
-    """`engine=hf`: the embedded transformers engine (engine/hf.py)."""
+    """`engine=hf`: the embedded transformers engine (engine/hf/engine.py)."""
 
     _target_: str = "relax_pipeline.engine.hf.HFEngine"
     """The engine class this node builds."""
@@ -121,7 +121,7 @@ class ScriptEngineSettings:
 
 @dataclass(frozen=True)
 class LaunchPart:
-    """engine.launch=true: the servers to start and how (engine/sglang_launch.py)."""
+    """engine.launch=true: the servers to start and how (engine/sglang/launch.py)."""
 
     servers: int
     gpus_per_server: int
@@ -142,7 +142,7 @@ class RouterPart:
 
 @dataclass(frozen=True)
 class AdmissionPart:
-    """engine.admission=kv: room reserved against each worker's KV capacity (engine/sglang_routing.py)."""
+    """engine.admission=kv: room reserved against each worker's KV capacity (engine/sglang/routing.py)."""
 
     headroom: float
     max_wait_s: float
@@ -160,7 +160,7 @@ class ProgramPart:
 
 @dataclass(frozen=True)
 class PlacementPart:
-    """engine.placement=ray: one placement-group bundle per launched server (engine/sglang_ray.py)."""
+    """engine.placement=ray: one placement-group bundle per launched server (engine/sglang/placement.py)."""
 
     strategy: str
     cpus_per_server: float
@@ -168,7 +168,7 @@ class PlacementPart:
 
 @dataclass
 class SglangEngineSettings:
-    """`engine=sglang`: SGLang servers over their native HTTP API (engine/sglang.py); connect or launch."""
+    """`engine=sglang`: SGLang servers over their native HTTP API (engine/sglang/client.py); connect or launch."""
 
     _target_: str = "relax_pipeline.engine.sglang.SglangEngine"
     """The engine class this node builds."""
@@ -220,7 +220,7 @@ class SglangEngineSettings:
     """Tokens per block of the prefix hashes that keep a session and a prompt's siblings on one worker."""
     placement: str | None = None
     """launch=true: local (servers are subprocesses of this machine) or ray (one placement-group bundle per server
-    on the Ray cluster at ray.address, engine/sglang_ray.py); null: ray when ray.address is set, else local."""
+    on the Ray cluster at ray.address, engine/sglang/placement.py); null: ray when ray.address is set, else local."""
     placement_strategy: str = "PACK"
     """placement=ray: how bundles spread over nodes (PACK, SPREAD, STRICT_PACK, STRICT_SPREAD)."""
     cpus_per_server: float = 1.0
@@ -241,7 +241,7 @@ class SglangEngineSettings:
     the servers must read that storage), tensor (the tensors themselves in `/update_weights_from_tensor` requests,
     pickled CPU tensors in buckets: no shared storage needed), or distributed (`/init_weights_update_group` once, then
     `/update_weights_from_distributed` per bucket while this process broadcasts the tensors as rank 0 of a process
-    group with every server's ranks; engine/sglang_weights.py)."""
+    group with every server's ranks; engine/sglang/weights.py)."""
     weight_backend: str | None = None
     """weight_transfer=distributed: the process group's backend, nccl (GPU to GPU; the trainer's GPU must be none of
     the servers') or gloo (through host memory; the CPU tests); null: nccl where this process has CUDA, else gloo."""

@@ -64,7 +64,8 @@ from relax_pipeline.protocol.chat import ChatFrontend
 from relax_pipeline.protocol.messages import MessagesFrontend, count_tokens
 from relax_pipeline.tracking.logs import ACCESS_LOGGER, write_info
 from relax_pipeline.turn.records import TurnRequest, TurnResult
-from relax_pipeline.turn.service import ForestStore, PreparedTurn, Session, Status, TurnService
+from relax_pipeline.turn.service import PreparedTurn, TurnService
+from relax_pipeline.turn.sessions import ForestStore, Session, Status
 
 log = logging.getLogger(__name__)
 access_log = logging.getLogger(ACCESS_LOGGER)

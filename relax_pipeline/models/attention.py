@@ -26,6 +26,7 @@ attention weights output (returns None), sliding windows or sinks beyond what th
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -108,3 +109,10 @@ def register_grouped_attention() -> None:
 
     AttentionInterface.register(GROUPED, grouped_attention)
     AttentionMaskInterface.register(GROUPED, eager_mask)
+
+
+def cache_argument(model: torch.nn.Module) -> str:
+    """The forward argument of `model` (or of the model a DeepSpeed engine wraps) that takes a KV cache: `cache`
+    in recent transformers, `past_key_values` before."""
+    forward = getattr(model, "module", model).forward
+    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"

@@ -5,7 +5,7 @@ chat template, processor) and leaves weights, their indexes and training state b
 folder without `generation_config.json` gets one from its config. `save_weights(weights, file)` writes a state
 dict as one safetensors file, each shared tensor (tied embeddings) stored once under its first name, on the CPU,
 marked `format: pt` as `from_pretrained` and SGLang's loader expect. The trainer's checkpoints
-(`train/torch_backend.py`) and the SGLang engine's weight hand-over (`engine/sglang_weights.py`) both use them.
+(`train/torch_backend.py`) and the SGLang engine's weight hand-over (`engine/sglang/weights.py`) both use them.
 Not here: atomic renames and what else a checkpoint holds (each caller's own schedule).
 """
 

@@ -50,7 +50,7 @@ from relax_pipeline.canonical.form import (
     parse_message,
 )
 from relax_pipeline.canonical.memo import RequestMemo
-from relax_pipeline.engine.template import ChatTemplate
+from relax_pipeline.chat.template import ChatTemplate
 from relax_pipeline.protocol.base import Lineage, ProtocolError, SSEFrame, TurnMeta, anthropic_body
 from relax_pipeline.turn.records import TurnRequest, TurnResult
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from relax_pipeline.engine.parsers import OutputParser, check_parser_names
+from relax_pipeline.chat.parsers import OutputParser, check_parser_names
 from relax_pipeline.protocol.base import Frontend
 from relax_pipeline.protocol.chat import ChatFrontend
 from relax_pipeline.protocol.messages import MessagesFrontend

@@ -24,11 +24,11 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from relax_pipeline.credit.settings import AdvantageSettings
 from relax_pipeline.forest.sample import Sample
 from relax_pipeline.replay import format as fmt
 from relax_pipeline.replay.credit import Key
 from relax_pipeline.replay.recorder import sha256_of
-from relax_pipeline.train.advantages import AdvantageSettings
 from relax_pipeline.train.settings import TrainerRun, TrainerSettings
 from relax_pipeline.train.torch_backend import STATE_FILE, TorchTrainer
 

@@ -21,7 +21,7 @@ from relax_pipeline.scheduling.settings import RuntimeSettings
 from relax_pipeline.scheduling.sync import SyncRuntime
 from relax_pipeline.stages.group import Group
 from relax_pipeline.stages.pipeline import Pipeline, StepResult
-from relax_pipeline.turn.service import Session
+from relax_pipeline.turn.sessions import Session
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from relax_pipeline.agent.session_io import AgentOutput
 from relax_pipeline.credit.records import CreditContext
 from relax_pipeline.data.dataset import Prompt
 from relax_pipeline.turn.leases import AgentRun
-from relax_pipeline.turn.service import ForestStore, Session, Status
+from relax_pipeline.turn.sessions import ForestStore, Session, Status
 
 log = logging.getLogger(__name__)
 

@@ -34,7 +34,7 @@ from relax_pipeline.stages.runtime import Runtime
 from relax_pipeline.stages.transfer import Transfer
 from relax_pipeline.tracking.dump import RolloutDump
 from relax_pipeline.tracking.metrics import generated_tokens, rollout_metrics
-from relax_pipeline.turn.service import Session
+from relax_pipeline.turn.sessions import Session
 
 log = logging.getLogger(__name__)
 SURPLUS = "surplus: the step already had rollout.batch_size groups"

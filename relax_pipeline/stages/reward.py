@@ -22,7 +22,7 @@ from relax_pipeline.credit.records import CreditContext, CreditGroup
 from relax_pipeline.forest.export import Exported
 from relax_pipeline.forest.sample import build_sample
 from relax_pipeline.stages.group import AGENT_ERROR, REWARD_ERROR, Group, drop_group
-from relax_pipeline.turn.service import ForestStore, Session
+from relax_pipeline.turn.sessions import ForestStore, Session
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ from relax_pipeline.forest.export import IMPLICIT_MODES, Exported, ExportError, 
 from relax_pipeline.forest.store import Node, SessionForest
 from relax_pipeline.stages.group import AGENT_ERROR, INFRA_ERROR, Group, drop_group
 from relax_pipeline.turn.records import SamplingDefaults
-from relax_pipeline.turn.service import ForestStore, Session, Status
+from relax_pipeline.turn.sessions import ForestStore, Session, Status
 
 log = logging.getLogger(__name__)
 

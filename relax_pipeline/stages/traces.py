@@ -28,7 +28,7 @@ from typing import Any
 from relax_pipeline.forest.store import GenerationPiece, Node, SessionForest
 from relax_pipeline.stages.group import Group
 from relax_pipeline.tracking.traces import AttributeValue, SpanRecord
-from relax_pipeline.turn.service import Session
+from relax_pipeline.turn.sessions import Session
 
 NS = 1_000_000_000
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from relax_pipeline.credit.records import CreditContext
 from relax_pipeline.stages.group import Group, session_outcome
-from relax_pipeline.turn.service import ForestStore, Session, Status
+from relax_pipeline.turn.sessions import ForestStore, Session, Status
 
 
 class Transfer:

@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from relax_pipeline.engine.base import GenerateResult, ImageFeatures, SamplingParams, varying
-from relax_pipeline.engine.hf import HFEngine
+from relax_pipeline.engine.hf.engine import HFEngine
 from relax_pipeline.engine.settings import EngineRun
 from relax_pipeline.train.provenance import version_lag
 from relax_pipeline.train.settings import TrainerRun, TrainerSettings

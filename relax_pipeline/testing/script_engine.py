@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from relax_pipeline.canonical.form import Context, Message, ToolCall, canonical_arguments
+from relax_pipeline.chat.template import ChatTemplate
 from relax_pipeline.engine.base import GenerateResult, ImageFeatures, SamplingParams
 from relax_pipeline.engine.settings import EngineRun, ScriptEngineSettings
-from relax_pipeline.engine.template import ChatTemplate
 from relax_pipeline.engine.vision import Vision
 from relax_pipeline.testing.engines import FakeLifecycle
 

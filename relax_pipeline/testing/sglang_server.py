@@ -1,12 +1,12 @@
 """A fake SGLang server: SGLang's native HTTP wire, backed by the embedded engine so tokens are real.
 
-It follows the `http_server.py` and `io_struct.py` of the SGLang release `SGLANG_API_VERSION` (engine/sglang.py) and
-serves exactly the routes `engine=sglang` calls, with exactly the body fields in `ROUTES` (each one a field that
-release has: `tests/integration/test_sglang_conformance.py` reads them from its wheel): `GET /health`, `GET
-/model_info`, `GET /server_info`, `POST /generate` (`input_ids` only, `return_logprob`, `rid`, `session_params`,
-`image_data`), `POST /abort_request`, `POST /update_weights_from_disk`, `POST /update_weights_from_tensor`, the
-weight-update group's three routes (`testing/sglang_weights_fake.py`), `POST /pause_generation` (in place only),
-`POST /continue_generation`, `POST /open_session` and `POST /close_session`. Any
+It follows the `http_server.py` and `io_struct.py` of the SGLang release `SGLANG_API_VERSION`
+(engine/sglang/client.py) and serves exactly the routes `engine=sglang` calls, with exactly the body fields in
+`ROUTES` (each one a field that release has: `tests/integration/test_sglang_conformance.py` reads them from its
+wheel): `GET /health`, `GET /model_info`, `GET /server_info`, `POST /generate` (`input_ids` only, `return_logprob`,
+`rid`, `session_params`, `image_data`), `POST /abort_request`, `POST /update_weights_from_disk`, `POST
+/update_weights_from_tensor`, the weight-update group's three routes (`testing/sglang_weights_fake.py`), `POST
+/pause_generation` (in place only), `POST /continue_generation`, `POST /open_session` and `POST /close_session`. Any
 other path answers 404 and is recorded, so a test fails when the client calls a route this fake (and so the release
 it follows) does not have; a body field or sampling parameter outside its table is refused (400) for the same reason
 (SGLang itself ignores unknown top-level `/generate` fields: the fake is stricter). `GET /fake/stats` (not SGLang)
@@ -64,7 +64,7 @@ from fastapi.responses import JSONResponse, Response
 
 from relax_pipeline.canonical.form import image_of
 from relax_pipeline.engine.base import GenerateResult, ImageFeatures, SamplingParams
-from relax_pipeline.engine.hf import HFEngine
+from relax_pipeline.engine.hf.engine import HFEngine
 from relax_pipeline.engine.settings import EngineRun, HFEngineSettings
 from relax_pipeline.gateway.server import GatewayServer
 from relax_pipeline.testing import sglang_weights_fake as weights_fake
@@ -189,7 +189,7 @@ def create_app(state: FakeState) -> FastAPI:
 
     @app.get("/server_info")
     async def server_info() -> dict[str, Any]:
-        from relax_pipeline.engine.sglang import SGLANG_API_VERSION
+        from relax_pipeline.engine.sglang.client import SGLANG_API_VERSION
 
         return {"model_path": state.model_path, "max_total_num_tokens": state.capacity,
                 "max_req_input_len": state.engine.max_context_len, "internal_states": [{}], "tp_size": 1,

@@ -1,7 +1,7 @@
 """A stand-in `sglang` package (a fake) for testing parser delegation where SGLang cannot be installed.
 
 `write_fake_sglang(folder)` writes SGLang's parser classes with one made-up format each; put the folder on
-`sys.path` and `engine/sglang_parsers.py` delegates to them exactly as it would to SGLang's own.
+`sys.path` and `chat/sglang_parsers.py` delegates to them exactly as it would to SGLang's own.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ from weakref import WeakKeyDictionary
 
 from fastapi.responses import JSONResponse, Response
 
-from relax_pipeline.engine.sglang_weights import init_weight_group
+from relax_pipeline.engine.sglang.weights import init_weight_group
 
 DEFAULT_GROUP = "weight_update_group"
 """SGLang's default `group_name`."""

@@ -1,4 +1,4 @@
-"""Advantages as the trainer uses them: estimator names, token expansion of base scalars, batch whitening.
+"""Advantages as the trainer uses them: token expansion of base scalars, batch whitening.
 
 The credit stage gives every exported context one base scalar (`credit/advantage.py`); the trainer turns
 it into per-token advantages here, in this order:
@@ -10,8 +10,8 @@ it into per-token advantages here, in this order:
    no reward and get advantage 0, and returns flow across them unchanged.
 2. `whiten`: optional batch whitening over the mask-1 tokens of the whole global batch.
 
-`AdvantageSettings` is the trainer's record of the credit keys it must agree on (`credit.estimator`,
-`credit.kl_coef`, `credit.normalize_advantages`); it checks them at construction, naming the key.
+The estimator names and `AdvantageSettings` (the credit keys the trainer must agree on) are credit's own
+(`credit/settings.py`); this module reads them.
 
 What this module does not do: read rewards or compute group credit (credit/), compute the KL itself
 (the trainer passes the old policy's per-token k1 to the reference), or discount (gamma=1).
@@ -19,45 +19,9 @@ What this module does not do: read rewards or compute group credit (credit/), co
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
 import torch
 
-ESTIMATORS: tuple[str, ...] = ("grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline")
-KL_SHAPING_ESTIMATORS: tuple[str, ...] = ("reinforce_plus_plus", "reinforce_plus_plus_baseline")
-
-
-def check_estimator(estimator: str) -> None:
-    """Raise a ValueError naming `credit.estimator` when `estimator` is not one of ESTIMATORS."""
-    if estimator not in ESTIMATORS:
-        raise ValueError(f"credit.estimator={estimator!r}; choose one of {list(ESTIMATORS)}")
-
-
-def check_kl_coef(estimator: str, kl_coef: float) -> None:
-    """KL reward shaping needs a finite coefficient >= 0, and > 0 only with a reinforce++ estimator."""
-    if not math.isfinite(kl_coef) or kl_coef < 0:
-        raise ValueError(f"credit.kl_coef must be a finite number >= 0, got {kl_coef}")
-    if kl_coef > 0 and estimator not in KL_SHAPING_ESTIMATORS:
-        raise ValueError(f"credit.kl_coef={kl_coef} (KL reward shaping) is not supported by credit.estimator="
-                         f"{estimator!r}; use one of {list(KL_SHAPING_ESTIMATORS)} or set "
-                         "trainer.loss.use_kl_loss=true with trainer.loss.kl_loss_coef instead")
-
-
-@dataclass
-class AdvantageSettings:
-    """The credit keys the trainer agrees on; connects the `credit` group to the trainer's step."""
-
-    estimator: str = "grpo"
-    """credit.estimator: how base scalars spread over tokens (reinforce++ writes returns-to-go)."""
-    kl_coef: float = 0.0
-    """credit.kl_coef: KL reward shaping (reinforce++ estimators only); > 0 needs a reference model."""
-    normalize_advantages: bool = False
-    """credit.normalize_advantages: whiten token advantages over the global batch."""
-
-    def __post_init__(self) -> None:
-        check_estimator(self.estimator)
-        check_kl_coef(self.estimator, self.kl_coef)
+from relax_pipeline.credit.settings import KL_SHAPING_ESTIMATORS, check_estimator, check_kl_coef
 
 
 def token_advantages(base: torch.Tensor, loss_mask: torch.Tensor, estimator: str, kl: torch.Tensor | None = None,

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from relax_pipeline.train.advantages import AdvantageSettings
+from relax_pipeline.credit.settings import AdvantageSettings
 from relax_pipeline.train.batching import BatchSettings
 from relax_pipeline.train.losses import LossSettings
 from relax_pipeline.train.optim import OptimSettings

@@ -51,9 +51,10 @@ from typing import Any, Protocol
 import torch
 from transformers import DynamicCache
 
-from relax_pipeline.engine.hf_batch import cache_argument
+from relax_pipeline.credit.settings import AdvantageSettings
 from relax_pipeline.forest.sample import Sample
-from relax_pipeline.train.advantages import AdvantageSettings, token_advantages, whiten
+from relax_pipeline.models.attention import cache_argument
+from relax_pipeline.train.advantages import token_advantages, whiten
 from relax_pipeline.train.batching import BatchSettings
 from relax_pipeline.train.data_parallel import AllSum, RankShare, shard, sum_metrics, whiten_across
 from relax_pipeline.train.losses import LossBatch, LossSettings, policy_loss

@@ -31,7 +31,7 @@ from typing import Protocol
 
 from relax_pipeline.engine.base import Engine
 from relax_pipeline.turn.errors import LeaseClosed
-from relax_pipeline.turn.service import ForestStore, Session, Status
+from relax_pipeline.turn.sessions import ForestStore, Session, Status
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ import pytest
 from test_e2e_rollout import compose_config
 
 from relax_pipeline.run import run
-from relax_pipeline.turn.service import ForestStore
+from relax_pipeline.turn.sessions import ForestStore
 
 
 def test_every_session_written_to_the_dump_is_released_from_the_store(tmp_path: Path, tiny_path: Path,

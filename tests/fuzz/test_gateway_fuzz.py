@@ -31,14 +31,15 @@ schemathesis = pytest.importorskip("schemathesis", reason="the fuzz tier needs p
 from hypothesis import HealthCheck, settings  # noqa: E402 - after the importorskip above
 from schemathesis.checks import negative_data_rejection, positive_data_acceptance  # noqa: E402
 
-from relax_pipeline.engine.parsers import OutputParser  # noqa: E402
-from relax_pipeline.engine.template import ChatTemplate  # noqa: E402
+from relax_pipeline.chat.parsers import OutputParser  # noqa: E402
+from relax_pipeline.chat.template import ChatTemplate  # noqa: E402
 from relax_pipeline.gateway.app import create_app  # noqa: E402
 from relax_pipeline.gateway.openapi import openapi_document  # noqa: E402
 from relax_pipeline.gateway.server import GatewayServer  # noqa: E402
 from relax_pipeline.protocol.suite import ProtocolSuite  # noqa: E402
 from relax_pipeline.testing.engines import ScriptedEngine  # noqa: E402
-from relax_pipeline.turn.service import ForestStore, SamplingDefaults, Status, TurnService  # noqa: E402  # noqa: E402
+from relax_pipeline.turn.service import SamplingDefaults, TurnService  # noqa: E402  # noqa: E402
+from relax_pipeline.turn.sessions import ForestStore, Status  # noqa: E402  # noqa: E402
 
 PREFIX = "/agentic_api"
 APIS = ["chat", "responses", "messages"]

@@ -25,7 +25,7 @@ from relax_pipeline.stages.group import Group
 from relax_pipeline.stages.runtime import Runtime
 from relax_pipeline.testing.engines import ScriptedEngine
 from relax_pipeline.turn.leases import GroupLease
-from relax_pipeline.turn.service import ForestStore, Status
+from relax_pipeline.turn.sessions import ForestStore, Status
 
 T = 4 * 2  # 4 resident groups of 2 sessions
 

@@ -1,7 +1,7 @@
 """`engine.decode_step`: the written-out decode step gives the model's own logits bit for bit.
 
 Two caches are prefilled alike (rows of different lengths, so left padding is masked), then decoded side by side,
-one through `DecodeStep`, one through the model's forward, with rows leaving in between (`hf_batch.take`): the
+one through `DecodeStep`, one through the model's forward, with rows leaving in between (`hf.batch.take`): the
 tiny Qwen3 (per-head q/k norms) and a small random Llama, in float32 and bfloat16, q/k/v and gate/up as one
 product each (`Fused`) through weight updates. Models it does not fit (other attention, sliding windows, hooks)
 fall back to the forward.
@@ -15,9 +15,9 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from relax_pipeline.engine.decode_step import DecodeStep, decode_step, why_not
-from relax_pipeline.engine.hf_batch import Chunk, ModelCall, cache_argument, take
-from relax_pipeline.models.attention import GROUPED, register_grouped_attention
+from relax_pipeline.engine.hf.batch import Chunk, ModelCall, take
+from relax_pipeline.engine.hf.decode_step import DecodeStep, decode_step, why_not
+from relax_pipeline.models.attention import GROUPED, cache_argument, register_grouped_attention
 from relax_pipeline.models.spec import load_pretrained
 
 

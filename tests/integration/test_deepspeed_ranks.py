@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from relax_pipeline.credit.settings import AdvantageSettings
 from relax_pipeline.forest.sample import Sample
-from relax_pipeline.train.advantages import AdvantageSettings
 from relax_pipeline.train.batching import BatchSettings
 from relax_pipeline.train.losses import LossSettings
 from relax_pipeline.train.optim import OptimSettings

@@ -19,12 +19,13 @@ import httpx
 import openai
 import pytest
 
-from relax_pipeline.engine.parsers import OutputParser
-from relax_pipeline.engine.template import ChatTemplate
+from relax_pipeline.chat.parsers import OutputParser
+from relax_pipeline.chat.template import ChatTemplate
 from relax_pipeline.gateway.app import create_app
 from relax_pipeline.gateway.server import GatewayServer
 from relax_pipeline.testing.engines import AbortingEngine, FailingEngine, ScriptedEngine
-from relax_pipeline.turn.service import ForestStore, SamplingDefaults, Session, Status, TurnService
+from relax_pipeline.turn.service import SamplingDefaults, TurnService
+from relax_pipeline.turn.sessions import ForestStore, Session, Status
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(30)]
 

@@ -23,15 +23,16 @@ import pytest
 from test_gateway import PREFIX, Gateway
 from test_session_isolation import CHAT, ROUTES, fingerprint
 
-from relax_pipeline.engine.parsers import OutputParser
-from relax_pipeline.engine.template import ChatTemplate
+from relax_pipeline.chat.parsers import OutputParser
+from relax_pipeline.chat.template import ChatTemplate
 from relax_pipeline.gateway.app import create_app
 from relax_pipeline.gateway.server import GatewayServer, machine_address
 from relax_pipeline.protocol.chat import ChatFrontend
 from relax_pipeline.protocol.messages import MessagesFrontend
 from relax_pipeline.protocol.responses import ResponsesFrontend
 from relax_pipeline.testing.engines import ScriptedEngine
-from relax_pipeline.turn.service import ForestStore, SamplingDefaults, Session, Status, TurnService
+from relax_pipeline.turn.service import SamplingDefaults, TurnService
+from relax_pipeline.turn.sessions import ForestStore, Session, Status
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(60)]
 

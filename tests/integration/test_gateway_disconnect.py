@@ -15,7 +15,7 @@ import httpx
 import pytest
 from test_gateway import running_gateway
 
-from relax_pipeline.engine.template import ChatTemplate
+from relax_pipeline.chat.template import ChatTemplate
 from relax_pipeline.testing.engines import ScriptedEngine
 from relax_pipeline.tracking.logs import ACCESS_LOGGER
 

@@ -17,7 +17,7 @@ import pytest_asyncio
 from test_gateway import Gateway, assert_openai_error, generated_ids, kinds, running_gateway
 
 from relax_pipeline.canonical.form import Context, Message
-from relax_pipeline.engine.template import ChatTemplate
+from relax_pipeline.chat.template import ChatTemplate
 from relax_pipeline.testing.engines import ScriptedEngine
 from relax_pipeline.turn.service import SamplingDefaults
 

@@ -18,7 +18,7 @@ import time
 import pytest
 from test_gateway import Gateway, running_gateway
 
-from relax_pipeline.engine.template import ChatTemplate
+from relax_pipeline.chat.template import ChatTemplate
 from relax_pipeline.testing.engines import ScriptedEngine
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(30)]

@@ -18,7 +18,7 @@ import httpx
 import pytest
 from test_gateway import ANSWER, THINK_AND_CALL, TOOLS, generated_ids, running_gateway
 
-from relax_pipeline.engine.template import ChatTemplate
+from relax_pipeline.chat.template import ChatTemplate
 from relax_pipeline.protocol.chat import ChatFrontend
 from relax_pipeline.protocol.messages import MessagesFrontend
 from relax_pipeline.protocol.responses import ResponsesFrontend

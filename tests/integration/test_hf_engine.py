@@ -21,7 +21,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from relax_pipeline.engine.base import Engine, GenerateResult, SamplingParams
-from relax_pipeline.engine.hf import HFEngine
+from relax_pipeline.engine.hf.engine import HFEngine
 from relax_pipeline.engine.sampling import StopStringMatcher
 from relax_pipeline.engine.settings import EngineRun, HFEngineSettings
 

@@ -18,7 +18,7 @@ import pytest
 import pytest_asyncio
 
 from relax_pipeline.engine.base import GenerateResult, SamplingParams
-from relax_pipeline.engine.hf import HFEngine
+from relax_pipeline.engine.hf.engine import HFEngine
 from relax_pipeline.engine.settings import EngineRun, HFEngineSettings
 
 # `engine` and `model_path` are test_hf_engine.py's fixtures, imported so pytest finds them here and named by the

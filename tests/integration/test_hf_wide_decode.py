@@ -19,8 +19,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from relax_pipeline.engine.base import SamplingParams
-from relax_pipeline.engine.hf import HFEngine
-from relax_pipeline.engine.hf_batch import SpareLayer
+from relax_pipeline.engine.hf.batch import SpareLayer
+from relax_pipeline.engine.hf.engine import HFEngine
 from relax_pipeline.engine.sampling import Workspace, make_generator, sample_rows
 from relax_pipeline.engine.settings import EngineRun, HFEngineSettings
 from relax_pipeline.models.attention import grouped_attention

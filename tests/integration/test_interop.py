@@ -16,14 +16,14 @@ import pytest
 import pytest_asyncio
 from test_gateway import TOOLS, Gateway, running_gateway
 
-from relax_pipeline.engine.template import ChatTemplate
+from relax_pipeline.chat.template import ChatTemplate
 from relax_pipeline.protocol.chat import ChatFrontend
 from relax_pipeline.protocol.messages import MessagesFrontend
 from relax_pipeline.protocol.responses import ResponsesFrontend
 from relax_pipeline.testing.engines import ScriptedEngine
 from relax_pipeline.tracking.logs import ACCESS_LOGGER
 from relax_pipeline.turn.records import SamplingDefaults
-from relax_pipeline.turn.service import Session
+from relax_pipeline.turn.sessions import Session
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(30)]
 

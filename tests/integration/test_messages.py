@@ -24,12 +24,12 @@ from test_gateway import ANSWER, THINK_AND_CALL, generated_ids, kinds, running_g
 
 from relax_pipeline.canonical.form import Message, ToolCall
 from relax_pipeline.canonical.memo import RequestMemo
-from relax_pipeline.engine.template import ChatTemplate
+from relax_pipeline.chat.template import ChatTemplate
 from relax_pipeline.gateway.server import GatewayServer
 from relax_pipeline.protocol.chat import ChatFrontend
 from relax_pipeline.protocol.messages import MessagesFrontend, count_tokens, parse_request, signature
 from relax_pipeline.testing.engines import FailingEngine, ScriptedEngine, StopStringEngine
-from relax_pipeline.turn.service import ForestStore, Session, Status
+from relax_pipeline.turn.sessions import ForestStore, Session, Status
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(30)]
 

@@ -24,19 +24,20 @@ from test_gateway import assert_openai_error, running_gateway
 
 from relax_pipeline.agent.session_io import build_input
 from relax_pipeline.canonical.form import Context, chain_all, parse_messages
+from relax_pipeline.chat.template import ChatTemplate
 from relax_pipeline.data.dataset import JsonlDataset
 from relax_pipeline.data.media import MediaError, image_url, load_image, png_data_uri
 from relax_pipeline.data.settings import JsonlSettings
 from relax_pipeline.engine.base import SamplingParams, expand_placeholders
-from relax_pipeline.engine.hf import HFEngine
+from relax_pipeline.engine.hf.engine import HFEngine
 from relax_pipeline.engine.settings import EngineRun, HFEngineSettings
-from relax_pipeline.engine.template import ChatTemplate
 from relax_pipeline.engine.vision import Vision
 from relax_pipeline.protocol.chat import ChatFrontend
 from relax_pipeline.protocol.messages import MessagesFrontend, parse_conversation
 from relax_pipeline.protocol.responses import ResponsesFrontend
 from relax_pipeline.testing.engines import ScriptedEngine
-from relax_pipeline.turn.service import SamplingDefaults, Session
+from relax_pipeline.turn.service import SamplingDefaults
+from relax_pipeline.turn.sessions import Session
 
 pytestmark = [pytest.mark.timeout(60)]
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from test_gateway import PREFIX, running_gateway
 
-from relax_pipeline.engine.template import ChatTemplate
+from relax_pipeline.chat.template import ChatTemplate
 from relax_pipeline.gateway.openapi import openapi_document
 from relax_pipeline.protocol.messages import MessagesFrontend
 from relax_pipeline.testing.engines import ScriptedEngine

@@ -1,4 +1,4 @@
-"""The embedded engine's prefix KV cache (`engine/prefix_cache.py`) and its batching helpers, on fake KV.
+"""The embedded engine's prefix KV cache (`engine/hf/prefix_cache.py`) and its batching helpers, on fake KV.
 
 Each fake KV tensor holds, at every token column, that token's id, so the pieces a match returns show which
 tokens (in which order) the tree would hand to a prefill. The engine-level checks (same tokens and
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from relax_pipeline.engine.hf_batch import TRIM_COLUMNS, Batch, SpareLayer, buckets, fill_from_end, new_cache
-from relax_pipeline.engine.prefix_cache import Hit, PrefixCache, shared_prefixes
+from relax_pipeline.engine.hf.batch import TRIM_COLUMNS, Batch, SpareLayer, buckets, fill_from_end, new_cache
+from relax_pipeline.engine.hf.prefix_cache import Hit, PrefixCache, shared_prefixes
 
 LAYERS, HEADS, DIM = 2, 1, 3
 TOKEN_BYTES = LAYERS * 2 * HEADS * DIM * 4

@@ -14,10 +14,10 @@ import httpx
 import pytest
 
 from relax_pipeline.engine.base import SamplingParams
-from relax_pipeline.engine.hf import HFEngine
+from relax_pipeline.engine.hf.engine import HFEngine
 from relax_pipeline.engine.program_admission import GrowthModel, hf_capacity_tokens
 from relax_pipeline.engine.settings import EngineRun, HFEngineSettings, SglangEngineSettings
-from relax_pipeline.engine.sglang import SglangEngine
+from relax_pipeline.engine.sglang.client import SglangEngine
 from relax_pipeline.testing.sglang_server import FakeSglangServer
 
 pytestmark = pytest.mark.integration

@@ -33,11 +33,11 @@ from test_gateway import (
 )
 
 from relax_pipeline.canonical.form import Context
-from relax_pipeline.engine.template import ChatTemplate
+from relax_pipeline.chat.template import ChatTemplate
 from relax_pipeline.protocol.chat import ChatFrontend
 from relax_pipeline.protocol.responses import ResponsesFrontend
 from relax_pipeline.testing.engines import FailingEngine, ScriptedEngine
-from relax_pipeline.turn.service import Session
+from relax_pipeline.turn.sessions import Session
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(30)]
 

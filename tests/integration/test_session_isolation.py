@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 from test_gateway import Gateway, running_gateway
 
-from relax_pipeline.engine.template import ChatTemplate
+from relax_pipeline.chat.template import ChatTemplate
 from relax_pipeline.protocol.chat import ChatFrontend
 from relax_pipeline.protocol.messages import MessagesFrontend
 from relax_pipeline.protocol.responses import ResponsesFrontend
 from relax_pipeline.testing.engines import ScriptedEngine
-from relax_pipeline.turn.service import ForestStore, Session, Status
+from relax_pipeline.turn.sessions import ForestStore, Session, Status
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(60)]
 

@@ -29,17 +29,18 @@ from pathlib import Path
 
 import pytest
 
-from relax_pipeline.engine import sglang as client_module
 from relax_pipeline.engine.base import SamplingParams
 from relax_pipeline.engine.settings import EngineRun, SglangEngineSettings
-from relax_pipeline.engine.sglang import SGLANG_API_VERSION, SglangEngine
+from relax_pipeline.engine.sglang import client as client_module
+from relax_pipeline.engine.sglang.client import SGLANG_API_VERSION, SglangEngine
 from relax_pipeline.testing import sglang_server as fake_module
 from relax_pipeline.testing.sglang_server import FakeSglangServer
 
 pytestmark = pytest.mark.integration
 SOURCES = ("sglang/srt/entrypoints/http_server.py", "sglang/srt/managers/io_struct.py", "sglang/api/v1/api_types.py")
-CLIENT_MODULES = ("sglang.py", "sglang_wire.py", "sglang_weights.py", "sglang_routing.py", "sglang_launch.py",
-                  "sglang_sessions.py", "sglang_media.py")
+CLIENT_MODULES = ("client.py", "wire.py", "weights.py", "routing.py", "launch.py", "sessions.py", "media.py",
+                  "placement.py")
+"""The modules of `relax_pipeline/engine/sglang/` that name server routes."""
 ROUTER_ROUTES = {"/workers"}
 """Routes the client calls on sglang-router, not on an SGLang server (the router is a Rust binary: no source)."""
 NESTED = {"sampling_params": "SamplingParams", "session_params": "SessionParams"}

@@ -18,10 +18,10 @@ from typing import Any
 import httpx
 import pytest
 
-from relax_pipeline.engine.hf import HFEngine
+from relax_pipeline.engine.hf.engine import HFEngine
 from relax_pipeline.engine.settings import EngineRun, HFEngineSettings, SglangEngineSettings
-from relax_pipeline.engine.sglang import SglangEngine
-from relax_pipeline.engine.sglang_weights import GroupPlan, check_transfer, distributed_body
+from relax_pipeline.engine.sglang.client import SglangEngine
+from relax_pipeline.engine.sglang.weights import GroupPlan, check_transfer, distributed_body
 from tests.integration.test_sglang_conformance import read_api, wheel_path
 from tests.integration.test_sglang_engine import GREEDY, _moved_weights
 

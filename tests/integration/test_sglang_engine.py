@@ -19,7 +19,7 @@ import torch
 
 from relax_pipeline.engine.base import SamplingParams
 from relax_pipeline.engine.settings import EngineRun, SglangEngineSettings
-from relax_pipeline.engine.sglang import SglangEngine, SglangError
+from relax_pipeline.engine.sglang.client import SglangEngine, SglangError
 from relax_pipeline.infra.ports import free_port
 from relax_pipeline.testing.sglang_server import FakeSglangServer
 

@@ -18,11 +18,11 @@ from PIL import Image as PILImage
 
 from relax_pipeline.canonical.form import image_of
 from relax_pipeline.data.media import png_data_uri
-from relax_pipeline.engine.hf import HFEngine
+from relax_pipeline.engine.hf.engine import HFEngine
 from relax_pipeline.engine.settings import EngineRun, HFEngineSettings, SglangEngineSettings
-from relax_pipeline.engine.sglang import SglangEngine
-from relax_pipeline.engine.sglang_media import SglangVision
-from relax_pipeline.engine.sglang_weights import tensor_bodies
+from relax_pipeline.engine.sglang.client import SglangEngine
+from relax_pipeline.engine.sglang.media import SglangVision
+from relax_pipeline.engine.sglang.weights import tensor_bodies
 from relax_pipeline.engine.vision import Vision
 from tests.integration.test_sglang_engine import GREEDY, _moved_weights, client, fakes
 

@@ -15,7 +15,7 @@ import pytest
 
 from relax_pipeline.engine.base import SamplingParams
 from relax_pipeline.engine.settings import EngineRun, SglangEngineSettings
-from relax_pipeline.engine.sglang import SglangEngine
+from relax_pipeline.engine.sglang.client import SglangEngine
 from relax_pipeline.testing.sglang_server import FakeSglangServer
 
 GREEDY = SamplingParams(6, temperature=0.0)

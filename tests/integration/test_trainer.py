@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from relax_pipeline.credit.settings import AdvantageSettings
 from relax_pipeline.engine.sampling import full_logprobs
 from relax_pipeline.forest.sample import Sample
-from relax_pipeline.train.advantages import AdvantageSettings
 from relax_pipeline.train.base import Trainer
 from relax_pipeline.train.batching import BatchSettings, global_batches, micro_batches, padded_tokens
 from relax_pipeline.train.losses import LossSettings

@@ -22,9 +22,9 @@ import pytest
 import torch
 from test_trainer import record_gradients
 
+from relax_pipeline.credit.settings import AdvantageSettings
 from relax_pipeline.forest.sample import Sample
 from relax_pipeline.train import tree_batch
-from relax_pipeline.train.advantages import AdvantageSettings
 from relax_pipeline.train.batching import BatchSettings
 from relax_pipeline.train.losses import LossSettings
 from relax_pipeline.train.optim import OptimSettings

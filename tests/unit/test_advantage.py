@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from relax_pipeline.credit.advantage import base_advantages
-from relax_pipeline.train.advantages import ESTIMATORS, token_advantages, whiten
+from relax_pipeline.credit.settings import ESTIMATORS
+from relax_pipeline.train.advantages import token_advantages, whiten
 
 
 def test_estimator_names() -> None:

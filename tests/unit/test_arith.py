@@ -132,7 +132,7 @@ needs_smollm2 = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def smollm2_template():  # noqa: ANN201 - a ChatTemplate over SmolLM2's tokenizer
-    from relax_pipeline.engine.template import ChatTemplate
+    from relax_pipeline.chat.template import ChatTemplate
     from relax_pipeline.models.smollm2 import gguf_path, load_tokenizer
 
     return ChatTemplate(load_tokenizer(gguf_path()))
@@ -147,7 +147,7 @@ TOOL = {"type": "function", "function": {"name": "calculator", "description": "C
 @pytest.mark.parametrize("content", ["", "Let me compute."])
 def test_smollm2_template_round_trips_a_tool_call_token_exactly(smollm2_template, content: str) -> None:  # noqa: ANN001
     from relax_pipeline.canonical.form import Context, Message, ToolCall
-    from relax_pipeline.engine.parsers import OutputParser
+    from relax_pipeline.chat.parsers import OutputParser
 
     template, context = smollm2_template, Context(tools=(TOOL,))
     question = Message("user", "What is 12 + 34?")

@@ -14,11 +14,12 @@ from relax_pipeline.certify import drift
 from relax_pipeline.certify.evidence import parsers_stage
 from relax_pipeline.certify.examine import Causes, session_drifts, template_and_forks
 from relax_pipeline.certify.sessions import RecordingForest, SessionRun
-from relax_pipeline.engine.parsers import OutputParser
-from relax_pipeline.engine.template import ChatTemplate
+from relax_pipeline.chat.parsers import OutputParser
+from relax_pipeline.chat.template import ChatTemplate
 from relax_pipeline.protocol.chat import parse_request
 from relax_pipeline.testing.engines import ScriptedEngine
-from relax_pipeline.turn.service import SamplingDefaults, Session, TurnService
+from relax_pipeline.turn.service import SamplingDefaults, TurnService
+from relax_pipeline.turn.sessions import Session
 
 TOOLS = [{"type": "function", "function": {"name": "calc", "parameters": {"type": "object"}}}]
 CALL = '<think>\nadd them\n</think>\n\n<tool_call>\n{"name": "calc", "arguments": {"a": 1, "b": 2}}\n</tool_call>'

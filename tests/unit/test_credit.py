@@ -32,7 +32,7 @@ from relax_pipeline.stages.group import Group
 from relax_pipeline.stages.reward import Reward
 from relax_pipeline.stages.transfer import Transfer
 from relax_pipeline.tracking.metrics import rollout_metrics
-from relax_pipeline.turn.service import ForestStore, Status
+from relax_pipeline.turn.sessions import ForestStore, Status
 
 PAYLOAD = {"messages": [{"role": "user", "content": "What is 1 + 2?"}], "metadata": {"answer": 3}}
 NODE = Node(0, None, "root", (), (), b"\x00", 0)

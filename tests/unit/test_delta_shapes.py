@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from relax_pipeline.canonical.form import Context, Message
-from relax_pipeline.engine.template import ChatTemplate, DeltaShapes
+from relax_pipeline.chat.template import ChatTemplate, DeltaShapes
 from relax_pipeline.models.tiny import QWEN3_DROP_REASONING_TEMPLATE
 
 TOOLS = ({"type": "function", "function": {"name": "search", "parameters": {"type": "object"}}},)

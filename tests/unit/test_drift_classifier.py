@@ -12,7 +12,7 @@ import pytest
 
 from relax_pipeline.canonical.form import Context, Message, ToolCall
 from relax_pipeline.certify import drift
-from relax_pipeline.engine.template import ChatTemplate
+from relax_pipeline.chat.template import ChatTemplate
 from relax_pipeline.models.tiny import QWEN3_DROP_REASONING_TEMPLATE
 
 TOOLS = ({"type": "function", "function": {"name": "read", "parameters": {"type": "object"}}},)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import deque
 from types import SimpleNamespace
 
-from relax_pipeline.engine.hf import ADMIT_AFTER_STEPS, _Scheduler
+from relax_pipeline.engine.hf.engine import ADMIT_AFTER_STEPS, _Scheduler
 
 
 def due(waiting: int, active: int, room: int, waited: int) -> bool:

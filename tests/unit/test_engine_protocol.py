@@ -13,8 +13,8 @@ import textwrap
 import pytest
 
 from relax_pipeline.engine.base import Engine
-from relax_pipeline.engine.hf import HFEngine
-from relax_pipeline.engine.sglang import SglangEngine
+from relax_pipeline.engine.hf.engine import HFEngine
+from relax_pipeline.engine.sglang.client import SglangEngine
 from relax_pipeline.testing.engines import (
     AbortingEngine,
     FailingEngine,

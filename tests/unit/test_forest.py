@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from relax_pipeline.canonical.form import Context, canonical_arguments, chain_all, parse_messages
-from relax_pipeline.engine.parsers import OutputParser
-from relax_pipeline.engine.template import ChatTemplate
+from relax_pipeline.chat.parsers import OutputParser
+from relax_pipeline.chat.template import ChatTemplate
 from relax_pipeline.forest.export import ExportError, ExportRecord, explicit_exports, implicit_export
 from relax_pipeline.forest.sample import build_sample, token_table
 from relax_pipeline.forest.store import SessionForest, logprob_array

@@ -21,7 +21,7 @@ from relax_pipeline.gateway.server import (
     machine_address,
     url_host,
 )
-from relax_pipeline.turn.service import ForestStore, Status
+from relax_pipeline.turn.sessions import ForestStore, Status
 
 REMOTE_HOSTS = ["0.0.0.0", "::", "", "192.0.2.2", "10.1.2.3"]
 LOOPBACK_HOSTS = ["127.0.0.1", "127.0.0.2", "::1", "localhost"]

@@ -18,8 +18,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from relax_pipeline.engine.parsers import OutputParser
-from relax_pipeline.engine.template import ChatTemplate
+from relax_pipeline.chat.parsers import OutputParser
+from relax_pipeline.chat.template import ChatTemplate
 from relax_pipeline.forest.export import ExportRecord, explicit_exports
 from relax_pipeline.forest.sample import build_sample, token_table
 from relax_pipeline.forest.store import SessionForest

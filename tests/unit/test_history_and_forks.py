@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 
 from relax_pipeline.agent.session_io import AgentOutput
+from relax_pipeline.chat.parsers import OutputParser
+from relax_pipeline.chat.template import ChatTemplate
 from relax_pipeline.credit.reward import RewardCredit
 from relax_pipeline.credit.settings import CreditSettings
 from relax_pipeline.data.dataset import Prompt
-from relax_pipeline.engine.parsers import OutputParser
-from relax_pipeline.engine.template import ChatTemplate
 from relax_pipeline.forest.export import ExportError, implicit_export, implicit_exports
 from relax_pipeline.forest.sample import build_sample
 from relax_pipeline.forest.store import SessionForest
@@ -29,7 +29,8 @@ from relax_pipeline.stages.group import Group
 from relax_pipeline.stages.reward import Reward
 from relax_pipeline.stages.transfer import Transfer
 from relax_pipeline.testing.engines import ScriptedEngine
-from relax_pipeline.turn.service import ForestStore, SamplingDefaults, TurnService
+from relax_pipeline.turn.service import SamplingDefaults, TurnService
+from relax_pipeline.turn.sessions import ForestStore
 
 THOUGHT = "<think>\nLet me add.\n</think>\n\n"
 SCRIPT = [THOUGHT + "It is 3.", THOUGHT + "Still 3.", THOUGHT + "Yes."]

@@ -12,7 +12,7 @@ from relax_pipeline.agent.launcher import AgentFailure
 from relax_pipeline.data.dataset import Prompt
 from relax_pipeline.stages.group import OUTCOMES, Group, drop_group, session_outcome
 from relax_pipeline.tracking.metrics import outcome_counts
-from relax_pipeline.turn.service import ForestStore, Status
+from relax_pipeline.turn.sessions import ForestStore, Status
 
 
 def _group(store: ForestStore, n: int = 3) -> Group:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from relax_pipeline.engine.parsers import OutputParser, check_parser_names
+from relax_pipeline.chat.parsers import OutputParser, check_parser_names
 from relax_pipeline.testing.sglang_stub import write_fake_sglang
 
 

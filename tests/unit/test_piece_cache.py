@@ -1,4 +1,4 @@
-"""Kept ids (`engine/codec.py`): ids of a text from its pieces between added tokens equal the tokenizer's
+"""Kept ids (`chat/codec.py`): ids of a text from its pieces between added tokens equal the tokenizer's
 whole-text ids, kept pieces are reused across texts, tokenizers where cutting is not exact get none, and a first
 prompt is rendered once for a group's identical first requests but again for anything the template reads.
 """
@@ -12,7 +12,7 @@ from typing import Any
 from tokenizers import AddedToken
 
 from relax_pipeline.canonical.form import Context, Message, ToolCall
-from relax_pipeline.engine.template import ChatTemplate, Codec, Pieces
+from relax_pipeline.chat.template import ChatTemplate, Codec, Pieces
 
 TOOL = {"type": "function", "function": {"name": "calc", "parameters": {"type": "object"}}}
 

@@ -1,4 +1,4 @@
-"""Sandbox shortcuts (`engine/codec.py`): a template compiled with `_Checks` renders what Jinja's immutable sandbox
+"""Sandbox shortcuts (`chat/codec.py`): a template compiled with `_Checks` renders what Jinja's immutable sandbox
 renders, refuses what it refuses, and a chat template's fast path and `prompt_array` give the Hugging Face ids.
 """
 
@@ -13,8 +13,8 @@ from jinja2.exceptions import SecurityError, UndefinedError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from relax_pipeline.canonical.form import Context, Message
-from relax_pipeline.engine.codec import _with_checks
-from relax_pipeline.engine.template import ChatTemplate
+from relax_pipeline.chat.codec import _with_checks
+from relax_pipeline.chat.template import ChatTemplate
 
 SOURCE = """{%- set ns = namespace(n=0) -%}
 {%- for m in messages -%}
@@ -83,7 +83,7 @@ def test_prompt_array_is_the_prompt_ids(template: ChatTemplate) -> None:
 def test_namespaces_are_decided_by_type_unless_they_could_lie_about_their_class() -> None:
     from jinja2.utils import Namespace
 
-    from relax_pipeline.engine.codec import _Checks
+    from relax_pipeline.chat.codec import _Checks
 
     class Plain(Namespace):
         pass

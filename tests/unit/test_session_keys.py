@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import string
 
-from relax_pipeline.turn.service import ForestStore
+from relax_pipeline.turn.sessions import ForestStore
 
 
 def test_keys_are_random_and_unrelated_to_ids() -> None:
@@ -21,7 +21,7 @@ def test_keys_are_random_and_unrelated_to_ids() -> None:
 
 
 def test_a_released_session_is_forgotten_but_its_key_still_names_it() -> None:
-    from relax_pipeline.turn.service import Status
+    from relax_pipeline.turn.sessions import Status
 
     store = ForestStore()
     live, ended = store.open("g", 0, 0, "train", {"messages": ["big"]}), store.open("g", 1, 0, "train", {})

@@ -1,4 +1,4 @@
-"""`engine=sglang`'s routing keys and KV admission, without servers (engine/sglang_routing.py), and its flags."""
+"""`engine=sglang`'s routing keys and KV admission, without servers (engine/sglang/routing.py), and its flags."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from relax_pipeline.engine.sglang_launch import flags, router_command
-from relax_pipeline.engine.sglang_routing import Affinity, KvAdmission, WorkerLoad, WorkerPool
+from relax_pipeline.engine.sglang.launch import flags, router_command
+from relax_pipeline.engine.sglang.routing import Affinity, KvAdmission, WorkerLoad, WorkerPool
 
 
 def test_siblings_and_continuations_share_a_key_and_a_shared_preamble_does_not() -> None:

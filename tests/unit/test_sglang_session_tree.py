@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from relax_pipeline.engine.sglang_sessions import SessionTree
+from relax_pipeline.engine.sglang.sessions import SessionTree
 
 BOS = 1
 

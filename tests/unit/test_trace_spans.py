@@ -12,7 +12,7 @@ from relax_pipeline.forest.store import GenerationPiece, Node, TurnTiming
 from relax_pipeline.stages.group import Group
 from relax_pipeline.stages.traces import session_trace
 from relax_pipeline.tracking.traces import SpanRecord, TraceWriter, any_value, trace_file
-from relax_pipeline.turn.service import ForestStore
+from relax_pipeline.turn.sessions import ForestStore
 
 T0 = 1_700_000_000.0
 MS = 1_000_000

@@ -25,21 +25,22 @@ from typing import Any
 import pytest
 
 import relax_pipeline
-from relax_pipeline.engine.parsers import OutputParser
-from relax_pipeline.engine.template import ChatTemplate
+from relax_pipeline.chat.parsers import OutputParser
+from relax_pipeline.chat.template import ChatTemplate
 from relax_pipeline.forest.store import SessionForest
 from relax_pipeline.gateway.app import GatewayApp, create_app
 from relax_pipeline.testing.engines import ScriptedEngine
-from relax_pipeline.turn.service import ForestStore, SamplingDefaults, Session, Status, TurnService
+from relax_pipeline.turn.service import SamplingDefaults, TurnService
+from relax_pipeline.turn.sessions import ForestStore, Session, Status
 
 MAX_FILES = 11
-"""8 until the word cache (`engine/words.py`, issue 33 item 2) joined the walk (`template.py` has no room for it), 9
+"""8 until the word cache (`chat/words.py`, issue 33 item 2) joined the walk (`template.py` has no room for it), 9
 until the session memo left `canonical/form.py` for `canonical/memo.py` (form.py had no room for issue 33's
-shortcuts), 10 until the template's fast paths left `engine/template.py` for `engine/codec.py` (the same)."""
+shortcuts), 10 until the template's fast paths left `chat/template.py` for `chat/codec.py` (the same)."""
 PACKAGE = Path(relax_pipeline.__file__).resolve().parent
 PATH = "/agentic_api/v1/chat/completions"
 ENGINE_FILES = {"testing/engines.py"}
-"""The stand-in engine: the real one (engine/hf.py or engine/sglang.py) would run here instead."""
+"""The stand-in engine: the real one (engine/hf/engine.py or engine/sglang/client.py) would run here instead."""
 TOOLS = [{"type": "function", "function": {"name": "calc", "parameters": {"type": "object"}}}]
 CALL = '<tool_call>\n{"name": "calc", "arguments": {"x": 1}}\n</tool_call>'
 

@@ -1,4 +1,4 @@
-"""Word cache (`engine/words.py`): a text's ids joined from its words' kept ids equal the tokenizer's whole-text ids
+"""Word cache (`chat/words.py`): a text's ids joined from its words' kept ids equal the tokenizer's whole-text ids
 (kept, learned, over budget, non-ASCII), and tokenizers where cutting into words is not exact get no cache.
 """
 
@@ -8,8 +8,8 @@ import json
 import random
 from typing import Any
 
-from relax_pipeline.engine.template import ChatTemplate
-from relax_pipeline.engine.words import GPT2_SPLIT, ascii_pattern, ascii_split, split_pattern
+from relax_pipeline.chat.template import ChatTemplate
+from relax_pipeline.chat.words import GPT2_SPLIT, ascii_pattern, ascii_split, split_pattern
 
 
 def _texts(count: int) -> list[str]:
@@ -137,7 +137,7 @@ def test_ascii_pattern_keeps_other_properties_in_regex() -> None:
 
 
 def test_texts_with_a_separator_or_non_ascii_are_encoded_whole(tokenizer: Any) -> None:
-    from relax_pipeline.engine.words import SEPARATORS
+    from relax_pipeline.chat.words import SEPARATORS
 
     template = ChatTemplate(tokenizer)
     words = template.codec.words

@@ -38,7 +38,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from relax_pipeline.engine.sglang_wire import SglangError
+from relax_pipeline.engine.sglang.wire import SglangError
 
 log = logging.getLogger(__name__)
 

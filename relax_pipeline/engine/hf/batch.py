@@ -29,10 +29,10 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from relax_pipeline.engine.base import FinishReason, GenerateResult, ImageFeatures, SamplingParams, varying
-from relax_pipeline.engine.decode_step import decode_step
-from relax_pipeline.engine.prefix_cache import Hit, PrefixCache, Tokens, buckets, shared_prefixes
+from relax_pipeline.engine.hf.decode_step import decode_step
+from relax_pipeline.engine.hf.prefix_cache import Hit, PrefixCache, Tokens, buckets, shared_prefixes
 from relax_pipeline.engine.sampling import StopStringMatcher
-from relax_pipeline.models.attention import GROUPED
+from relax_pipeline.models.attention import GROUPED, cache_argument
 
 MIN_SAVED_TOKENS = 32
 """A prefix shared by several prompts of one admission round gets its own prefill pass when that saves at
@@ -181,13 +181,6 @@ class SpareLayer(DynamicLayer):
         room = tensor.new_zeros(batch, heads, length + self.spare + length // 16, dim)  # `wide` reads unused columns
         room[:, :, :used] = tensor
         return room
-
-
-def cache_argument(model: torch.nn.Module) -> str:
-    """The forward argument of `model` (or of the model a DeepSpeed engine wraps) that takes a KV cache: `cache`
-    in recent transformers, `past_key_values` before."""
-    forward = getattr(model, "module", model).forward
-    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
 
 
 def new_cache(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]] = (), wide: bool = False) -> DynamicCache:

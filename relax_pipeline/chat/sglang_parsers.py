@@ -8,7 +8,7 @@ With the optional `sglang` extra installed (GPU machines: `pip install sglang` p
 registries. A parser failure never fails a turn: the text stays in `content`, as with our parsers.
 
 This module only adapts; it does not import SGLang until a delegated name is used, and knows nothing
-about protocols. Without SGLang, `engine/parsers.py` refuses other names at start with the built-ins.
+about protocols. Without SGLang, `chat/parsers.py` refuses other names at start with the built-ins.
 """
 
 from __future__ import annotations

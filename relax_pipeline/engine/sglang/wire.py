@@ -2,14 +2,14 @@
 split by an abort.
 
 `payload` builds the body (token ids in, never text; logprobs of the output tokens out; `session_params` and only the
-new ids for a turn of an SGLang session; `image_data`, the prompt's image URLs, `sglang_media.py`). `parse_generate`
+new ids for a turn of an SGLang session; `image_data`, the prompt's image URLs, `sglang/media.py`). `parse_generate`
 reads `meta_info.output_token_logprobs` (`[logprob, token_id, text]` per token; `output_ids` must agree),
 `finish_reason` (`stop` with `matched`, `length`, `abort`), `weight_version`, and `weight_versions` (the spans of a
 generation paused across weight updates: every token keeps the version that sampled it). `stopped_across` cuts a
 resumed generation's result after a stop string that began in its `stop_context` (SGLang matches stop strings in a
 request's own output only).
 
-What it does not do: HTTP (`sglang.py` sends the body), sessions' bookkeeping (`sglang_sessions.py`).
+What it does not do: HTTP (`sglang.py` sends the body), sessions' bookkeeping (`sglang/sessions.py`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 
 from relax_pipeline.engine.base import GenerateResult, SamplingParams, varying
 from relax_pipeline.engine.sampling import StopStringMatcher
-from relax_pipeline.engine.sglang_sessions import SessionRequest
+from relax_pipeline.engine.sglang.sessions import SessionRequest
 
 FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
 """SGLang's `finish_reason.type` → ours."""

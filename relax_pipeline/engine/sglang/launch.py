@@ -9,7 +9,7 @@ URL and the log's last lines.
 Commands: a server is `<engine.launch_command> --model-path M --host H --port P <engine.server_args>`, one
 per GPU group (`CUDA_VISIBLE_DEVICES` set to consecutive `engine.gpus_per_server` devices; 0 leaves it
 alone); the router is `<engine.router_command> --host H --port P --worker-urls U... --policy manual
---assignment-mode min_load <engine.router_args>` (sticky routing keys: see `sglang_routing.py`). Dict
+--assignment-mode min_load <engine.router_args>` (sticky routing keys: see `sglang/routing.py`). Dict
 arguments become flags: `{mem_fraction_static: 0.8, enable_metrics: true}` →
 `--mem-fraction-static 0.8 --enable-metrics`; false and null are left out; lists repeat their values.
 

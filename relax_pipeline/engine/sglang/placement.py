@@ -5,7 +5,7 @@ group of `engine.servers` bundles, each `{GPU: engine.gpus_per_server, CPU: engi
 bundle when `gpus_per_server` is 0), with `engine.placement_strategy` (`PACK` by default; `SPREAD`,
 `STRICT_PACK`, `STRICT_SPREAD`), and starts one `ServerHost` actor in each bundle. Ray gives the actor its GPUs
 (`CUDA_VISIBLE_DEVICES`); the actor starts `<engine.launch_command> --model-path M --host IP --port P
-<engine.server_args>` on its node (`sglang_launch.server_command`), bound to the node's cluster address on a free
+<engine.server_args>` on its node (`sglang.launch.server_command`), bound to the node's cluster address on a free
 port, and answers the URL. The engine then polls each URL's `/health` (a server that exits first fails the start
 with its command and log tail) and uses the URLs as it uses launched ones; the router (`engine.router=sglang`)
 gets them as `--worker-urls`. `stop` ends every server (SIGTERM, grace, SIGKILL on its node), copies each log
@@ -32,7 +32,7 @@ from typing import Any
 
 import httpx
 
-from relax_pipeline.engine.sglang_launch import GRACE_S, server_command
+from relax_pipeline.engine.sglang.launch import GRACE_S, server_command
 from relax_pipeline.infra import ray_runtime
 from relax_pipeline.infra.ports import free_port
 from relax_pipeline.infra.processes import die_with_parent, signal_group

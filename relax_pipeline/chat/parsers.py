@@ -5,7 +5,7 @@ as code: tool-call bodies go through `json.loads` and regular expressions only. 
 stays in `content`; a parse never fails a turn. Parser names follow SGLang's: `qwen3` / `deepseek-r1`
 reasoning, `qwen25` / `hermes` JSON and `qwen3_coder` XML tool calls are built in. Any other name is
 delegated to SGLang's own whole-output parsers when the `sglang` extra is installed
-(`engine/sglang_parsers.py`) and refused at start by `check_parser_names` when it is not.
+(`chat/sglang_parsers.py`) and refused at start by `check_parser_names` when it is not.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from relax_pipeline.canonical.form import ToolCall, canonical_arguments
-from relax_pipeline.engine import sglang_parsers
+from relax_pipeline.chat import sglang_parsers
 
 REASONING_PARSERS: tuple[str, ...] = ("qwen3", "deepseek-r1")
 TOOL_CALL_PARSERS: tuple[str, ...] = ("qwen25", "hermes", "qwen3_coder")
@@ -42,7 +42,7 @@ def check_parser_names(reasoning: str | None, tool_call: str | None) -> None:
     """Refuse unknown parser names at start, naming the config key and the choices.
 
     Names outside the built-ins are SGLang's when the `sglang` extra is installed (see
-    `engine/sglang_parsers.py`), and refused otherwise."""
+    `chat/sglang_parsers.py`), and refused otherwise."""
     for key, name, builtin in (("reasoning_parser", reasoning, REASONING_PARSERS),
                                ("tool_call_parser", tool_call, TOOL_CALL_PARSERS)):
         if name is None or name in builtin:

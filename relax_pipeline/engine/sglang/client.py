@@ -20,7 +20,7 @@ this client calls a route or sends a field the release lacks. Routes used, and n
   and logprobs generated so far and finish `abort`; `abort` returns that result (the turn service resumes
   with prompt + partial tokens and the remaining budget). The abort is repeated every second until the
   generation answers (a request still on its way is not yet known to the server).
-- After a training step, on every server (`engine.weight_transfer`, `sglang_weights.py`): `disk` (the default)
+- After a training step, on every server (`engine.weight_transfer`, `sglang/weights.py`): `disk` (the default)
   sends `POST /update_weights_from_disk {"model_path", "weight_version"}`, the weights written as a loadable
   Hugging Face folder (`<weights_dir>/v<version>`, model files copied from `model.path`) on storage the servers
   can read (the previous folder is removed); `tensor` sends the tensors themselves, in buckets, as
@@ -35,27 +35,27 @@ this client calls a route or sends a field the release lacks. Routes used, and n
   `in_flight_updates` tells the runtime it need not abort them first.
 
 Servers: `engine.urls=[...]` connects to running servers; `engine.launch=true` starts `engine.servers`
-servers (`sglang_launch.py`, logs in `<output>/sglang/`) and stops them at `close`; with `engine.placement=ray`
+servers (`sglang/launch.py`, logs in `<output>/sglang/`) and stops them at `close`; with `engine.placement=ray`
 (the default when `ray.address` is set) they are placed on a Ray cluster, one placement-group bundle per server
-(`sglang_ray.py`). `engine.router=sglang`
+(`sglang/placement.py`). `engine.router=sglang`
 puts the real sglang-router in front (started, or `engine.router_url` when one runs): generations go
-through it with the routing key of `sglang_routing.Affinity` as `x-smg-routing-key` (its `manual` policy
+through it with the routing key of `sglang.routing.Affinity` as `x-smg-routing-key` (its `manual` policy
 keeps a key on one worker); aborts and weight updates go to the servers directly, since the router does
 not forward `/abort_request`. Without a router, the client routes itself (`WorkerPool`, same keys).
 
 Sessions (`engine.sessions=true`, the default): a `generate` that names its agent session (`session_id=`) is a
 turn of one SGLang session (`POST /open_session {capacity_of_str_len, session_id, timeout}` at its first turn,
 `session_params {id, rid, offset}` on each turn, so the server keeps the session's KV and the request carries
-only the new tokens; `sglang_sessions.py`); `close_session(session_id)` (`POST /close_session`) releases it
+only the new tokens; `sglang/sessions.py`); `close_session(session_id)` (`POST /close_session`) releases it
 when the agent session ends, fails, is dropped or times out (`engine.session_timeout_s` bounds a session
 nobody closes). Without `session_id`, or with `engine.sessions=false`, SGLang's radix cache evicts unused
 prefixes least recently used. KV-aware admission: per request (`engine.admission=kv`) in
-`sglang_routing.KvAdmission`, per agent session (`program`) in `program_admission.py`.
+`sglang.routing.KvAdmission`, per agent session (`program`) in `program_admission.py`.
 
 Stop strings: SGLang matches them in a request's own output, so for a resumed generation (`stop_context`, the
 output before the abort) `stopped_across` cuts the result after a stop string split by the abort.
 
-Images (a vision-language model): `vision` is `sglang_media.SglangVision`, the model's own image processor (the
+Images (a vision-language model): `vision` is `sglang.media.SglangVision`, the model's own image processor (the
 turn service makes the forest's `ImageFeatures` with it, as on engine=hf, so the training input is the same),
 and a prompt with images goes as `image_data` (their URLs, in order) with its unexpanded placeholder tokens,
 which SGLang expands itself; context limits count the expanded length. Such a turn is a plain request, never a
@@ -82,13 +82,13 @@ import orjson
 from relax_pipeline.engine.base import GenerateResult, ImageFeatures, SamplingParams
 from relax_pipeline.engine.program_admission import ProgramAdmission, sglang_load
 from relax_pipeline.engine.settings import EngineRun, SglangEngineSettings
-from relax_pipeline.engine.sglang_launch import Processes, launch_servers, router_command, workers_healthy
-from relax_pipeline.engine.sglang_media import SglangVision, expanded_length
-from relax_pipeline.engine.sglang_ray import RayServers
-from relax_pipeline.engine.sglang_routing import ROUTING_KEY_HEADER, Affinity, KvAdmission, WorkerLoad, WorkerPool
-from relax_pipeline.engine.sglang_sessions import OpenSession, Sessions
-from relax_pipeline.engine.sglang_weights import DistributedWeights, check_transfer, tensor_bodies, write_weights
-from relax_pipeline.engine.sglang_wire import SglangError, parse_generate, payload, stopped_across
+from relax_pipeline.engine.sglang.launch import Processes, launch_servers, router_command, workers_healthy
+from relax_pipeline.engine.sglang.media import SglangVision, expanded_length
+from relax_pipeline.engine.sglang.placement import RayServers
+from relax_pipeline.engine.sglang.routing import ROUTING_KEY_HEADER, Affinity, KvAdmission, WorkerLoad, WorkerPool
+from relax_pipeline.engine.sglang.sessions import OpenSession, Sessions
+from relax_pipeline.engine.sglang.weights import DistributedWeights, check_transfer, tensor_bodies, write_weights
+from relax_pipeline.engine.sglang.wire import SglangError, parse_generate, payload, stopped_across
 from relax_pipeline.infra.ports import free_port
 
 log = logging.getLogger(__name__)
@@ -127,7 +127,7 @@ class SglangEngine:
         self.max_batch_size = settings.max_batch_size
         self.weight_version = 0
         self.vision: SglangVision | None = None
-        """The model's image processing (`sglang_media.py`; set by `start`); None for text-only models."""
+        """The model's image processing (`sglang/media.py`; set by `start`); None for text-only models."""
         self.urls = [u.rstrip("/") for u in settings.urls]
         router = settings.router_part
         self.router_url = router.url if router is not None else None
@@ -144,7 +144,7 @@ class SglangEngine:
         """`engine.placement`, resolved (null: ray when launching with a `ray.address`)."""
         self.ray_servers = RayServers(self.log_dir, run.ray, placement.strategy, placement.cpus_per_server) \
             if placement is not None else None
-        """engine.placement=ray: the servers placed on the Ray cluster (`sglang_ray.py`)."""
+        """engine.placement=ray: the servers placed on the Ray cluster (`sglang/placement.py`)."""
         self.server_info: dict[str, dict[str, Any]] = {}
         """`/server_info` of every server, by URL (read at start)."""
         self._targets = _Targets()

@@ -40,17 +40,26 @@ import re
 from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import jinja2
 import orjson
 from jinja2 import nodes
 
-from relax_pipeline.canonical.form import TEXT_ONLY_MESSAGE, CanonicalError, Context, Message, digest
-from relax_pipeline.engine.codec import PROMPT_CACHE_TOKENS, Codec, Kept, Pieces, Renderer
+from relax_pipeline.canonical.form import TEXT_ONLY_MESSAGE, CanonicalError, Context, Image, Message, digest
+from relax_pipeline.chat.codec import PROMPT_CACHE_TOKENS, Codec, Kept, Pieces, Renderer
 
-if TYPE_CHECKING:
-    from relax_pipeline.engine.vision import Vision
+
+class _Features(Protocol):
+    tokens: int
+
+
+class ImageTokens(Protocol):
+    """What the template needs of a model's image processor (`engine/vision.py`'s `Vision` is one): how many
+    tokens an image's placeholder expands to."""
+
+    def features(self, image: Image) -> _Features: ...
+
 
 ANCHOR_USER = "\u2063relax-anchor-user\u2063"
 ANCHOR_ASSISTANT = "\u2063relax-anchor-assistant\u2063"
@@ -78,7 +87,7 @@ class ChatTemplate:
         self._shapes = DeltaShapes(self._tail, tokenizer)
         self.end_of_turn = end_of_turn or self._detect_end_of_turn()
         self.end_of_turn_ids = tuple(self.encode(self.end_of_turn))
-        self.vision: Vision | None = None
+        self.vision: ImageTokens | None = None
         """The model's image processor when it sees images, else None."""
         self._prompts = Kept(PROMPT_CACHE_TOKENS)
 

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from relax_pipeline.engine.sglang_wire import SglangError
+from relax_pipeline.engine.sglang.wire import SglangError
 from relax_pipeline.infra.ports import free_port
 from relax_pipeline.models.folder import WEIGHTS_FILE, copy_model_files, save_weights
 

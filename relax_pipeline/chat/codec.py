@@ -41,7 +41,7 @@ from jinja2.runtime import LoopContext
 from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedEnvironment
 from jinja2.utils import Namespace
 
-from relax_pipeline.engine.words import Encode, Words
+from relax_pipeline.chat.words import Encode, Words
 
 log = logging.getLogger(__name__)
 

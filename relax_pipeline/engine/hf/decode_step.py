@@ -14,7 +14,7 @@ model's own forward, used for prefill, reads the same weights).
 
 `decode_step(model)` returns None (and the engine keeps transformers' forward) for any other model; `why_not`
 says why. It reads the model's weights at every call, so weight updates apply at the next step. It does no
-prefill, no images (mrope), no sampling; `hf_batch.ModelCall.decode` calls it.
+prefill, no images (mrope), no sampling; `hf.batch.ModelCall.decode` calls it.
 """
 
 from __future__ import annotations

@@ -20,8 +20,8 @@ A reward is any JSON value (number, object, null) and is passed on untouched; an
 explicit export into an implicit one. Every error is an `AgentOutputError` naming the file, the line
 where there is one, and the fix.
 
-The record an explicit export parses into, `ExportRecord`, is the forest's (`forest/export.py`, which matches it to
-recorded turns); this module only reads the file into it.
+The record an explicit export parses into, `ExportRecord`, is declared here with the file it is read from;
+`forest/export.py` matches it to recorded turns.
 """
 
 from __future__ import annotations
@@ -33,13 +33,30 @@ from pathlib import Path
 from typing import Any
 
 from relax_pipeline.data.media import PLACEHOLDER, image_parts, image_url
-from relax_pipeline.forest.export import ExportRecord
 
 SINGLE_RECORD_NAME = "main"
 """Name of the explicit record written as one JSON object without a `"name"`."""
 
 _IMPLICIT_KEYS = frozenset({"metadata", "reward"})
 _RECORD_KEYS = frozenset({"name", "messages", "tools", "chat_template_kwargs", "metadata", "reward"})
+
+
+@dataclass(frozen=True)
+class ExportRecord:
+    """One context the agent exports explicitly; connects the agent's output file to the forest matcher."""
+
+    name: str | None
+    """Unique within one output file; "main" for a single JSON object without one (always set on parse)."""
+    messages: list[dict[str, Any]]
+    """The conversation as the agent sees it, in OpenAI chat message form; never empty."""
+    tools: list[dict[str, Any]] | None
+    """Tool definitions offered with these messages, or None."""
+    chat_template_kwargs: dict[str, Any] | None
+    """Extra chat template arguments (for example `enable_thinking`), or None."""
+    metadata: dict[str, Any]
+    """Free-form metadata for reward functions; empty when absent."""
+    reward: object
+    """The agent's own reward for this context: any JSON value, None when absent or null."""
 
 
 class AgentOutputError(ValueError):

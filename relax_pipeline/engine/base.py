@@ -13,8 +13,8 @@ length. Text-only engines accept `media=None` only.
 
 This module holds only records and the `Engine` protocol, which lists every member its callers use (the
 turn service, the step loop, the run's builder), so none of them probes an engine with `getattr`; an
-engine without a part answers None (`vision`) or nothing (`step_metrics`). `hf.py` (embedded transformers)
-and `sglang.py` implement it; `relax_pipeline.testing` holds the scripted engines used by protocol tests.
+engine without a part answers None (`vision`) or nothing (`step_metrics`). `hf/` (embedded transformers)
+and `sglang/` implement it; `relax_pipeline.testing` holds the scripted engines used by protocol tests.
 """
 
 from __future__ import annotations

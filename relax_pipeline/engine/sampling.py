@@ -10,7 +10,7 @@ draw searches block sums first (`draw_rows`), and no float32 logprob row is mate
 `StopStringMatcher` detokenizes a request's output incrementally (only the new tail is decoded each
 step) and reports the first stop string that appears in the generated text.
 
-This module does not batch, schedule or run the model; `hf.py` does. It does not trim text after a
+This module does not batch, schedule or run the model; `hf/engine.py` does. It does not trim text after a
 stop string either: tokens are kept as generated and trimming is the caller's job.
 """
 

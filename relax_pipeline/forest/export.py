@@ -9,16 +9,16 @@ naming every leaf and every recorded fork. Explicit records are canonicalized
 like requests and must end exactly on a committed state that holds at least one generated turn; a record
 that does not is reported with the closest committed state and the first message index where it diverges.
 Names must be non-empty and unique (checked when the output file is read). `ExportRecord`, one explicit record,
-is declared here, by the code that matches it; `agent/session_io.py` parses the agent's output file into it. This
-module builds no samples (`sample.py`) and reads no files.
+is the agent contract's (`agent/session_io.py`, which parses the agent's output file into it). This module builds
+no samples (`sample.py`) and reads no files.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
+from relax_pipeline.agent.session_io import ExportRecord
 from relax_pipeline.canonical.form import (
     CanonicalError,
     Context,
@@ -35,24 +35,6 @@ class ExportError(ValueError):
 
 
 IMPLICIT_MODES = ("leaves", "strict")
-
-
-@dataclass(frozen=True)
-class ExportRecord:
-    """One context the agent exports explicitly; connects the agent's output file to the forest matcher."""
-
-    name: str | None
-    """Unique within one output file; "main" for a single JSON object without one (always set on parse)."""
-    messages: list[dict[str, Any]]
-    """The conversation as the agent sees it, in OpenAI chat message form; never empty."""
-    tools: list[dict[str, Any]] | None
-    """Tool definitions offered with these messages, or None."""
-    chat_template_kwargs: dict[str, Any] | None
-    """Extra chat template arguments (for example `enable_thinking`), or None."""
-    metadata: dict[str, Any]
-    """Free-form metadata for reward functions; empty when absent."""
-    reward: object
-    """The agent's own reward for this context: any JSON value, None when absent or null."""
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,8 @@ from relax_pipeline.agent.executors import new_agent
 from relax_pipeline.agent.launcher import AgentFailure, AgentSpec
 from relax_pipeline.agent.session_io import build_input, write_input
 from relax_pipeline.data.dataset import Prompt
+from relax_pipeline.engine.base import derive_seed
 from relax_pipeline.stages.group import Group
-from relax_pipeline.turn.service import derive_seed
 from relax_pipeline.turn.sessions import ForestStore, Session, Status
 
 

@@ -34,6 +34,7 @@ HEADLINES = {
     "engine_sglang.py": r"^ratio ours/server \d+\.\d+x",
     "forest.py": r"^turn-64 / turn-1 cost ratio: \d",
     "forest_memory.py": r"^tuples / compact bytes per token: \d",
+    "house.py": r"^files a chat turn runs: first \d+, second \d+$",
     "gateway.py": r"^ours / bare CPU per request, .*: \d+\.\d+x",
     "learning.py": r"^mean step \d+\.\d s",
     "runtime_modes.py": r"^fully_async +\d.* \d+\.\d+x +\d+% +\d+\.\d%$",

@@ -1,7 +1,7 @@
 """How the config binds to the code, read from the source with `ast` (nothing is imported or built).
 
-- Every configured class (named by a `_target_` in a record's defaults or in `conf/`, or made by `run.py`) takes
-  at most `MAX_PARAMETERS` constructor parameters: its record plus the few live collaborators it needs.
+- Every configured class (named by a `_target_` in a record's defaults or in `conf/`, or made by `run.py`) is
+  found and defines the constructor it is built with (`bench/house.py` prints how many parameters each takes).
 - Only `run.py` and `config.py` (and `__main__.py`, which hands the composed config to `run`) read the composed
   config: no other module imports OmegaConf or Hydra, or takes a parameter named `cfg` or typed `DictConfig`
   (`testing/`, the test doubles, may: `register_paced` adds their options to the config groups).
@@ -19,7 +19,6 @@ import relax_pipeline
 from relax_pipeline.scheduling.settings import MODES
 
 ROOT = Path(relax_pipeline.__file__).parent
-MAX_PARAMETERS = 8
 READERS = {"run.py", "config.py", "__main__.py"}
 """The modules that may read the composed config."""
 
@@ -81,10 +80,9 @@ def test_configured_classes_are_found() -> None:
 
 
 @pytest.mark.parametrize("dotted", sorted(configured_classes()))
-def test_a_configured_class_takes_at_most_eight_parameters(dotted: str) -> None:
-    params = init_parameters(dotted)
-    assert params is None or len(params) <= MAX_PARAMETERS, (
-        f"{dotted}.__init__ takes {len(params)} parameters {params}; take the node's record instead")
+def test_a_configured_class_exists_where_its_target_says(dotted: str) -> None:
+    """`init_parameters` finds the class (following re-exports) or fails naming it."""
+    init_parameters(dotted)
 
 
 def config_readers(path: Path) -> list[str]:

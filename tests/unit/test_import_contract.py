@@ -1,16 +1,14 @@
-"""The import contract of docs/design.md §2: every package-to-package import is an edge listed in `ALLOWED`, and
-no import closes a circle.
+"""The import contract of docs/design.md §2.1: every package-to-package import points down the one floor list,
+`relax_pipeline/floors.py`, and no import closes a circle between modules.
 
 An AST walk over every module of the package (imports under `TYPE_CHECKING` and inside functions count: a hidden
-circle is still a circle). Top-level modules (`run`, `config`, `loop`, `__main__`) are units of their own;
-packages are units as a whole, and a module may import anything in its own unit. `ALLOWED` lists exactly the
-edges the code uses: a new one fails here until it is added (so it is a decision made in review, not a side
-effect), and one no longer used fails until it is removed. `relax_pipeline.testing` holds test doubles: it may
-import anything, and nothing in the runtime imports it.
+circle is still a circle). Top-level modules (`run`, `config`, `loop`, `__main__`, `floors`) are units of their
+own; packages are units as a whole, and a module may import anything in its own unit. An import is allowed when
+the imported unit sits on a floor below the importer's, or the pair is one of `floors.SIDEWAYS`;
+`relax_pipeline.testing` holds test doubles: it may import anything, and nothing in the runtime imports it. A
+unit the list does not name fails until it is placed on a floor.
 
-Adding an edge: check it points down docs/layout.md's floors (the allowed graph must stay free of circles,
-which `test_the_allowed_edges_form_no_circle` checks), then add it here. A lower package that needs to call up
-takes a `Protocol` declared by that lower package, or a callback, instead.
+A lower package that needs to call up takes a `Protocol` declared by that lower package, or a callback, instead.
 """
 
 from __future__ import annotations
@@ -18,44 +16,16 @@ from __future__ import annotations
 import ast
 import functools
 import inspect
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import pytest
 
 import relax_pipeline
+from relax_pipeline import floors
+from relax_pipeline.floors import TESTING
 
 ROOT = Path(relax_pipeline.__file__).parent
-TESTING = "testing"
-"""The test doubles: may import any unit, may be imported by none."""
-
-ALLOWED: dict[str, set[str]] = {
-    "__main__": {"config", "loop", "run"},
-    "run": {"agent", "certify", "config", "data", "engine", "gateway", "infra", "loop", "models", "scheduling",
-            "replay", "stages", "tracking", "train", "turn", "view"},
-    "certify": {"canonical", "engine", "forest", "stages", "turn"},
-    "view": {"models", "replay", "tracking"},
-    "loop": {"engine", "forest", "replay", "scheduling", "stages", "tracking", "train"},
-    "config": {"agent", "credit", "data", "engine", "gateway", "infra", "models", "protocol", "replay", "scheduling",
-               "tracking", "train"},
-    "replay": {"canonical", "credit", "forest", "stages", "train"},
-    "scheduling": {"engine", "forest", "stages", "turn"},
-    "stages": {"agent", "credit", "data", "forest", "tracking", "turn"},
-    "gateway": {"canonical", "protocol", "tracking", "turn"},
-    "protocol": {"canonical", "engine", "turn"},
-    "turn": {"canonical", "engine", "forest"},
-    "credit": {"forest", "train"},
-    "train": {"engine", "forest", "infra", "models"},
-    "agent": {"data", "forest", "infra"},
-    "forest": {"canonical", "engine"},
-    "engine": {"canonical", "data", "infra", "models"},
-    "data": set(),
-    "models": set(),
-    "tracking": set(),
-    "infra": set(),
-    "canonical": set(),
-}
-"""Importing unit → the units it may import (besides itself), top to bottom as docs/layout.md lists them."""
 
 
 def unit_of(module: str) -> str | None:
@@ -99,17 +69,25 @@ def edges(root: Path = ROOT) -> list[tuple[str, int, str, str]]:
     return out
 
 
-def violations(found: Iterable[tuple[str, int, str, str]], allowed: Mapping[str, set[str]]) -> list[str]:
-    """Every import `allowed` does not list (the runtime importing `testing` never is), one line each."""
+def violations(found: Iterable[tuple[str, int, str, str]],
+               allowed: Callable[[str, str], bool] = floors.allowed,
+               floor_of: dict[str, int] | None = None) -> list[str]:
+    """Every import that does not point down the floors (the runtime importing `testing` never does), one line
+    each, naming the file, the line, both units and their floors."""
+    floor_of = floors.floor_of() if floor_of is None else floor_of
     out = []
     for file, line, here, there in found:
         if here == TESTING:
             continue
         if there == TESTING:
             out.append(f"{file}:{line}: {here} imports {there} (test doubles; the runtime never imports them)")
-        elif there not in allowed.get(here, set()):
-            out.append(f"{file}:{line}: {here} imports {there}, a new edge: add \"{there}\" to ALLOWED[\"{here}\"] "
-                       "if it points down docs/layout.md's floors, else invert it (a Protocol or a callback)")
+        elif here not in floor_of or there not in floor_of:
+            unknown = here if here not in floor_of else there
+            out.append(f"{file}:{line}: {unknown} is on no floor: place it in relax_pipeline/floors.py's FLOORS")
+        elif not allowed(here, there):
+            way = "up" if floor_of[there] < floor_of[here] else "sideways"
+            out.append(f"{file}:{line}: {here} (floor {floor_of[here]}) imports {there} (floor {floor_of[there]}), "
+                       f"an edge pointing {way}: invert it (a Protocol or a callback) or move the code to its floor")
     return out
 
 
@@ -119,35 +97,32 @@ def real_edges() -> tuple[tuple[str, int, str, str], ...]:
     return tuple(edges())
 
 
-def used_edges() -> set[tuple[str, str]]:
-    """The (importing unit, imported unit) pairs the runtime uses."""
-    return {(here, there) for _, _, here, there in real_edges() if here != TESTING}
-
-
-def test_every_unit_is_listed() -> None:
+def test_every_unit_is_on_a_floor() -> None:
     units = {unit_of(module_name(p)) for p in ROOT.rglob("*.py")} - {None, TESTING}
-    missing = sorted(units - set(ALLOWED))
-    assert not missing, f"units absent from ALLOWED (add them, with their edges, and to docs/layout.md): {missing}"
-    gone = sorted(set(ALLOWED) - units)
-    assert not gone, f"ALLOWED names units that no longer exist; remove them: {gone}"
+    placed = set(floors.floor_of())
+    missing = sorted(units - placed)
+    assert not missing, f"units on no floor (place them in relax_pipeline/floors.py and docs/layout.md): {missing}"
+    gone = sorted(placed - units)
+    assert not gone, f"relax_pipeline/floors.py names units that no longer exist; remove them: {gone}"
 
 
-def test_every_import_is_an_allowed_edge() -> None:
-    found = violations(real_edges(), ALLOWED)
-    assert not found, "imports along edges ALLOWED does not list (docs/design.md §2):\n" + "\n".join(found)
+def test_no_unit_is_on_two_floors() -> None:
+    listed = [unit for units, _ in floors.FLOORS for unit in units]
+    assert len(listed) == len(set(listed)), sorted({u for u in listed if listed.count(u) > 1})
 
 
-def test_every_allowed_edge_is_used() -> None:
-    """ALLOWED is the list of edges the code uses, not a ceiling: an edge no import uses any more goes."""
-    listed = {(here, there) for here, theres in ALLOWED.items() for there in theres}
-    stale = sorted(listed - used_edges())
-    assert not stale, f"edges in ALLOWED that no import uses any more; remove them: {stale}"
+def test_every_import_points_down_the_floors() -> None:
+    found = violations(real_edges())
+    assert not found, "imports that do not point down relax_pipeline/floors.py (docs/design.md §2.1):\n" + \
+        "\n".join(found)
 
 
-def test_the_allowed_edges_form_no_circle() -> None:
-    """The package graph stays a set of floors: no unit reaches itself through the allowed edges."""
-    graph = {unit: set(theres) for unit, theres in ALLOWED.items()}
-    assert not (circle := _find_circle(graph)), "ALLOWED closes a circle: " + " → ".join(circle)
+def test_every_sideways_pair_is_used_and_on_one_floor() -> None:
+    used = {(here, there) for _, _, here, there in real_edges()}
+    floor_of = floors.floor_of()
+    for here, there in floors.SIDEWAYS:
+        assert floor_of[here] == floor_of[there], f"SIDEWAYS pair {(here, there)} spans two floors"
+        assert (here, there) in used, f"SIDEWAYS pair {(here, there)} is no longer used; remove it"
 
 
 def test_no_circle_between_modules() -> None:
@@ -195,29 +170,56 @@ def _write(root: Path, relative: str, text: str) -> None:
     path.write_text(text)
 
 
-def test_the_checker_catches_a_new_edge_in_a_made_up_package(tmp_path: Path) -> None:
-    """On a small package written here: listed edges pass; a new one, a relative one, and the runtime importing
-    `testing` are each reported with their file and line, and `testing` itself may import anything."""
+MADE_UP_FLOORS = {"gateway": 0, "forest": 1, "engine": 2}
+"""A made-up floor list for the self-tests: gateway above forest above engine."""
+
+
+def made_up_allowed(here: str, there: str) -> bool:
+    return here == TESTING or MADE_UP_FLOORS[there] > MADE_UP_FLOORS[here]
+
+
+def test_the_checker_catches_an_upward_edge_an_unknown_unit_and_testing(tmp_path: Path) -> None:
+    """On a small package written here: downward edges pass; an upward one (absolute and relative), a unit on no
+    floor, and the runtime importing `testing` are each reported with their file and line, and `testing` itself may
+    import anything."""
     _write(tmp_path, "forest/__init__.py", "")
     _write(tmp_path, "forest/ok.py", "from relax_pipeline.engine.base import Engine\nfrom . import store\n")
-    _write(tmp_path, "forest/bad.py", "import relax_pipeline.gateway.app\nif True:\n    from ..turn import leases\n")
+    _write(tmp_path, "forest/bad.py", "import relax_pipeline.gateway.app\nif True:\n    from ..gateway import server\n")
+    _write(tmp_path, "forest/odd.py", "from relax_pipeline.nowhere import thing\n")
     _write(tmp_path, "engine/base.py", "from relax_pipeline.testing import engines\n")
-    _write(tmp_path, "testing/engines.py", "from relax_pipeline.run import run\n")
-    found = violations(edges(tmp_path / "relax_pipeline"), {"forest": {"engine"}, "engine": set()})
+    _write(tmp_path, "testing/engines.py", "from relax_pipeline.gateway.app import app\n")
+    found = violations(edges(tmp_path / "relax_pipeline"), made_up_allowed, MADE_UP_FLOORS)
     expected = ["relax_pipeline/engine/base.py:1: engine imports testing (test doubles",
-                "relax_pipeline/forest/bad.py:1: forest imports gateway, a new edge: add \"gateway\" to ALLOWED",
-                "relax_pipeline/forest/bad.py:3: forest imports turn, a new edge"]
+                "relax_pipeline/forest/bad.py:1: forest (floor 1) imports gateway (floor 0), an edge pointing up",
+                "relax_pipeline/forest/bad.py:3: forest (floor 1) imports gateway (floor 0), an edge pointing up",
+                "relax_pipeline/forest/odd.py:1: nowhere is on no floor"]
     assert len(found) == len(expected), found
     assert all(line.startswith(start) for line, start in zip(found, expected, strict=True)), found
 
 
-@pytest.mark.parametrize("edge", [("agent", "forest"), ("engine", "infra"), ("turn", "forest")])
-def test_the_checker_catches_an_edge_missing_from_allowed(edge: tuple[str, str]) -> None:
-    """On the real tree: with one used edge taken out of ALLOWED, its imports (and only they) are reported."""
+def test_a_same_floor_edge_needs_its_pair_listed() -> None:
+    """`floors.allowed` refuses an edge within one floor unless SIDEWAYS lists it, and an upward edge always."""
+    assert not floors.allowed("data", "models") and not floors.allowed("models", "data")
+    assert floors.allowed("engine", "models") and not floors.allowed("models", "engine")
+    assert not floors.allowed("engine", "no_such_unit") and floors.allowed(TESTING, "run")
+
+
+@pytest.mark.parametrize("edge", [("forest", "agent"), ("engine", "infra"), ("turn", "forest")])
+def test_the_checker_catches_a_used_edge_it_is_told_to_refuse(edge: tuple[str, str]) -> None:
+    """On the real tree: with one used edge refused, its imports (and only they) are reported."""
     here, there = edge
-    fewer = {unit: theres - {there} if unit == here else theres for unit, theres in ALLOWED.items()}
-    found = set(violations(real_edges(), fewer)) - set(violations(real_edges(), ALLOWED))
-    assert found and all(f": {here} imports {there}, a new edge" in line for line in found), found
+
+    def refusing(a: str, b: str) -> bool:
+        return (a, b) != edge and floors.allowed(a, b)
+
+    found = set(violations(real_edges(), refusing)) - set(violations(real_edges()))
+    assert found and all(f": {here} (floor" in line and f"imports {there} (floor" in line for line in found), found
+
+
+def test_the_circle_finder_finds_a_circle_between_modules() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert _find_circle(graph) == ["a", "b", "c", "a"]
+    assert _find_circle({"a": {"b"}, "b": set()}) == []
 
 
 def test_the_agent_executors_satisfy_the_protocol_their_consumers_declare() -> None:

@@ -1,4 +1,5 @@
-"""`docs/layout.md` lists every module of the package, under its own package, and no module that is gone.
+"""`docs/layout.md` quotes the floors as `relax_pipeline/floors.py` renders them, lists every module of the package
+under its own package, and no module that is gone.
 
 The "Modules" section of the page has one heading per package (`` ### `relax_pipeline/train/` ``) and one
 bullet per module or group of modules: the names in backticks before the first " — " (`` - `rank_ray.py` — ``),
@@ -13,6 +14,7 @@ import re
 from pathlib import Path
 
 import relax_pipeline
+from relax_pipeline import floors
 
 ROOT = Path(relax_pipeline.__file__).parent
 LAYOUT = ROOT.parent / "docs" / "layout.md"
@@ -64,3 +66,11 @@ def test_listed_modules_reads_headings_and_names() -> None:
     text = "# x\n## Modules\n### `relax_pipeline/`\n- `run.py` builds\n### `relax_pipeline/train/`\n" \
            "- `rank_ray.py`, `step.py` — `run.py` calls them\n  `wrapped.py`\n## Other\n- `gone.py`\n"
     assert listed_modules(text) == {"run.py", "train/rank_ray.py", "train/step.py"}
+
+
+def test_layout_doc_quotes_the_floor_list() -> None:
+    """The Floors section's code block is `floors.render()`, so the page cannot restate the list differently."""
+    section = LAYOUT.read_text().split("\n## Floors", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```\n", 2)[1].rstrip("\n")
+    assert block == floors.render(), "docs/layout.md's floor block differs from relax_pipeline/floors.py; paste " \
+        "the output of: python -c 'from relax_pipeline import floors; print(floors.render())'"

@@ -10,7 +10,7 @@ matmul takes in place. `ModelCall` runs the batched prefill of `Chunk`s (each a 
 `prefix_cache.py` plus the tokens still to compute, left-padded into one forward with per-row positions), the
 prefill of one prompt with images (pixels and mrope positions), and one decode step for the whole batch.
 `Prefiller` decides what each admission round prefills and what goes into the prefix cache; `row_kv` reads a row's
-KV back out in the cache's layout. Split from `hf.py`, which owns scheduling, threads and the async API; this
+KV back out in the cache's layout. Split from `engine.py`, which owns scheduling, threads and the async API; this
 module starts no thread and touches no event loop.
 """
 

@@ -11,7 +11,7 @@ sessions (attention mask, per-row positions). While a batch decodes, arrivals ar
 than one pass each: a round runs once the waiting requests fill a quarter of the batch's free room, or the
 oldest has waited `ADMIT_AFTER_STEPS` decode steps (agents that start one by one would otherwise cost a
 whole forward pass per arrival, a pass costing about a decode step). Admission prefills the requests that
-arrived together in batched passes (`hf.batch.Prefiller`) through the prefix KV cache (`prefix_cache.py`, a
+arrived together in batched passes (`batch.Prefiller`) through the prefix KV cache (`prefix_cache.py`, a
 radix tree over token ids within `kv_cache_mb`, LRU): prefixes several of them share (a GRPO group's prompt, the chat
 template's preamble) are computed once, and each request prefills only the tokens after its longest cached
 prefix, so a session's next turn (its previous prompt + generated tokens + observation) and a group's

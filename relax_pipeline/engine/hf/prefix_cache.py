@@ -17,7 +17,7 @@ the last leaf evicted keeps its head when dropping its tail is enough); a budget
 can compute each of them once; `buckets` groups a round's prompts into forward passes by length.
 
 Not done here: running the model or laying KV out into a batch (`hf/batch.py`), deciding when to match or
-insert (`hf.py`). Images are not part of the key, so requests with media bypass the cache.
+insert (`engine.py`). Images are not part of the key, so requests with media bypass the cache.
 """
 
 from __future__ import annotations

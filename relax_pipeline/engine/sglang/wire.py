@@ -9,7 +9,7 @@ generation paused across weight updates: every token keeps the version that samp
 resumed generation's result after a stop string that began in its `stop_context` (SGLang matches stop strings in a
 request's own output only).
 
-What it does not do: HTTP (`sglang.py` sends the body), sessions' bookkeeping (`sglang/sessions.py`).
+What it does not do: HTTP (`client.py` sends the body), sessions' bookkeeping (`sessions.py`).
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """The certificate `job=check` writes: stage verdicts with their evidence, the named causes, one overall verdict.
 
-Files, in the run's output folder: `check/certificate.json` (this schema, `version` 1) and `check/certificate.md`
+Files, in the run's output folder: `check/certificate.json` (this schema, `version` 2) and `check/certificate.md`
 (the same, for a person). The schema, field by field, is the docstrings of `Certificate`, `Stage` and `Cause`;
-`Certificate.from_dict(c.as_dict()) == c` for every certificate.
+`Certificate.from_dict(c.as_dict()) == c` for every certificate. Version 2 added the cause `edited_reply` and
+`Cause.first_difference`; a version 1 file still reads (its causes without a first difference).
 
 Overall verdict (`verdict_of`): `broken` when a stage failed (the agent never called the model, the template
 cannot render its messages, a parser name does not exist, the engine cannot be reached, nothing exportable);
@@ -20,7 +21,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-VERSION = 1
+VERSION = 2
+READS = (1, 2)
+"""The schema versions `Certificate.from_dict` reads (1 lacks `Cause.first_difference`)."""
 TRAINING_GRADE, DEGRADED, BROKEN = "training-grade", "degraded", "broken"
 EXIT_STATUS = {TRAINING_GRADE: 0, DEGRADED: 1, BROKEN: 2}
 """The process exit status of `job=check` for each verdict."""
@@ -64,6 +67,11 @@ class Cause:
     """(duplicated + lost) / all tokens the sessions exported once: the share of the data this cause costs."""
     fix: str
     """The key or harness switch that fixes it ('' when nothing needs fixing)."""
+    first_difference: dict[str, Any] = field(default_factory=dict)
+    """The first turn that drifted for this cause: `session`, `turn`, and where its re-render first leaves the held
+    tokens (`certify.drift.Drift.as_dict`: both sides decoded with the differing token as ⟦…⟧, `held_token`,
+    `rendered_token`, and `edit` for an edited reply); {} when no turn of it was placed (a fork seen only in the
+    forest's fork record)."""
 
     @property
     def costly(self) -> bool:
@@ -96,8 +104,9 @@ class Certificate:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Certificate:
-        if data.get("version") != VERSION:
-            raise ValueError(f"certificate version {data.get('version')!r} is not {VERSION}")
+        if data.get("version") not in READS:
+            raise ValueError(f"certificate version {data.get('version')!r} is not one of {READS}: "
+                             "re-run job=check with this relax_pipeline to write a current one")
         return cls(data["verdict"], tuple(Stage(**s) for s in data["stages"]),
                    tuple(Cause(**c) for c in data["causes"]), data["setup"], data["version"])
 
@@ -143,10 +152,26 @@ def markdown(cert: Certificate) -> str:
                   "| --- | --- | --- | --- | --- | --- | --- |"]
         lines += [f"| {c.cause} | {c.turns} | {c.forks} | {c.tokens_duplicated} | {c.tokens_lost} | "
                   f"{c.share:.1%} | {c.fix or '-'} |" for c in cert.causes]
-        lines.append("")
+        lines += [""] + [line for c in cert.causes if (line := _first_difference(c))] + [""]
     lines += ["## Stages", ""]
     for stage in cert.stages:
         lines += [f"### {stage.name}: {stage.verdict}", "", stage.summary, ""]
         if stage.evidence:
             lines += ["```json", json.dumps(stage.evidence, indent=2, ensure_ascii=False)[:6000], "```", ""]
     return "\n".join(lines)
+
+
+def _first_difference(cause: Cause) -> str:
+    """One list item: where the cause's first turn leaves the held tokens, the two tokens decoded."""
+    d = cause.first_difference
+    if not d:
+        return ""
+    edit = f" (the model's reply {d['edit']})" if d.get("edit") else ""
+    where = f"session {d.get('session')}, turn {d.get('turn')}"
+    return (f"- **{cause.cause}**{edit}, first at {where}: the forest holds {_quoted(d.get('held_token'))}, the "
+            f"agent's history renders {_quoted(d.get('rendered_token'))}; held {_quoted(d.get('held'))} vs sent "
+            f"{_quoted(d.get('rendered'))}")
+
+
+def _quoted(text: object) -> str:
+    return "nothing" if text is None else "`" + json.dumps(text, ensure_ascii=False).replace("`", "'") + "`"

@@ -8,8 +8,9 @@ at the first differing token, names one cause, with the decoded text on both sid
 
 - message causes, when the sent messages differ from the committed ones (`message_cause`): reasoning dropped
   or rewritten, tool-call arguments re-serialized (equal as JSON) or malformed (not JSON), a tool call
-  flattened into text, the system prompt changed, content parts reordered or merged, whitespace, truncation
-  (text or messages cut), unknown;
+  flattened into text, the system prompt changed, content parts reordered or merged, the model's own reply
+  edited (its text re-cased, re-spaced, appended to, prepended to or rewritten: `reply_edit` names which),
+  whitespace (in other messages), truncation (text or messages cut), unknown;
 - text causes, when the messages are equal and the template renders them differently from the ids the model
   generated (`text_cause`): the template drops or rewrites reasoning, re-serializes tool-call JSON, changes
   whitespace, closes a turn the length limit cut (truncation), or gives the same text other token ids
@@ -24,7 +25,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from relax_pipeline.canonical.form import Context, Message
 from relax_pipeline.chat.template import ChatTemplate
@@ -36,13 +37,14 @@ TOOL_ARGUMENTS_MALFORMED = "tool_arguments_malformed"
 TOOL_CALL_FLATTENED = "tool_call_flattened"
 SYSTEM_PROMPT_CHANGED = "system_prompt_changed"
 CONTENT_PARTS = "content_parts_reordered_or_merged"
+EDITED_REPLY = "edited_reply"
 WHITESPACE = "whitespace"
 TRUNCATION = "truncation"
 TOKENIZATION = "tokenization"
 UNKNOWN = "unknown"
 CAUSES: tuple[str, ...] = (REASONING_DROPPED, REASONING_REWRITTEN, TOOL_ARGUMENTS_RESERIALIZED,
                            TOOL_ARGUMENTS_MALFORMED, TOOL_CALL_FLATTENED, SYSTEM_PROMPT_CHANGED, CONTENT_PARTS,
-                           WHITESPACE, TRUNCATION, TOKENIZATION, UNKNOWN)
+                           EDITED_REPLY, WHITESPACE, TRUNCATION, TOKENIZATION, UNKNOWN)
 """Every cause a drift can have, in the order the certificate lists them."""
 CONTEXT_CHARS = 40
 """Decoded characters shown on each side of the first differing token."""
@@ -69,11 +71,13 @@ class Drift:
     """The first differing held token, decoded (None: the held ids ended first)."""
     rendered_token: str | None = None
     """The first differing re-rendered token, decoded (None: the render ended first)."""
+    edit: str | None = None
+    """For `edited_reply`, how the agent changed the model's reply (`reply_edit`); None for other causes."""
 
     def as_dict(self) -> dict[str, object]:
         return {"cause": self.cause, "token_index": self.token_index, "message_index": self.message_index,
                 "held": self.held, "rendered": self.rendered, "held_token": self.held_token,
-                "rendered_token": self.rendered_token}
+                "rendered_token": self.rendered_token, "edit": self.edit}
 
 
 def classify(template: ChatTemplate, sent: Sequence[Message], held: Sequence[Message], held_ids: Sequence[int],
@@ -89,7 +93,10 @@ def classify(template: ChatTemplate, sent: Sequence[Message], held: Sequence[Mes
     if cause is None:
         held_text, sent_text = template.decode(held_ids), template.decode(rendered[: len(held_ids) + 64])
         cause = text_cause(held_text, sent_text, held_cut)
-    return _drift(template, cause, index, message_index, held_ids, rendered)
+    found = _drift(template, cause, index, message_index, held_ids, rendered)
+    if cause == EDITED_REPLY:
+        return replace(found, edit=reply_edit(sent[message_index].content, held[message_index].content))
+    return found
 
 
 def first_difference(held_ids: Sequence[int], rendered: Sequence[int]) -> int | None:
@@ -151,7 +158,11 @@ def message_cause(sent: Message, held: Message) -> str | None:
     if held.tool_calls and not sent.tool_calls:
         return TOOL_CALL_FLATTENED
     calls = _calls_cause(sent, held)
-    return calls or _text_cause(sent.content, held.content) or _images_cause(sent, held) or UNKNOWN
+    if calls:
+        return calls
+    if sent.role == "assistant" and sent.content != held.content and reply_edit(sent.content, held.content):
+        return EDITED_REPLY
+    return _text_cause(sent.content, held.content) or _images_cause(sent, held) or UNKNOWN
 
 
 def _role_cause(message: Message) -> str | None:
@@ -182,6 +193,23 @@ def _text_cause(sent: str, held: str) -> str | None:
     if held.startswith(sent) or sent.startswith(held):
         return TRUNCATION
     return None
+
+
+def reply_edit(sent: str, held: str) -> str | None:
+    """How an agent changed the text of a reply the model generated (`held`) before re-sending it: re-cased,
+    re-spaced, re-cased and re-spaced, appended to, prepended to, or rewritten; None when it only cut the text
+    (truncation) or left it as it was."""
+    if sent == held or held.startswith(sent):
+        return None
+    if sent.lower() == held.lower():
+        return "re-cased"
+    if _squeezed(sent) == _squeezed(held):
+        return "re-spaced"
+    if _squeezed(sent).lower() == _squeezed(held).lower():
+        return "re-cased and re-spaced"
+    if sent.startswith(held):
+        return "appended to"
+    return "prepended to" if sent.endswith(held) else "rewritten"
 
 
 def _images_cause(sent: Message, held: Message) -> str | None:

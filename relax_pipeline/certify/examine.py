@@ -38,6 +38,9 @@ FIXES = {
     drift.SYSTEM_PROMPT_CHANGED: HARNESS + "keep the system prompt and tools fixed within a session, or export each "
                                  "context explicitly (agent.multi_context=true)",
     drift.CONTENT_PARTS: HARNESS + "re-send content parts in the order and form received",
+    drift.EDITED_REPLY: HARNESS + "send each assistant message back exactly as received (keep display edits out of "
+                        "the history), or continue with previous_response_id (Responses) instead of re-sending it; "
+                        "or export the edited context explicitly (agent.multi_context=true)",
     drift.WHITESPACE: HARNESS + "re-send message text unchanged (no strip or reformatting)",
     drift.TRUNCATION: HARNESS + "export each context explicitly when it trims history (agent.multi_context=true); "
                       "or raise rollout.max_response_len",
@@ -86,8 +89,10 @@ class Causes:
     def _cause(self, name: str, turns: list[TurnDrift]) -> Cause:
         forks = [t for t in turns if t.forked]
         duplicated, lost = sum(t.duplicated for t in forks), sum(t.lost for t in forks)
+        first = next((t for t in turns if t.drift is not None), None)
+        where = {"session": first.session, "turn": first.turn} | first.drift.as_dict() if first and first.drift else {}
         return Cause(name, len(turns), len(forks), duplicated, lost,
-                     (duplicated + lost) / max(self.total_tokens, 1), self._fix(name, bool(forks), lost > 0))
+                     (duplicated + lost) / max(self.total_tokens, 1), self._fix(name, bool(forks), lost > 0), where)
 
     def _fix(self, name: str, forked: bool, lost: bool) -> str:
         if name == drift.REASONING_DROPPED and self.history == "tokens" and not forked:

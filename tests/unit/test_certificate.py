@@ -32,8 +32,29 @@ def test_the_schema_round_trips_through_its_files(tmp_path: Path) -> None:
 
 def test_another_version_is_refused() -> None:
     data = c.certificate([], [], SETUP).as_dict() | {"version": 99}
-    with pytest.raises(ValueError, match="version 99"):
+    with pytest.raises(ValueError, match="version 99 is not one of"):
         c.Certificate.from_dict(data)
+
+
+def test_a_version_1_certificate_still_reads() -> None:
+    """Version 1 had no `Cause.first_difference` (version 2 added it with the cause edited_reply)."""
+    data = c.certificate([], [cause("whitespace", 10, fix="harness: x")], SETUP).as_dict() | {"version": 1}
+    for written in data["causes"]:
+        del written["first_difference"]
+    read = c.Certificate.from_dict(data)
+    assert read.version == 1 and read.causes[0].first_difference == {} and read.causes[0].cause == "whitespace"
+
+
+def test_the_markdown_shows_each_causes_first_differing_token_and_edit(tmp_path: Path) -> None:
+    where = {"session": "sess-1", "turn": 1, "cause": "edited_reply", "held": "x⟦Hello⟧ there",
+             "rendered": "x⟦he⟧llo there", "held_token": "Hello", "rendered_token": "he", "edit": "re-cased"}
+    edited = c.Cause("edited_reply", 1, 1, 15, 0, 0.1, "harness: send it back as received", where)
+    text = c.markdown(c.certificate([c.Stage("config", c.PASS, "")], [edited], SETUP))
+    line = next(x for x in text.splitlines() if x.startswith("- **edited_reply**"))
+    assert "(the model's reply re-cased)" in line and "session sess-1, turn 1" in line
+    assert 'holds `"Hello"`' in line and 'renders `"he"`' in line
+    assert c.Certificate.from_dict(json.loads(json.dumps(c.certificate([], [edited], SETUP).as_dict()))).causes == (
+        edited,)
 
 
 @pytest.mark.parametrize("stages, causes, verdict", [

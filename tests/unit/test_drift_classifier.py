@@ -62,12 +62,45 @@ def test_a_verbatim_replay_is_no_drift(template: ChatTemplate) -> None:
     (replaced(3, Message("tool", "print('hi')", tool_call_id="c0")), drift.TRUNCATION),
     ((SYSTEM, CALL, RESULT, ANSWER), drift.TRUNCATION),
     (replaced(1, Message("user", "Something else entirely.")), drift.UNKNOWN),
+    (replaced(4, Message("assistant", "it prints hi then bye.", ANSWER.reasoning_content)), drift.EDITED_REPLY),
+    (replaced(4, Message("assistant", "It prints hi then bye. (sic)", ANSWER.reasoning_content)), drift.EDITED_REPLY),
+    (replaced(4, Message("assistant", "It prints hi", ANSWER.reasoning_content)), drift.TRUNCATION),
 ])
 def test_each_message_cause_is_that_cause(template: ChatTemplate, sent: tuple[Message, ...], cause: str) -> None:
     found = classified(template, sent)
     assert found is not None and found.cause == cause, found
     assert found.message_index >= 0 and "⟦" in found.held and "⟦" in found.rendered
     assert found.held_token != found.rendered_token
+
+
+@pytest.mark.parametrize("content, edit, held_token, rendered_token", [
+    ("it prints hi then bye.", "re-cased", "I", "it"),  # the tiny tokenizer's cuts
+    ("It prints  hi then bye.\n", "re-spaced", " hi", " "),
+    ("It prints hi then bye. Anything else?", "appended to", "<|im_end|>", " A"),
+])
+def test_an_edited_reply_names_the_edit_and_decodes_the_first_differing_token(
+        template: ChatTemplate, content: str, edit: str, held_token: str, rendered_token: str) -> None:
+    """An agent that edits the model's own reply before re-sending it (re-cases, re-spaces or appends to it):
+    `edited_reply`, how it was edited, and the two tokens where the render first leaves the held ids."""
+    found = classified(template, replaced(4, Message("assistant", content, ANSWER.reasoning_content)))
+    assert found is not None and (found.cause, found.edit, found.message_index) == (drift.EDITED_REPLY, edit, 4)
+    assert (found.held_token, found.rendered_token) == (held_token, rendered_token)
+    assert f"⟦{held_token}⟧" in found.held and f"⟦{rendered_token}⟧" in found.rendered
+    assert found.as_dict()["edit"] == edit
+
+
+@pytest.mark.parametrize("sent, edit", [
+    ("IT PRINTS HI", "re-cased"), ("It  prints\thi\n", "re-spaced"), ("it  prints hi", "re-cased and re-spaced"),
+    ("It prints hi!", "appended to"), ("Sure. It prints hi", "prepended to"), ("It says bye", "rewritten"),
+    ("It prints", None), ("It prints hi", None),
+])
+def test_reply_edit_names_how_the_text_changed(sent: str, edit: str | None) -> None:
+    assert drift.reply_edit(sent, "It prints hi") == edit
+
+
+def test_whitespace_outside_the_models_replies_stays_whitespace(template: ChatTemplate) -> None:
+    found = classified(template, replaced(3, Message("tool", "print('hi')\n  print('bye')", tool_call_id="c0")))
+    assert found is not None and found.cause == drift.WHITESPACE and found.edit is None
 
 
 def test_a_call_flattened_into_the_text_the_template_writes_renders_the_same_and_still_drifts(

@@ -17,12 +17,19 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 INSTRUCTION = ("You have a calculator: write calc a op b (two numbers, op is +, - or *) and it replies with the "
                "value. Then give the answer.")
 """No concrete numbers: SmolLM2-135M copies an example's numbers into its own call (`calc 12 * 34` on every
 problem, 0 of 200 validation problems right, when the instruction said "for example calc 12 * 34")."""
+CHAIN_INSTRUCTION = ("You have a calculator: write calc a op b (two numbers, op is +, - or *) and it replies with "
+                     "the value. It does one operation at a time: call it again with its value for the next one. "
+                     "Then give the answer.")
+"""The instruction for chained problems (`ARITH_INSTRUCTION=chain`): the same form, and that values feed the next
+call; still no concrete numbers and no worked chain."""
+INSTRUCTIONS = {"one": INSTRUCTION, "chain": CHAIN_INSTRUCTION}
+"""`ARITH_INSTRUCTION`'s choices."""
 CONTROL = "Answer with just the number."
 """The single-shot control's instruction: the same problem, no calculator."""
 _CALL = re.compile(r"calc\b:?(.*)", re.IGNORECASE)
@@ -43,20 +50,51 @@ class Outcome:
     malformed: int = 0
     """Calls the calculator could not parse."""
     too_many_turns: bool = False
+    operands: list[tuple[int, int]] = field(default_factory=list)
+    """The two numbers of each well-formed call, in order."""
+    values: list[int] = field(default_factory=list)
+    """The calculator's value for each well-formed call, in order."""
 
-    def metadata(self, tools: bool) -> dict[str, float]:
-        """Numeric metadata for the rollout and eval metrics (`eval/<name>/used_tool/mean`, ...)."""
-        return {"used_tool": float(self.calls > 0), "turns": float(self.turns), "calls": float(self.calls),
-                "malformed": float(self.malformed), "too_many_turns": float(self.too_many_turns),
-                "tools": float(tools)}
+    def chained(self) -> bool:
+        """The second well-formed call takes the first call's value as one of its numbers."""
+        return len(self.values) >= 2 and self.values[0] in self.operands[1]
+
+    def linked(self) -> bool:
+        """Every well-formed call after the first takes the value of the call before it (no stale value)."""
+        return len(self.values) >= 2 and all(value in numbers for value, numbers in
+                                             zip(self.values, self.operands[1:], strict=False))
+
+    def metadata(self, tools: bool, steps: int | None = None) -> dict[str, float]:
+        """Numeric metadata for the rollout and eval metrics (`eval/<name>/used_tool/mean`, ...). A problem
+        needing `steps` calls adds `solved_<steps>` and `calls_<steps>` (each averages over those problems
+        alone: success and calls by calls needed); one needing two or more adds `solved_multi` and
+        `chained`/`linked` (the share whose second call used the first call's value / whose every call used
+        the value before it)."""
+        figures = {"used_tool": float(self.calls > 0), "turns": float(self.turns), "calls": float(self.calls),
+                   "malformed": float(self.malformed), "too_many_turns": float(self.too_many_turns),
+                   "tools": float(tools)}
+        if steps is not None:
+            figures.update({f"solved_{steps}": self.reward, f"calls_{steps}": float(self.calls)})
+        if steps is not None and steps >= 2:
+            figures.update(solved_multi=self.reward, chained=float(self.chained()), linked=float(self.linked()))
+        return figures
+
+
+def parse(expression: str) -> tuple[int, str, int] | None:
+    """`a op b` as its two integers and operation (`x` and `×` read as `*`), or None when it is not of that form."""
+    match = _EXPRESSION.fullmatch(expression)
+    if match is None:
+        return None
+    op = match.group(2)
+    return int(match.group(1)), "*" if op in "x×" else op, int(match.group(3))
 
 
 def calculate(expression: str) -> int | None:
     """The value of `a op b` (two integers; `x` and `×` multiply), or None when it is not of that form."""
-    match = _EXPRESSION.fullmatch(expression)
-    if match is None:
+    parsed = parse(expression)
+    if parsed is None:
         return None
-    a, op, b = int(match.group(1)), match.group(2), int(match.group(3))
+    a, op, b = parsed
     return a + b if op == "+" else a - b if op == "-" else a * b
 
 
@@ -95,6 +133,10 @@ def episode(ask: Callable[[list[dict]], str], messages: list[dict], answer: int,
         text, well_formed = respond(expression)
         outcome.calls += well_formed
         outcome.malformed += not well_formed
+        if well_formed:
+            a, _, b = parse(expression)  # type: ignore[misc]
+            outcome.operands.append((a, b))
+            outcome.values.append(calculate(expression))  # type: ignore[arg-type]
         messages.append({"role": "user", "content": text})
     outcome.too_many_turns = True
     return outcome

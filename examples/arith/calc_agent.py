@@ -8,7 +8,10 @@ socket client as `agent=arith`): every `calc a op b` reply gets a `calculator: <
 other reply is the answer. With `metadata.tools` false (an eval entry's `metadata: {tools: false}`) it is the
 single-shot control: the question alone, "Answer with just the number.", one call. It writes
 `{"reward", "metadata"}` with `used_tool`, `turns`, `calls`, `malformed`, `too_many_turns` and `tools`, which
-the run's rollout and eval metrics average. `ARITH_MAX_TURNS` (default 4) caps the replies. The conversation
+the run's rollout and eval metrics average; a chained problem (`metadata.steps`, `dataset.steps`) adds its
+success and calls under its number of calls needed and whether its calls chained (`calc.Outcome.metadata`).
+`ARITH_INSTRUCTION` picks the instruction (`one`, default, or `chain`: values feed the next call).
+`ARITH_MAX_TURNS` (default 4) caps the replies. The conversation
 is exported implicitly; a worked example is part of every prompt, so it trains no tokens.
 """
 
@@ -16,31 +19,34 @@ import json
 import os
 
 from agent import chat
-from calc import CONTROL, INSTRUCTION, episode
+from calc import CONTROL, INSTRUCTION, INSTRUCTIONS, episode
 
 MAX_TURNS = int(os.environ.get("ARITH_MAX_TURNS", "4"))
-EXAMPLES = {
-    "none": [],
-    "add": [
-        {"role": "user", "content": f"What is 12 + 34? {INSTRUCTION}"},
-        {"role": "assistant", "content": "calc 12 + 34"},
-        {"role": "user", "content": "calculator: 46"},
-        {"role": "assistant", "content": "The answer is 46."},
-    ],
-    "call": [
-        {"role": "user", "content": f"What is 12 + 34? {INSTRUCTION}"},
-        {"role": "assistant", "content": "calc 12 + 34"},
-    ],
-}
-"""Worked examples put in front of the question (`ARITH_EXAMPLE`, default `none`)."""
 
 
-def opening(question: str, tools: bool, example: str = "none") -> list[dict]:
+def examples(instruction: str) -> dict[str, list[dict]]:
+    """Worked examples put in front of the question (`ARITH_EXAMPLE`, default `none`), with `instruction`."""
+    return {
+        "none": [],
+        "add": [
+            {"role": "user", "content": f"What is 12 + 34? {instruction}"},
+            {"role": "assistant", "content": "calc 12 + 34"},
+            {"role": "user", "content": "calculator: 46"},
+            {"role": "assistant", "content": "The answer is 46."},
+        ],
+        "call": [
+            {"role": "user", "content": f"What is 12 + 34? {instruction}"},
+            {"role": "assistant", "content": "calc 12 + 34"},
+        ],
+    }
+
+
+def opening(question: str, tools: bool, example: str = "none", instruction: str = INSTRUCTION) -> list[dict]:
     """The session's first messages: a worked example (if any) and the question with the calculator's
     instruction, or the control's question alone."""
     if not tools:
         return [{"role": "user", "content": f"{question} {CONTROL}"}]
-    return [*EXAMPLES[example], {"role": "user", "content": f"{question} {INSTRUCTION}"}]
+    return [*examples(instruction)[example], {"role": "user", "content": f"{question} {instruction}"}]
 
 
 def main() -> None:
@@ -49,10 +55,12 @@ def main() -> None:
     metadata = task.get("metadata") or {}
     tools = bool(metadata.get("tools", True))
     question = task["messages"][-1]["content"]
-    messages = opening(question, tools, os.environ.get("ARITH_EXAMPLE", "none"))
+    instruction = INSTRUCTIONS[os.environ.get("ARITH_INSTRUCTION", "one")]
+    messages = opening(question, tools, os.environ.get("ARITH_EXAMPLE", "none"), instruction)
     outcome = episode(chat, messages, metadata["answer"], MAX_TURNS, tools)
     with open(os.environ["RELAX_OUTPUT_JSON"], "w", encoding="utf-8") as f:
-        json.dump({"reward": outcome.reward, "metadata": outcome.metadata(tools)}, f)
+        json.dump({"reward": outcome.reward, "metadata": outcome.metadata(tools, metadata.get("steps"))},
+                  f)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,11 @@ Each row's prompt is `prompt` filled in (`What is 12 + 34? Answer with just the 
 `ArithDataset` is a drop-in for `JsonlDataset` (`prompts`, `len`, `shuffle`). As an eval dataset it is
 built with the entry's `path`: `arith:heldout` (or `arith:train`) selects a generated split, any other path
 is read as a JSONL file like `dataset=digits` does (`eval.datasets=[{name: heldout, path: "arith:heldout"}]`).
+With `steps` (a list of call counts, `[1, 2, 3]`) the problems are chained instead (data/chains.py:
+`47 * 86 + 12`, `(47 + 86) * 12`, drawn with the same three disjoint splits, a problem `i` of a split needing
+`steps[i % len(steps)]` calculator calls; `train_steps` gives the train split its own mix, the curriculum),
+the prompt fills `{expression}` and the metadata holds `answer`, `steps`, `expression` and `split`. An eval
+path `arith:heldout:2` selects the held-out problems needing two calls (one eval set per depth).
 What it does not do: score answers (`credit.examples.exact_answer`), division, or operands beyond what an
 int holds exactly.
 """
@@ -25,6 +30,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from relax_pipeline.data.chains import ChainSet
 from relax_pipeline.data.dataset import JsonlDataset, Prompt
 from relax_pipeline.data.settings import ArithSettings
 
@@ -45,7 +51,13 @@ class ArithDataset:
         if path is not None and not path.startswith(SPLIT_PREFIX):
             self.prompts = JsonlDataset(settings.jsonl()).prompts
             return
-        split = path[len(SPLIT_PREFIX):] if path is not None else settings.split
+        split, steps = parse_split(path[len(SPLIT_PREFIX):] if path is not None else settings.split)
+        if settings.steps is not None:
+            self.prompts = chain_prompts(settings, split, steps)
+            return
+        if steps is not None:
+            raise ValueError(f"dataset path arith:{split}:{steps} selects by calls needed, which only chained "
+                             "problems have; set dataset.steps (for example [1, 2, 3]) or drop the :<calls>")
         self.problems = ProblemSet(tuple(settings.operations), settings.low, settings.high,
                                    Sizes(settings.heldout_size, settings.validation_size, settings.train_size),
                                    settings.seed)
@@ -55,11 +67,35 @@ class ArithDataset:
     @staticmethod
     def _prompt(index: int, problem: tuple[int, str, int], split: str, template: str) -> Prompt:
         a, op, b = problem
-        text = template.format(a=a, op=op, b=b)
+        text = template.format(a=a, op=op, b=b, expression=f"{a} {op} {b}")
         return Prompt(index, text, {"answer": OPERATIONS[op](a, b), "a": a, "op": op, "b": b, "split": split})
 
     def __len__(self) -> int:
         return len(self.prompts)
+
+
+def parse_split(text: str) -> tuple[str, int | None]:
+    """`heldout` → (`heldout`, None); `heldout:2` → (`heldout`, 2): the split and the calls its problems need."""
+    split, _, steps = text.partition(":")
+    if steps and not steps.isdigit():
+        raise ValueError(f"dataset path arith:{text}: write arith:<split> or arith:<split>:<calls needed>, "
+                         "for example arith:heldout:2")
+    return split, int(steps) if steps else None
+
+
+def chain_prompts(settings: ArithSettings, split: str, steps: int | None) -> list[Prompt]:
+    """The chained problems of `split` (data/chains.py), those needing `steps` calls when it is given."""
+    sizes = {"heldout": settings.heldout_size, "validation": settings.validation_size, "train": settings.train_size}
+    if sizes["train"] is None:
+        raise ValueError("dataset.train_size=null: chained problems (dataset.steps) are drawn, not enumerated; "
+                         "set dataset.train_size, for example 20000")
+    train_steps = settings.steps if settings.train_steps is None else settings.train_steps
+    chains = ChainSet(settings.operations, settings.low, settings.high, settings.steps, train_steps, sizes,
+                      settings.seed).split(split)
+    picked = [c for c in chains if steps is None or c.steps == steps]
+    return [Prompt(i, settings.prompt.format(expression=c.text()),
+                   {"answer": c.answer, "steps": c.steps, "expression": c.text(), "split": split})
+            for i, c in enumerate(picked)]
 
 
 @dataclass(frozen=True)

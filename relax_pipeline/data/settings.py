@@ -57,8 +57,14 @@ class ArithSettings:
     """Problems in the train split, none of them held out or validation; None: every other problem."""
     seed: int = 0
     """Seed of the problem set, independent of the run's `seed` (every run sees the same held-out problems)."""
+    steps: list[int] | None = None
+    """Chained problems (data/chains.py): the calculator calls a problem needs, cycled over each split's problems
+    (`[1, 2, 3]`: equal thirds); None: one `a op b` problem each, the whole space enumerated."""
+    train_steps: list[int] | None = None
+    """The train split's own mix of calls needed (the curriculum, `[1, 2, 2, 3]`); None: `steps`."""
     prompt: str = "What is {a} {op} {b}? Answer with just the number."
-    """Prompt text; `{a}`, `{op}` and `{b}` are filled in. The answer goes to the row's `metadata.answer`."""
+    """Prompt text; `{a}`, `{op}` and `{b}` (single problems) or `{expression}` (both) are filled in. The answer
+    goes to the row's `metadata.answer`."""
     path: str | None = None
     """None generates; `arith:<split>` selects a split; any other path is read as JSONL (what eval entries pass)."""
     input_key: str = "input"

@@ -113,3 +113,65 @@ def test_the_agent_opens_with_the_example_or_the_control(monkeypatch: pytest.Mon
     assert [m["role"] for m in format_only] == ["user", "assistant", "user"] and format_only[:2] == with_example[:2]
     assert agent.opening("What is 3 * 4?", tools=False) == [
         {"role": "user", "content": f"What is 3 * 4? {calc.CONTROL}"}]
+
+
+# Chained problems (`agent=arith_chain`, `dataset.steps`): hand-written transcripts of `(47 + 86) * 12`.
+
+def test_a_correct_chain_feeds_each_value_into_the_next_call() -> None:
+    seen, ask = scripted("calc 47 + 86", "calc 133 * 12", "The answer is 1596.")
+    messages = [{"role": "user", "content": "What is (47 + 86) * 12?"}]
+    outcome = calc.episode(ask, messages, 1596, max_turns=5)
+    assert seen[1][-1] == {"role": "user", "content": "calculator: 133"}
+    assert seen[2][-1] == {"role": "user", "content": "calculator: 1596"}
+    assert (outcome.reward, outcome.calls, outcome.operands, outcome.values) == (1.0, 2, [(47, 86), (133, 12)],
+                                                                                 [133, 1596])
+    figures = outcome.metadata(True, steps=2)
+    assert {k: figures[k] for k in ("solved_2", "calls_2", "solved_multi", "chained", "linked")} == {
+        "solved_2": 1.0, "calls_2": 2.0, "solved_multi": 1.0, "chained": 1.0, "linked": 1.0}
+    assert "solved_1" not in figures and "solved_3" not in figures
+
+
+def test_a_chain_that_reuses_a_stale_value_is_wrong_and_not_linked() -> None:
+    # (47 + 86) * 12 - 5: the third call takes the first value (133) instead of the second (1596).
+    _, ask = scripted("calc 47 + 86", "calc 133 * 12", "calc 133 - 5", "The answer is 128.")
+    outcome = calc.episode(ask, [], 1591, max_turns=5)
+    figures = outcome.metadata(True, steps=3)
+    assert (outcome.reward, outcome.calls, outcome.values) == (0.0, 3, [133, 1596, 128])
+    assert (figures["chained"], figures["linked"], figures["solved_3"]) == (1.0, 0.0, 0.0)
+
+
+def test_a_second_call_on_the_original_numbers_is_not_chained() -> None:
+    _, ask = scripted("calc 47 + 86", "calc 86 * 12", "1032")
+    outcome = calc.episode(ask, [], 1596, max_turns=5)
+    assert (outcome.reward, outcome.chained(), outcome.linked()) == (0.0, False, False)
+
+
+def test_a_malformed_call_in_a_chain_gets_the_error_and_the_chain_goes_on() -> None:
+    _, ask = scripted("calc 47 + 86", "calc 133 * 12 - 5", "calc 133 * 12", "calc 1596 - 5", "1591")
+    messages: list[dict] = []
+    outcome = calc.episode(ask, messages, 1591, max_turns=5)
+    assert messages[3] == {"role": "user", "content": calc.MALFORMED}
+    assert (outcome.reward, outcome.calls, outcome.malformed, outcome.turns, outcome.linked()) == (1.0, 3, 1, 5, True)
+
+
+def test_no_call_on_a_chain_is_its_answer_and_chains_nothing() -> None:
+    _, ask = scripted("The answer is 1596.")
+    figures = calc.episode(ask, [], 1596, max_turns=5).metadata(True, steps=2)
+    assert (figures["solved_2"], figures["calls"], figures["chained"], figures["linked"]) == (1.0, 0.0, 0.0, 0.0)
+
+
+def test_a_chain_past_the_cap_ends_with_reward_zero() -> None:
+    _, ask = scripted("calc 47 + 86", "calc 133 * 12", "calc 1596 - 5", "calc 1591 - 0", "calc 1591 + 0")
+    outcome = calc.episode(ask, [], 1591, max_turns=5)
+    figures = outcome.metadata(True, steps=3)
+    assert (outcome.reward, outcome.too_many_turns, figures["solved_3"], figures["linked"]) == (0.0, True, 0.0, 1.0)
+
+
+def test_the_chain_instruction_is_what_the_chain_agent_opens_with(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(EXAMPLE))
+    agent = load("calc_agent")
+    opened = agent.opening("What is (47 + 86) * 12?", tools=True, example="call",
+                           instruction=calc.INSTRUCTIONS["chain"])
+    assert opened[0]["content"] == f"What is 12 + 34? {calc.CHAIN_INSTRUCTION}"
+    assert opened[-1]["content"] == f"What is (47 + 86) * 12? {calc.CHAIN_INSTRUCTION}"
+    assert not any(ch.isdigit() for ch in calc.CHAIN_INSTRUCTION)  # no numbers for the model to copy

@@ -7,7 +7,7 @@ checkpoint every `trainer.save_interval` steps and after the last. `trainer.resu
 latest checkpoint (weights, optimizer, RNG, step count, data position, weight version) first, and
 `trainer.keep_checkpoints` keeps only the last N checkpoint folders. With an evaluator, eval runs before
 the first step and every `eval.interval` steps (`_eval`); `job=eval` is this loop with no steps and an
-evaluator. The loop does not build anything: `run.py` hands it the parts.
+evaluator. The loop does not build anything: the job's recipe (`relax_pipeline/recipes/`) hands it the parts.
 
 Stopping (`request_stop`, called by run.py on the first SIGINT or SIGTERM): the pipeline starts no more
 groups and drops the running ones (recorded in the dump as `dropped`); a step interrupted during its
@@ -54,6 +54,7 @@ from relax_pipeline.stages.traces import TrainTiming, step_traces, train_timing
 from relax_pipeline.tracking.traces import TraceWriter
 from relax_pipeline.tracking.tracker import Tracker
 from relax_pipeline.train.allocator import release_freed_memory
+from relax_pipeline.train.base import Trainer
 
 log = logging.getLogger("relax_pipeline")
 _STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -108,8 +109,9 @@ class StepLoop:
     """Runs `num_steps` rollout steps, training between them when a trainer is given."""
 
     def __init__(self, pipeline: Pipeline, strategy: RuntimeStrategy, engine: Engine, tracker: Tracker,
-                 num_steps: int, trainer: Any | None = None, checkpoints: Checkpoints | None = None,
-                 evaluator: Evaluator | None = None) -> None:
+                 num_steps: int, trainer: Trainer | None = None, checkpoints: Checkpoints | None = None,
+                 evaluator: Evaluator | None = None, *, recorder: StepRecorder | None = None,
+                 traces: TraceWriter | None = None) -> None:
         self.pipeline = pipeline
         self.strategy = strategy
         self.engine = engine
@@ -119,11 +121,10 @@ class StepLoop:
         self.checkpoints = checkpoints
         self.history: list[dict[str, float]] = []
         self.evaluator = evaluator
-        self.recorder: StepRecorder | None = None
-        """`debug.replay_bundle`: writes the chosen steps' replay bundles (relax_pipeline/replay/); set by run.py,
-        None: off."""
-        self.traces: TraceWriter | None = None
-        """`tracking.traces`: writes each step's session traces (tracking/traces.py); set by run.py, None: off."""
+        self.recorder = recorder
+        """`debug.replay_bundle`: writes the chosen steps' replay bundles (relax_pipeline/replay/); None: off."""
+        self.traces = traces
+        """`tracking.traces`: writes each step's session traces (tracking/traces.py); None: off."""
         self._trained: TrainTiming | None = None
         """When the current step's `trainer.train` ran, and its micro-batches (the traces' `train_step`)."""
         self.eval_metrics: dict[str, float] = {}
@@ -245,12 +246,21 @@ class StepLoop:
                                      getattr(self.trainer, "timeline", ()))
         started = time.perf_counter()
         await self.strategy.before_weight_update()
-        await self.engine.update_weights(self.trainer.engine_weights(), self.trainer.version)
+        await self._sync_weights()
         await self.strategy.after_weight_update()
         metrics["perf/weight_sync_s"] = time.perf_counter() - started
         metrics["train/samples"] = float(len(samples))
         metrics["train/weight_version"] = float(self.trainer.version)
         return metrics
+
+    async def _sync_weights(self) -> None:
+        """The trainer's new weights into the engine: under `trainer.lora` its adapter alone, else every weight."""
+        assert self.trainer is not None
+        adapter = self.trainer.engine_adapter()
+        if adapter is None:
+            await self.engine.update_weights(self.trainer.engine_weights(), self.trainer.version)
+        else:
+            await self.engine.update_adapter(adapter, self.trainer.version)
 
     def _record(self, step: int, result: StepResult, metrics: dict[str, float]) -> None:
         """The step's replay bundle (after its checkpoint, so the bundle can name it), when one is wanted."""
@@ -290,7 +300,7 @@ class StepLoop:
             return 0
         extra = await asyncio.to_thread(self.trainer.load, latest)
         self.pipeline.source.restore(extra["data"])
-        await self.engine.update_weights(self.trainer.engine_weights(), self.trainer.version)
+        await self._sync_weights()
         log.info("resumed from %s at step %d (weights v%d)", latest, extra["step"], self.trainer.version)
         self.saved = int(extra["step"])
         return int(extra["step"])

@@ -148,6 +148,24 @@ def expand_placeholders(ids: Sequence[int], token_id: int, media: Sequence[Image
     return out
 
 
+DEFAULT_ADAPTER = "default"
+"""The adapter name of the run's one policy (PEFT's default name too): an engine serves the adapter of this name to
+every request that names no adapter."""
+
+
+@dataclass(frozen=True)
+class AdapterWeights:
+    """One LoRA adapter as the trainer hands it over; connects the trainer's weight sync (`trainer.lora`) to the
+    engine (`Engine.update_adapter`)."""
+
+    name: str
+    """The adapter's name: `DEFAULT_ADAPTER` for the run's policy (several policies: one name each)."""
+    config: dict[str, Any]
+    """PEFT's `LoraConfig` as a plain dict (what `adapter_config.json` holds: r, lora_alpha, target_modules...)."""
+    tensors: dict[str, Any]
+    """The adapter's tensors under PEFT's saved names (`base_model.model.<module>.lora_A.weight`), on the CPU."""
+
+
 class ImageProcessor(Protocol):
     """A vision-language model's image processing (`engine/vision.py`'s `Vision`), as the turn service uses it."""
 
@@ -202,6 +220,10 @@ class Engine(Protocol):
 
     async def update_weights(self, state_dict: dict[str, Any], version: int) -> None:
         """Load new weights between generations and serve them as `version`."""
+
+    async def update_adapter(self, adapter: AdapterWeights, version: int) -> None:
+        """Load (or replace) LoRA adapter `adapter.name` over the base weights between generations and serve it as
+        `version`; requests that name no adapter get `DEFAULT_ADAPTER` once it is loaded."""
 
     async def close(self) -> None:
         """Stop workers and free memory."""

@@ -351,6 +351,10 @@ class PacedTrainer:
     def engine_weights(self) -> dict[str, Any]:
         return {}
 
+    def engine_adapter(self) -> None:
+        """Full weights (no `trainer.lora`): the loop syncs `engine_weights`."""
+        return None
+
     def save(self, path: Any, extra: dict[str, Any]) -> None:
         return None
 

@@ -7,11 +7,13 @@ on with the other groups (the rollout temperature and the credit's `AdvantageSet
 
 Contract: `train` runs the optimizer steps of one rollout batch and returns `train/...` and `perf/...`
 metrics; every call that trains bumps `version`, the weight version the engine serves next.
-`engine_weights` is a detached CPU state dict for `Engine.update_weights`. `save` writes a checkpoint
+`engine_weights` is a detached CPU state dict for `Engine.update_weights`; under `trainer.lora` the sync sends
+`engine_adapter` (the adapter alone, `Engine.update_adapter`) instead. `save` writes a checkpoint
 folder atomically with the caller's plain `extra` values; the folder is a loadable Hugging Face model folder
-(weights, config, generation config, tokenizer, chat template), plus the optimizer state unless the backend
-was built with `save_optimizer=False`. `load` restores it (weights, optimizer when saved, version, RNG
-states) and returns `extra`. `close` releases what the backend holds (a process group).
+(weights, config, generation config, tokenizer, chat template; under `trainer.lora` a PEFT adapter folder in
+place of the weights), plus the optimizer state unless the backend was built with `save_optimizer=False`.
+`load` restores it (weights, optimizer when saved, version, RNG states) and returns `extra`. `close` releases
+what the backend holds (a process group).
 
 What it does not say: how the loss, batching or optimizer work (train/losses.py, batching.py, optim.py),
 or when to checkpoint (the loop's `Checkpoints`, from `trainer.save_interval`/`resume`/`checkpoint_dir`).
@@ -23,6 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from relax_pipeline.engine.base import AdapterWeights
 from relax_pipeline.forest.sample import Sample
 
 
@@ -39,6 +42,11 @@ class Trainer(Protocol):
 
     def engine_weights(self) -> dict[str, Any]:
         """The policy's weights as a detached CPU state dict (tied weights stay tied)."""
+        ...
+
+    def engine_adapter(self) -> AdapterWeights | None:
+        """Under `trainer.lora` the adapter the weight sync sends (`Engine.update_adapter`); None: sync
+        `engine_weights`."""
         ...
 
     def save(self, path: Path, extra: dict[str, Any]) -> None:

@@ -58,7 +58,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -66,12 +66,14 @@ from typing import Any
 
 import torch
 
+from relax_pipeline.engine.base import AdapterWeights
 from relax_pipeline.forest.sample import Sample
 from relax_pipeline.infra.ports import free_port
 from relax_pipeline.models.folder import WEIGHTS_FILE, copy_model_files, save_weights
 from relax_pipeline.models.spec import is_multimodal
 from relax_pipeline.models.tiny import default_cache_dir
 from relax_pipeline.train.data_parallel import RankShare, shard
+from relax_pipeline.train.lora import adapter_weights, load_adapter, save_adapter, trainable, wrap
 from relax_pipeline.train.optim import adamw
 from relax_pipeline.train.rank_group import RankFailed, RankGroup
 from relax_pipeline.train.rank_ray import RayRankGroup
@@ -157,10 +159,11 @@ class DeepSpeedTrainer(TorchTrainer):
         self._owns_group = init_process_group(deepspeed)
         self.device = torch.device(get_accelerator().device_name(int(os.environ["LOCAL_RANK"])))
         policy, self.pad_id = load_policy(self.model_path, self.seed, str(self.device), self.attn_implementation,
-                                          self.trainer_settings.lean_activations)
+                                          self.trainer_settings.lean_activations, self.base_dtype)
         self.reference = frozen_copy(policy) if needs_reference else None
         self.teacher = load_teacher(self.trainer_settings.teacher, policy, self.device)
-        optimizer = adamw(policy.parameters(), self.optim)
+        policy = wrap(policy, self.lora) if self.lora.enabled else policy
+        optimizer = adamw(trainable(policy), self.optim)
         if self.zero_stage == 3 and self.num_ranks > 1:
             restart_zero3_ids()
         config = ds_config(self.zero_stage, self.optim.grad_clip, self.settings.batching.micro_batch_size)
@@ -243,28 +246,50 @@ class DeepSpeedTrainer(TorchTrainer):
 
     def gathered_weights(self) -> dict[str, torch.Tensor]:
         """This rank's part of `engine_weights` (a collective under ZeRO-3, a local copy below it)."""
+        return self._gathered(lambda: cpu_state_dict(self._full_state()))
+
+    def _gathered(self, read: Callable[[], Any]) -> Any:
+        """`read()` with every parameter whole: under ZeRO-3 inside one gather of all of them (the same collective
+        on every rank), below it as is."""
         if self.zero_stage < 3:
-            return cpu_state_dict(self.policy.state_dict())
+            return read()
         import deepspeed
 
         with deepspeed.zero.GatheredParameters(list(self.policy.parameters()), modifier_rank=None):
-            return cpu_state_dict(self.policy.state_dict())
+            return read()
+
+    def engine_adapter(self) -> AdapterWeights | None:
+        """Under LoRA the adapter (gathered from every rank's partitions under ZeRO-3); None otherwise."""
+        if not self.lora.enabled:
+            return None
+        if self.zero_stage < 3:
+            return adapter_weights(self.policy)
+        with self._collective("gather"):
+            adapter = self._gathered(lambda: adapter_weights(self.policy))
+        return adapter
 
     def _write_checkpoint(self, folder: Path, extra: dict[str, Any]) -> None:
         """Rank 0 writes the Hugging Face folder and the state; every rank writes its DeepSpeed files."""
         with self._collective("save", str(folder)):
             copy_model_files(Path(self.model_path), folder)
-            save_weights(self.gathered_weights(), folder / WEIGHTS_FILE)
+            if self.lora.enabled:
+                self._gathered(lambda: save_adapter(self.policy, folder))
+            else:
+                save_weights(self.gathered_weights(), folder / WEIGHTS_FILE)
             if self.save_optimizer:
-                self.engine.save_checkpoint(str(folder), tag=DS_TAG)
+                self._save_engine(str(folder))
             write_state(folder, self.version, extra)
+
+    def _save_engine(self, folder: str) -> None:
+        """DeepSpeed's files (optimizer, partitions); under LoRA without the frozen base weights."""
+        self.engine.save_checkpoint(folder, tag=DS_TAG, exclude_frozen_parameters=self.lora.enabled)
 
     def save_part(self, folder: str) -> None:
         """A worker rank's part of `_write_checkpoint`: the same collectives, its own DeepSpeed files."""
         if self.zero_stage == 3:
             self.gathered_weights()
         if self.save_optimizer:
-            self.engine.save_checkpoint(folder, tag=DS_TAG)
+            self._save_engine(folder)
 
     def load(self, path: Path | str) -> dict[str, Any]:
         """Restore the engine (weights, optimizer, ZeRO partitions) on every rank, version and RNG states; a
@@ -279,7 +304,8 @@ class DeepSpeedTrainer(TorchTrainer):
         if not (path / DS_TAG).is_dir():
             self._load_weights_only(path)
             return
-        loaded, _ = self.engine.load_checkpoint(str(path), tag=DS_TAG, load_lr_scheduler_states=False)
+        loaded, _ = self.engine.load_checkpoint(str(path), tag=DS_TAG, load_lr_scheduler_states=False,
+                                                load_module_strict=not self.lora.enabled)
         if loaded is None:
             raise FileNotFoundError(f"no DeepSpeed checkpoint under {path / DS_TAG}")
 
@@ -289,7 +315,10 @@ class DeepSpeedTrainer(TorchTrainer):
 
         params = list(self.policy.parameters())
         with deepspeed.zero.GatheredParameters(params, modifier_rank=0, enabled=self.zero_stage == 3):
-            load_weights(self.policy, path / WEIGHTS_FILE)
+            if self.lora.enabled:
+                load_adapter(self.policy, path)
+            else:
+                load_weights(self.policy, path / WEIGHTS_FILE)
         if hasattr(self.optimizer, "refresh_fp32_params"):
             self.optimizer.refresh_fp32_params()
         fresh_optimizer_warning(path)

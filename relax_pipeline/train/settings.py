@@ -1,7 +1,7 @@
 """The `trainer` node as records: what `TorchTrainer` and `DeepSpeedTrainer` take, declared once.
 
 `TrainerSettings` is the node both backends share (`trainer=torch`'s whole schema): the device, the nested
-`loss`, `batching` and `optim` records, precision and memory switches, and the checkpoint schedule that the
+`loss`, `batching`, `optim` and `lora` records, precision and memory switches, and the checkpoint schedule that the
 step loop reads (`checkpoint_part`). `DeepSpeedSettings` adds the keys only `trainer=deepspeed` reads (ZeRO
 stage, ranks and where they run), so `trainer=torch trainer.zero_stage=2` fails when the config is composed.
 `TrainerRun` carries what the trainer must agree on with the other groups (model path, seed, the rollout's
@@ -19,6 +19,7 @@ from typing import Any
 
 from relax_pipeline.credit.settings import AdvantageSettings
 from relax_pipeline.train.batching import BatchSettings
+from relax_pipeline.train.lora import LoraSettings
 from relax_pipeline.train.losses import LossSettings
 from relax_pipeline.train.optim import OptimSettings
 
@@ -50,6 +51,9 @@ class TrainerSettings:
     """Optimizer steps and micro-batches (train/batching.py)."""
     optim: OptimSettings = field(default_factory=OptimSettings)
     """AdamW and gradient clipping (train/optim.py)."""
+    lora: LoraSettings = field(default_factory=LoraSettings)
+    """LoRA (train/lora.py): with `trainer.lora.rank` set, a PEFT adapter is trained over frozen base weights and
+    only the adapter is synced to the engine and checkpointed."""
     save_optimizer: bool = True
     """Save the optimizer state with each checkpoint; false saves weights only (a resume then restarts the
     optimizer and says so)."""

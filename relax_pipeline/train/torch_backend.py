@@ -21,6 +21,12 @@ so `AutoModelForCausalLM.from_pretrained(folder)`, `AutoTokenizer.from_pretraine
 optimizer state resumes with a fresh optimizer and says so. The model runs in eval mode (dropout off) so
 its logprobs match the engine's.
 
+Under `trainer.lora` (its `rank` set; train/lora.py) the policy is a PEFT model: the base weights frozen in
+`trainer.lora.base_dtype`, the float32 adapter the only parameters with gradients and AdamW state. A checkpoint
+then holds the adapter as a PEFT folder (`adapter_config.json`, `adapter_model.safetensors`) instead of
+`model.safetensors`, beside the same model files and state; `engine_adapter()` is what the weight sync sends
+(`Engine.update_adapter`), and `engine_weights()` the base's weights with the adapter merged in.
+
 What it does not do: learning-rate schedules, mixed precision, or more than one process
 (`trainer=deepspeed` does ZeRO). It does not decide when to checkpoint or how many to keep:
 `trainer.save_interval`, `keep_checkpoints`, `resume` and `checkpoint_dir` are the loop's.
@@ -40,12 +46,14 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
+from relax_pipeline.engine.base import AdapterWeights
 from relax_pipeline.forest.sample import Sample
 from relax_pipeline.models.attention import check_implementation
 from relax_pipeline.models.folder import WEIGHTS_FILE, copy_model_files, save_weights
 from relax_pipeline.train.allocator import TrainingThread, keep_freed_cpu_memory, wants_freed_memory_kept
 from relax_pipeline.train.batching import global_batches
 from relax_pipeline.train.lean_layers import lean_activations
+from relax_pipeline.train.lora import adapter_weights, load_adapter, merged_state, save_adapter, trainable, wrap
 from relax_pipeline.train.optim import adamw, clip_and_step
 from relax_pipeline.train.provenance import MicroBatchTime, version_lag
 from relax_pipeline.train.settings import TrainerRun, TrainerSettings
@@ -91,13 +99,24 @@ class TorchTrainer:
 
     def _setup(self, device: str, needs_reference: bool) -> None:
         """Seed, load the policy (and reference) on `device`, build AdamW."""
-        self.policy, self.pad_id = load_policy(self.model_path, self.seed, device, self.attn_implementation,
-                                               self.trainer_settings.lean_activations)
+        policy, self.pad_id = load_policy(self.model_path, self.seed, device, self.attn_implementation,
+                                          self.trainer_settings.lean_activations, self.base_dtype)
         self.device = torch.device(device)
-        self.reference = frozen_copy(self.policy) if needs_reference else None
-        self.teacher = load_teacher(self.trainer_settings.teacher, self.policy, self.device)
-        self.optimizer = adamw(self.policy.parameters(), self.optim)
+        self.reference = frozen_copy(policy) if needs_reference else None
+        self.teacher = load_teacher(self.trainer_settings.teacher, policy, self.device)
+        self.policy = wrap(policy, self.lora) if self.lora.enabled else policy
+        self.optimizer = adamw(trainable(self.policy), self.optim)
         self.model: Any = self.policy
+
+    @property
+    def lora(self) -> Any:
+        """`trainer.lora` (train/lora.py): an adapter over frozen base weights when its rank is set."""
+        return self.trainer_settings.lora
+
+    @property
+    def base_dtype(self) -> torch.dtype:
+        """The dtype the policy's weights load in: float32, or under LoRA `trainer.lora.base_dtype`."""
+        return self.lora.dtype if self.lora.enabled else torch.float32
 
     # ---- training -------------------------------------------------------------------------------
 
@@ -135,8 +154,16 @@ class TorchTrainer:
     # ---- weights and checkpoints ----------------------------------------------------------------
 
     def engine_weights(self) -> dict[str, torch.Tensor]:
-        """A detached CPU copy of the policy's state dict, ready for `Engine.update_weights`."""
-        return self.thread.run(cpu_state_dict, self.policy.state_dict())
+        """A detached CPU copy of the policy's state dict, ready for `Engine.update_weights` (under LoRA the base's
+        weights with the adapter merged in)."""
+        return self.thread.run(cpu_state_dict, self._full_state())
+
+    def _full_state(self) -> dict[str, torch.Tensor]:
+        return merged_state(self.policy) if self.lora.enabled else self.policy.state_dict()
+
+    def engine_adapter(self) -> AdapterWeights | None:
+        """Under LoRA the adapter for `Engine.update_adapter` (the weight sync sends only it); None otherwise."""
+        return self.thread.run(adapter_weights, self.policy) if self.lora.enabled else None
 
     def save(self, path: Path, extra: dict[str, Any]) -> None:
         """Write a checkpoint folder at `path` atomically; `extra` holds plain values (ints, lists, dicts, ...)."""
@@ -144,7 +171,10 @@ class TorchTrainer:
 
     def _write_checkpoint(self, folder: Path, extra: dict[str, Any]) -> None:
         copy_model_files(Path(self.model_path), folder)
-        save_weights(self.engine_weights(), folder / WEIGHTS_FILE)
+        if self.lora.enabled:
+            save_adapter(self.policy, folder)
+        else:
+            save_weights(self.engine_weights(), folder / WEIGHTS_FILE)
         if self.save_optimizer:
             torch.save(self.optimizer.state_dict(), folder / OPTIMIZER_FILE)
         write_state(folder, self.version, extra)
@@ -154,7 +184,10 @@ class TorchTrainer:
         return self.thread.run(self._load, Path(path))
 
     def _load(self, path: Path) -> dict[str, Any]:
-        load_weights(self.policy, path / WEIGHTS_FILE)
+        if self.lora.enabled:
+            load_adapter(self.policy, path)
+        else:
+            load_weights(self.policy, path / WEIGHTS_FILE)
         if (path / OPTIMIZER_FILE).exists():
             self.optimizer.load_state_dict(torch.load(path / OPTIMIZER_FILE, weights_only=True))
         else:
@@ -171,8 +204,9 @@ class TorchTrainer:
 
 
 def load_policy(model_path: str, seed: int, device: str, attention: str | None = None,
-                lean: bool = False) -> tuple[torch.nn.Module, int]:
-    """`torch.manual_seed(seed)`, then the float32 model (causal LM or vision-language) in eval mode, with the
+                lean: bool = False, dtype: torch.dtype = torch.float32) -> tuple[torch.nn.Module, int]:
+    """`torch.manual_seed(seed)`, then the model (causal LM or vision-language; float32 unless `dtype` says) in eval
+    mode, with the
     `attention` kernel (None: transformers' default) and, with `lean`, the lean norms and MLPs under autocast
     (train/lean_layers.py), and the id used for padding.
 
@@ -181,7 +215,7 @@ def load_policy(model_path: str, seed: int, device: str, attention: str | None =
     from relax_pipeline.models.spec import load_pretrained
 
     torch.manual_seed(seed)
-    model = load_pretrained(model_path, torch.float32, attention).to(device).eval()
+    model = load_pretrained(model_path, dtype, attention).to(device).eval()
     if lean:
         lean_activations(model)
     pad = getattr(model.config, "pad_token_id", None)

@@ -9,6 +9,8 @@ under `grouped` attention a decode step reads them at the buffer's full width (`
 matmul takes in place. `ModelCall` runs the batched prefill of `Chunk`s (each a cached prefix from
 `prefix_cache.py` plus the tokens still to compute, left-padded into one forward with per-row positions), the
 prefill of one prompt with images (pixels and mrope positions), and one decode step for the whole batch.
+Every forward names its rows' LoRA adapters (`adapters.py`; a `Request`'s `adapter`), so one decode batch mixes
+adapters; a `Prefiller` serves one adapter, its prefix cache holding that adapter's KV only.
 `Prefiller` decides what each admission round prefills and what goes into the prefix cache; `row_kv` reads a row's
 KV back out in the cache's layout. Split from `engine.py`, which owns scheduling, threads and the async API; this
 module starts no thread and touches no event loop.
@@ -28,7 +30,15 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from relax_pipeline.engine.base import FinishReason, GenerateResult, ImageFeatures, SamplingParams, varying
+from relax_pipeline.engine.base import (
+    AdapterWeights,
+    FinishReason,
+    GenerateResult,
+    ImageFeatures,
+    SamplingParams,
+    varying,
+)
+from relax_pipeline.engine.hf.adapters import BASE, Adapters
 from relax_pipeline.engine.hf.decode_step import decode_step
 from relax_pipeline.engine.hf.prefix_cache import Hit, PrefixCache, Tokens, buckets, shared_prefixes
 from relax_pipeline.engine.sampling import StopStringMatcher
@@ -66,6 +76,9 @@ class Request:
     matcher: StopStringMatcher | None = None
     media: tuple[ImageFeatures, ...] = ()
     """Images of the (already expanded) prompt, in order."""
+    adapter: str | None = None
+    """The LoRA adapter that serves this request (engine/hf/adapters.py), `BASE` for the base weights alone; None
+    until submitted (then the engine's default)."""
     rope_delta: int = 0
     """Position of the next token minus its cache index (nonzero only after images)."""
     queued_at: int = 0
@@ -323,9 +336,20 @@ class ModelCall:
         """Whether the caches it makes are `SpareLayer.wide` (the model's attention masks the extra columns)."""
         self.step = decode_step(model)
         """The written-out decode step (`decode_step.py`) where it fits the model, else None (the model's forward)."""
+        self.adapters = Adapters(model)
+        """The model's LoRA adapters (engine/hf/adapters.py); each forward names its rows' adapters."""
 
-    def prefill(self, chunks: Sequence[Chunk]) -> Prefilled:
-        """Run every chunk's tokens after its cached prefix in one forward pass.
+    def load_adapter(self, adapter: AdapterWeights) -> None:
+        """Load `adapter` into the model; the decode step is rebuilt when its layers are new."""
+        if self.adapters.load(adapter):
+            self.step = decode_step(self.model)
+
+    def _names(self, names: Sequence[str]) -> list[str] | None:
+        """Each row's adapter for a forward, or None while no adapter is loaded."""
+        return list(names) if self.adapters.configs else None
+
+    def prefill(self, chunks: Sequence[Chunk], adapter: str = BASE) -> Prefilled:
+        """Run every chunk's tokens after its cached prefix in one forward pass, with LoRA `adapter`.
 
         Row i holds its prefix right-aligned in the first P columns and its tokens right-aligned in the last
         S columns (P, S: the largest prefix and token count); the columns in between are masked padding.
@@ -342,8 +366,9 @@ class ModelCall:
         cache, old_mask = self._prefix_cache(chunks)
         mask = torch.cat([old_mask, new_mask.to(self.device)], dim=1)
         kwargs = {self._cache_key: cache, **self._last_only}
-        out = self.model(input_ids=ids.to(self.device), attention_mask=mask, position_ids=positions.to(self.device),
-                         use_cache=True, **kwargs)
+        with self.adapters.rows(self._names([adapter] * len(chunks))):
+            out = self.model(input_ids=ids.to(self.device), attention_mask=mask,
+                             position_ids=positions.to(self.device), use_cache=True, **kwargs)
         return Prefilled(out.logits[:, -1], cache, mask)
 
     def _prefix_cache(self, chunks: Sequence[Chunk]) -> tuple[DynamicCache, torch.Tensor]:
@@ -368,7 +393,8 @@ class ModelCall:
         cache = new_cache(wide=self.wide)
         ids = torch.tensor([list(request.prompt)], dtype=torch.long, device=self.device)
         kwargs = {self._cache_key: cache, **self._last_only, **self._vision_inputs(ids, request)}
-        out = self.model(input_ids=ids, use_cache=True, **kwargs)
+        with self.adapters.rows(self._names([request.adapter or BASE])):
+            out = self.model(input_ids=ids, use_cache=True, **kwargs)
         return Prefilled(out.logits[:, -1], cache, torch.ones_like(ids))
 
     def _vision_inputs(self, ids: torch.Tensor, request: Request) -> dict[str, torch.Tensor]:
@@ -388,10 +414,13 @@ class ModelCall:
         ids = torch.tensor([[r.output_ids[-1]] for r in rows], dtype=torch.long, device=self.device)
         positions = torch.tensor([[r.cached_len + r.rope_delta] for r in rows], dtype=torch.long, device=self.device)
         batch.mask = torch.cat([batch.mask, batch.mask.new_ones(len(rows), 1)], dim=1)
+        names = self._names([r.adapter or BASE for r in rows])
         if self.step is not None:
-            return self.step(ids, positions, batch.mask, batch.cache)
+            return self.step(ids, positions, batch.mask, batch.cache, names)
         kwargs = {self._cache_key: batch.cache}
-        out = self.model(input_ids=ids, attention_mask=batch.mask, position_ids=positions, use_cache=True, **kwargs)
+        with self.adapters.rows(names):
+            out = self.model(input_ids=ids, attention_mask=batch.mask, position_ids=positions, use_cache=True,
+                             **kwargs)
         return out.logits[:, -1]
 
 
@@ -406,10 +435,12 @@ class Prefiller:
     (`Request.epoch`). With the cache off (budget 0) every prompt is prefilled whole, still batched.
     """
 
-    def __init__(self, call: ModelCall, prefix: PrefixCache, stats: dict[str, int]) -> None:
+    def __init__(self, call: ModelCall, prefix: PrefixCache, stats: dict[str, int], adapter: str = BASE) -> None:
         self.call = call
         self.prefix = prefix
         self.stats = stats
+        self.adapter = adapter
+        """The LoRA adapter of every request this prefiller serves (its cache holds that adapter's KV only)."""
 
     def text(self, requests: Sequence[Request]) -> Iterator[tuple[list[Request], Prefilled]]:
         """Prefill text `requests`; yields (rows, result) per forward pass."""
@@ -417,7 +448,7 @@ class Prefiller:
         chunks = [self._chunk(r.prompt, len(r.prompt) - 1) for r in requests]
         for part in buckets([len(c.tokens) for c in chunks]):
             rows, parts = [requests[i] for i in part], [chunks[i] for i in part]
-            done = self._run(lambda parts=parts: self.call.prefill(parts))  # type: ignore[misc]
+            done = self._run(lambda parts=parts: self.call.prefill(parts, self.adapter))  # type: ignore[misc]
             self.stats["cached_tokens"] += sum(c.prefix for c in parts)
             for i, (request, chunk) in enumerate(zip(rows, parts, strict=True)):
                 self._store(request.prompt, done, i, chunk.prefix)
@@ -451,7 +482,7 @@ class Prefiller:
             chunks = [self._chunk(p, len(p)) for p in level]
             for part in buckets([len(c.tokens) for c in chunks]):
                 parts = [chunks[i] for i in part]
-                done = self._run(lambda parts=parts: self.call.prefill(parts))  # type: ignore[misc]
+                done = self._run(lambda parts=parts: self.call.prefill(parts, self.adapter))  # type: ignore[misc]
                 for i, index in enumerate(part):
                     self._store(level[index], done, i, chunks[index].prefix)
             finished = set(level)

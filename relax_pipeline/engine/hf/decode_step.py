@@ -5,7 +5,8 @@ batch 64 on a CPU) in what is not arithmetic: module calls and their decorators,
 embedding recomputed for every step. `DecodeStep` runs the same tensor operations in the same order, so its
 logits equal the model's own bit for bit (tests compare them), for a model this module knows the layout of
 (`FITTING`: Llama, Qwen2, Qwen3, no sliding windows, a rotary embedding whose frequencies do not depend on the
-length, plain `nn.Linear` layers, no hooks) under `grouped` attention (models/attention.py), whose decode kernel
+length, plain `nn.Linear` layers or PEFT's LoRA layers over them (called through PEFT's forward with each row's
+adapter, engine/hf/adapters.py), no hooks) under `grouped` attention (models/attention.py), whose decode kernel
 it calls. Besides skipping the Python: the rotary cos/sin of every position is computed once (by the model's
 own rotary module) and looked up per step, the additive mask is built once per step for all layers, the
 residual adds write into the sum's operand instead of a new tensor, and on a CPU q/k/v and gate/up each run as
@@ -48,13 +49,18 @@ def why_not(model: torch.nn.Module) -> str | None:
         return "a module has forward hooks"
     layers = model.model.layers
     linear = [model.lm_head] + [layer.get_submodule(name) for layer in layers for name in PROJECTIONS]
-    if any(type(m) is not torch.nn.Linear for m in linear):
-        return "a projection is not a plain nn.Linear"
+    if any(type(m) is not torch.nn.Linear and not is_lora(m) for m in linear):
+        return "a projection is neither a plain nn.Linear nor PEFT's LoRA layer over one"
     norms = [model.model.norm] + [norm for layer in layers
                                   for norm in (layer.input_layernorm, layer.post_attention_layernorm)]
     if any(type(n).__name__ != FITTING[config.model_type] for n in norms):
         return "a norm is not the model's own RMSNorm"
     return None
+
+
+def is_lora(module: torch.nn.Module) -> bool:
+    """Whether `module` is PEFT's LoRA linear layer over a plain `nn.Linear` (engine/hf/adapters.py puts them in)."""
+    return type(module).__module__.startswith("peft.") and type(getattr(module, "base_layer", None)) is torch.nn.Linear
 
 
 FUSED_ATTENTION = ("q_proj", "k_proj", "v_proj")
@@ -67,22 +73,23 @@ class Fused:
     it), and a call returns each layer's output as a view of the product. One product of the stacked rows equals
     the separate products bit for bit on a CPU (oneDNN reduces each output over the input the same way; tests
     compare); it saves about 5% of a SmolLM2 decode step. Should a parameter be replaced by another tensor, the
-    next call stacks again. Layers with biases are left alone (`None` from `stacked`)."""
+    next call stacks again. Layers with biases, and LoRA layers (their adapters' products are per layer), are left
+    alone (`None` from `stacked`)."""
 
     def __init__(self, parent: torch.nn.Module, names: tuple[str, ...]) -> None:
         self.modules = [parent.get_submodule(name) for name in names]
         self.sizes = [m.weight.shape[0] for m in self.modules]
         self.weight = self._stack()
 
-    def __call__(self, hidden: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def __call__(self, hidden: torch.Tensor, adapters: list[str] | None = None) -> tuple[torch.Tensor, ...]:
         if self.weight is None:
-            return tuple(linear(m, hidden) for m in self.modules)
+            return tuple(linear(m, hidden, adapters) for m in self.modules)
         if not self._intact():
             self.weight = self._stack()
         return torch.nn.functional.linear(hidden, self.weight).split(self.sizes, dim=-1)
 
     def _stack(self) -> torch.Tensor | None:
-        if any(m.bias is not None for m in self.modules):
+        if any(type(m) is not torch.nn.Linear or m.bias is not None for m in self.modules):
             return None
         weight = torch.cat([m.weight.detach() for m in self.modules])
         for module, part in zip(self.modules, weight.split(self.sizes), strict=True):
@@ -115,9 +122,12 @@ def rotated(states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return (states * cos) + (torch.cat((-states[..., half:], states[..., :half]), dim=-1) * sin)
 
 
-def linear(module: torch.nn.Linear, hidden: torch.Tensor) -> torch.Tensor:
-    """`module(hidden)` without the module call."""
-    return torch.nn.functional.linear(hidden, module.weight, module.bias)
+def linear(module: torch.nn.Module, hidden: torch.Tensor, adapters: list[str] | None = None) -> torch.Tensor:
+    """`module(hidden)`: a plain linear without the module call; PEFT's LoRA layer through its own forward, with
+    each row's adapter (`adapters`, PEFT's `adapter_names`) when given."""
+    if type(module) is torch.nn.Linear:
+        return torch.nn.functional.linear(hidden, module.weight, module.bias)
+    return module(hidden) if adapters is None else module(hidden, adapter_names=adapters)
 
 
 class DecodeStep:
@@ -137,10 +147,11 @@ class DecodeStep:
                       for layer in self.layers]
         """Per layer, q/k/v and gate/up as one product each (`Fused`), on a CPU only."""
 
-    def __call__(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: DynamicCache
-                 ) -> torch.Tensor:
+    def __call__(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: DynamicCache,
+                 adapters: list[str] | None = None) -> torch.Tensor:
         """Logits of `ids` [rows, 1] at `positions` [rows, 1]; `mask` [rows, columns] marks each row's tokens,
-        this one's included (the last column); `cache` holds one `SpareLayer` per layer and grows by a column."""
+        this one's included (the last column); `cache` holds one `SpareLayer` per layer and grows by a column;
+        `adapters` names each row's LoRA adapter (None: the model has none)."""
         if len(cache.layers) != len(self.layers):
             raise ValueError(f"decode step: the cache has {len(cache.layers)} layers, the model {len(self.layers)}; "
                              "prefill first")
@@ -149,18 +160,18 @@ class DecodeStep:
         bias = torch.zeros(mask.shape[0], 1, 1, mask.shape[1], dtype=hidden.dtype, device=hidden.device)
         bias.masked_fill_(mask[:, None, None, :] == 0, torch.finfo(hidden.dtype).min)
         for index, kv in enumerate(cache.layers):
-            hidden = self._layer(index, kv, hidden, cos, sin, bias)
-        return linear(self.model.lm_head, rms_norm(self.model.model.norm, hidden))[:, -1]
+            hidden = self._layer(index, kv, hidden, cos, sin, bias, adapters)
+        return linear(self.model.lm_head, rms_norm(self.model.model.norm, hidden), adapters)[:, -1]
 
     def _layer(self, index: int, kv: torch.nn.Module, hidden: torch.Tensor, cos: torch.Tensor,
-               sin: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+               sin: torch.Tensor, bias: torch.Tensor, adapters: list[str] | None) -> torch.Tensor:
         """One decoder layer: attention over the cache, then the MLP, each around its residual."""
         layer, fused = self.layers[index], self.fused[index]
         attention = layer.self_attn
         normed = rms_norm(layer.input_layernorm, hidden)
         shape = (*hidden.shape[:-1], -1, self.head_dim)
-        query, key, value = fused[0](normed) if fused else (linear(attention.get_submodule(name), normed)
-                                                             for name in FUSED_ATTENTION)
+        query, key, value = fused[0](normed, adapters) if fused else (
+            linear(attention.get_submodule(name), normed, adapters) for name in FUSED_ATTENTION)
         query, key = query.view(shape), key.view(shape)
         if hasattr(attention, "q_norm"):  # Qwen3: a norm over each head
             query, key = rms_norm(attention.q_norm, query), rms_norm(attention.k_norm, key)
@@ -168,10 +179,11 @@ class DecodeStep:
         query, key = rotated(query.transpose(1, 2), cos, sin), rotated(key.transpose(1, 2), cos, sin)
         keys, values = kv.update(key, value)
         out, _ = grouped_attention(attention, query, keys, values, bias, attention.scaling)
-        hidden = linear(attention.o_proj, out.reshape(*hidden.shape[:-1], -1)).add_(hidden)
+        hidden = linear(attention.o_proj, out.reshape(*hidden.shape[:-1], -1), adapters).add_(hidden)
         mlp, normed = layer.mlp, rms_norm(layer.post_attention_layernorm, hidden)
-        gate, up = fused[1](normed) if fused else (linear(mlp.gate_proj, normed), linear(mlp.up_proj, normed))
-        return linear(mlp.down_proj, torch.nn.functional.silu(gate) * up).add_(hidden)
+        gate, up = fused[1](normed, adapters) if fused else (linear(mlp.gate_proj, normed, adapters),
+                                                             linear(mlp.up_proj, normed, adapters))
+        return linear(mlp.down_proj, torch.nn.functional.silu(gate) * up, adapters).add_(hidden)
 
     def _rotary(self, positions: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin `[rows, 1, 1, head_dim]` of `positions` [rows, 1] from the table (grown as needed)."""

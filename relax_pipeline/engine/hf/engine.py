@@ -63,6 +63,8 @@ import torch
 from transformers import AutoTokenizer
 
 from relax_pipeline.engine.base import (
+    DEFAULT_ADAPTER,
+    AdapterWeights,
     FinishReason,
     GenerateResult,
     ImageFeatures,
@@ -70,6 +72,7 @@ from relax_pipeline.engine.base import (
     derive_seed,
     expand_placeholders,
 )
+from relax_pipeline.engine.hf.adapters import BASE
 from relax_pipeline.engine.hf.batch import Batch, ModelCall, Prefilled, Prefiller, Request, memory_short, take
 from relax_pipeline.engine.hf.prefix_cache import PrefixCache
 from relax_pipeline.engine.program_admission import ProgramAdmission, hf_capacity_tokens
@@ -82,6 +85,8 @@ from relax_pipeline.engine.sampling import (
 )
 from relax_pipeline.engine.settings import EngineRun, HFEngineSettings
 from relax_pipeline.engine.vision import Vision
+from relax_pipeline.models.adapter_folder import adapter_config as read_adapter_config
+from relax_pipeline.models.adapter_folder import adapter_tensors, base_model, is_adapter_folder
 from relax_pipeline.models.attention import check_implementation
 from relax_pipeline.models.spec import load_pretrained
 
@@ -122,9 +127,34 @@ class _Scheduler:
         self.batch = Batch()
         self.live: dict[str, Request] = {}
         self.stopping = False
-        self.prefix = PrefixCache(engine.kv_cache_mb * 2**20)
-        self.prefiller = Prefiller(self.call, self.prefix, engine.stats)
+        self.prefillers: dict[str, Prefiller] = {}
+        """One prefiller per LoRA adapter in use (`BASE` for the base weights), each with its own prefix cache of
+        `kv_cache_mb`: KV computed under one adapter is never another's."""
+        self.versions: dict[str, int] = {}
+        """Each loaded adapter's weight version (the tokens of its rows are stamped with it)."""
         self.space = Workspace()
+
+    @property
+    def prefix(self) -> PrefixCache:
+        """The base weights' prefix cache."""
+        return self.prefiller_of(BASE).prefix
+
+    def prefiller_of(self, adapter: str) -> Prefiller:
+        """The prefiller (and prefix cache) of `adapter`'s requests, made on first use."""
+        if adapter not in self.prefillers:
+            cache = PrefixCache(self.engine.kv_cache_mb * 2**20)
+            self.prefillers[adapter] = Prefiller(self.call, cache, self.engine.stats, adapter)
+        return self.prefillers[adapter]
+
+    def clear_caches(self) -> None:
+        """Drop every adapter's cached KV (new base weights, or memory ran short)."""
+        for prefiller in self.prefillers.values():
+            prefiller.prefix.clear()
+
+    def remember(self, rows: list[int]) -> None:
+        """Cache the KV of batch rows about to leave, each in its adapter's prefix cache."""
+        for adapter, indices in _by_adapter([self.batch.rows[i] for i in rows], rows).items():
+            self.prefiller_of(adapter).remember(self.batch, indices)
 
     def run(self) -> None:
         """Thread body: apply commands, admit, decode; abort whatever is left on exit."""
@@ -163,6 +193,12 @@ class _Scheduler:
         if request.rid in self.live:
             _resolve(request.loop, request.future, ValueError(f"rid {request.rid!r} is already generating"))
             return
+        if request.adapter is None:
+            request.adapter = DEFAULT_ADAPTER if DEFAULT_ADAPTER in self.versions else BASE
+        elif request.adapter not in self.versions and request.adapter != BASE:
+            _resolve(request.loop, request.future, ValueError(
+                f"adapter {request.adapter!r} is not loaded; the engine serves {sorted(self.versions) or 'none'}"))
+            return
         self.live[request.rid] = request
         request.queued_at = int(self.engine.stats["steps"])
         self.waiting.append(request)
@@ -176,7 +212,7 @@ class _Scheduler:
         if request in self.waiting:
             self.waiting.remove(request)
         else:
-            self.prefiller.remember(self.batch, [i for i, row in enumerate(self.batch.rows) if row is request])
+            self.remember([i for i, row in enumerate(self.batch.rows) if row is request])
             self.batch.keep([i for i, row in enumerate(self.batch.rows) if row is not request])
         reply(self._finish(request, "abort"))
 
@@ -192,8 +228,16 @@ class _Scheduler:
             raise ValueError(f"update_weights got tensors of the wrong shape for: {wrong[:5]}")
         with torch.inference_mode(False), torch.no_grad():
             model.load_state_dict(state_dict, strict=False)
-        self.prefix.clear()
+        self.clear_caches()
         self.engine.weight_version = version
+
+    def load_adapter(self, adapter: AdapterWeights, version: int) -> None:
+        """Command: load LoRA `adapter` (engine/hf/adapters.py) and serve it as `version` from the next step."""
+        self.call.load_adapter(adapter)
+        self.prefiller_of(adapter.name).prefix.clear()
+        self.versions[adapter.name] = version
+        if adapter.name == DEFAULT_ADAPTER:
+            self.engine.weight_version = version
 
     def stop(self) -> None:
         """Command: leave the loop after this round of commands."""
@@ -210,13 +254,18 @@ class _Scheduler:
             if request.sampling.stop:
                 request.matcher = StopStringMatcher(self.tokenizer, request.sampling.stop)
                 request.matcher.prime(request.sampling.stop_context)
-            request.epoch = self.prefix.epoch
+            request.epoch = self.prefiller_of(request.adapter).prefix.epoch
         for request in (r for r in group if r.media):
-            self._guarded([request], lambda rows: self._join(rows, self.prefiller.media(rows[0])))
-        if text := [r for r in group if not r.media]:
-            self._guarded(text, lambda rows: [self._join(part, done) for part, done in self.prefiller.text(rows)])
+            self._guarded([request], lambda rows: self._join(rows, self.prefiller_of(rows[0].adapter).media(rows[0])))
+        text = [r for r in group if not r.media]
+        for adapter, rows in _by_adapter(text, text).items():
+            self._guarded(rows, self._prefill_text(self.prefiller_of(adapter)))
         if group:
             self.engine.stats["prefill_s"] += time.perf_counter() - started
+
+    def _prefill_text(self, prefiller: Prefiller) -> Callable[[list[Request]], object]:
+        """Prefill text rows through `prefiller` (their adapter's), each pass's rows joining the batch."""
+        return lambda rows: [self._join(part, done) for part, done in prefiller.text(rows)]
 
     def _admission_due(self, room: int) -> bool:
         """Whether to run an admission round now (see the module: arrivals are gathered while a batch decodes)."""
@@ -232,7 +281,7 @@ class _Scheduler:
             prefill(requests)
         except Exception as error:  # noqa: BLE001 - the failure belongs to these requests only
             if memory_short(error):
-                self.prefix.clear()
+                self.clear_caches()
             for request in requests:
                 if not request.output_ids and self.live.pop(request.rid, None) is not None:
                     _resolve(request.loop, request.future, error)
@@ -259,7 +308,7 @@ class _Scheduler:
             reasons = self._sample(rows, self.call.decode(self.batch))
         except Exception as error:  # noqa: BLE001 - fail the batch, keep serving new requests
             if memory_short(error):
-                self.prefix.clear()
+                self.clear_caches()
             self.batch.keep([])
             for request in rows:
                 self.live.pop(request.rid, None)
@@ -268,7 +317,7 @@ class _Scheduler:
         self.engine.stats["steps"] += 1
         self.engine.stats["decode_s"] += time.perf_counter() - started
         self.engine.stats["max_batch"] = max(self.engine.stats["max_batch"], len(rows))
-        self.prefiller.remember(self.batch, [i for i, reason in enumerate(reasons) if reason is not None])
+        self.remember([i for i, reason in enumerate(reasons) if reason is not None])
         for request, reason in zip(rows, reasons, strict=True):
             if reason is not None:
                 self._finish(request, reason)
@@ -277,9 +326,10 @@ class _Scheduler:
     def _sample(self, rows: list[Request], logits: torch.Tensor) -> list[FinishReason | None]:
         """Sample one token per row and record it with the current weight version."""
         tokens, logprobs = sample_rows(logits, [r.sampling for r in rows], [r.generator for r in rows], self.space)
-        version = self.engine.weight_version
+        version, versions = self.engine.weight_version, self.versions
         self.engine.stats["tokens"] += len(rows)
-        return [r.push(t, lp, version) for r, t, lp in zip(rows, tokens, logprobs, strict=True)]
+        return [r.push(t, lp, versions.get(r.adapter, version))  # type: ignore[arg-type] - set at submission
+                for r, t, lp in zip(rows, tokens, logprobs, strict=True)]
 
     def _finish(self, request: Request, reason: FinishReason) -> GenerateResult:
         """Deliver the result to the waiting `generate` call and forget the request."""
@@ -287,6 +337,14 @@ class _Scheduler:
         self.live.pop(request.rid, None)
         _resolve(request.loop, request.future, result)
         return result
+
+
+def _by_adapter(requests: Sequence[Request], keys: Sequence[Any]) -> dict[str, list[Any]]:
+    """`keys` (one per request: the request or its batch row) grouped by the request's adapter, in order."""
+    groups: dict[str, list[Any]] = {}
+    for request, key in zip(requests, keys, strict=True):
+        groups.setdefault(request.adapter or BASE, []).append(key)
+    return groups
 
 
 def _call(function: Callable[..., None], *args: Any) -> BaseException | None:
@@ -299,8 +357,10 @@ def _call(function: Callable[..., None], *args: Any) -> BaseException | None:
 
 
 def _load(model_path: str, device: str, dtype: str, attention: str | None) -> tuple[torch.nn.Module, Any]:
-    """Load model (eval mode, on `device`, `dtype` by its torch name) and tokenizer from a local HF folder."""
-    model = load_pretrained(model_path, dtype, attention)
+    """Load model (eval mode, on `device`, `dtype` by its torch name) and tokenizer from a local HF folder (of an
+    adapter folder: its base model; `HFEngine.start` loads the adapter)."""
+    weights = base_model(model_path) if is_adapter_folder(model_path) else model_path
+    model = load_pretrained(weights, dtype, attention)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     return model.to(device).eval(), tokenizer
 
@@ -376,18 +436,25 @@ class HFEngine:
         self._scheduler = _Scheduler(self, model, tokenizer)
         self._thread = threading.Thread(target=self._scheduler.run, name="hf-engine", daemon=True)
         self._thread.start()
+        if is_adapter_folder(self.model_path):
+            adapter = AdapterWeights(DEFAULT_ADAPTER, read_adapter_config(self.model_path),
+                                     adapter_tensors(self.model_path))
+            await self.update_adapter(adapter, 0)
 
     async def generate(self, input_ids: Sequence[int], sampling: SamplingParams, rid: str,
-                       media: Sequence[ImageFeatures] | None = None, session_id: str | None = None) -> GenerateResult:
-        """Generate a continuation of `input_ids` (placeholders unexpanded, one per image of `media`);
+                       media: Sequence[ImageFeatures] | None = None, session_id: str | None = None,
+                       adapter: str | None = None) -> GenerateResult:
+        """Generate a continuation of `input_ids` (placeholders unexpanded, one per image of `media`) with LoRA
+        `adapter` (None: `DEFAULT_ADAPTER` once loaded, else the base weights; `BASE`: the base weights);
         batched with every other request in flight (with engine.admission=program once its session is admitted)."""
-        call = lambda: self._generate(input_ids, sampling, rid, media)  # noqa: E731
+        call = lambda: self._generate(input_ids, sampling, rid, media, adapter)  # noqa: E731
         return await (call() if self.programs is None else self.programs.generate(call, input_ids, sampling, rid,
                                                                                   session_id))
 
     async def _generate(self, input_ids: Sequence[int], sampling: SamplingParams, rid: str,
-                        media: Sequence[ImageFeatures] | None) -> GenerateResult:
+                        media: Sequence[ImageFeatures] | None, adapter: str | None = None) -> GenerateResult:
         request = self._request(input_ids, sampling, rid, tuple(media or ()))
+        request.adapter = adapter
         if request.limit <= 0:
             return request.result("length", self.weight_version)
         self._post(lambda s: s.submit(request))
@@ -432,6 +499,14 @@ class HFEngine:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
         self._post(lambda s: _resolve(loop, future, _call(s.load_weights, state_dict, version)))
+        await future
+
+    async def update_adapter(self, adapter: AdapterWeights, version: int) -> None:
+        """Load LoRA `adapter` (its layers put in by PEFT the first time its name is seen, engine/hf/adapters.py)
+        between two decode steps and serve it as `version`; that adapter's prefix cache is cleared."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        self._post(lambda s: _resolve(loop, future, _call(s.load_adapter, adapter, version)))
         await future
 
     async def close(self) -> None:

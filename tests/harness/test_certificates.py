@@ -3,9 +3,10 @@ under Qwen3's rule of dropping earlier turns' reasoning, and SmolLM2's template,
 through reasoning and tool calls. No preset may be `broken`; each one's verdict and causes are the README's
 certificate table.
 
-The table (README.md, between the `certificates` markers) is produced by these tests, never by hand: regenerate it
-with `RELAX_WRITE_CERTIFICATES=1 pytest tests/harness/test_certificates.py`; without the variable each test checks
-that its row is in the table as produced. A preset whose harness package is missing skips (its row stays)."""
+The table (docs/tutorials/bring-your-harness.md, between the `certificates` markers) is produced by these tests,
+never by hand: regenerate it with `RELAX_WRITE_CERTIFICATES=1 pytest tests/harness/test_certificates.py`; without
+the variable each test checks that its row is in the table as produced. A preset whose harness package is missing
+skips (its row stays)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ from relax_pipeline.config import CONF_DIR, quote_placeholders, register
 from relax_pipeline.models.tiny import QWEN3_DROP_REASONING_TEMPLATE
 from relax_pipeline.run import run
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+# The table lives in the harness tutorial of the documentation site (it was the README's until issue 46).
+README = Path(__file__).resolve().parents[2] / "docs" / "tutorials" / "bring-your-harness.md"
 START, END = "<!-- certificates:start -->", "<!-- certificates:end -->"
 HEADER = "| harness preset | template | verdict | causes (turns, forks) | fix |\n| --- | --- | --- | --- | --- |"
 WRITE = "RELAX_WRITE_CERTIFICATES"

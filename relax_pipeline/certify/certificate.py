@@ -166,11 +166,19 @@ def _first_difference(cause: Cause) -> str:
     d = cause.first_difference
     if not d:
         return ""
-    edit = f" (the model's reply {d['edit']})" if d.get("edit") else ""
-    where = f"session {d.get('session')}, turn {d.get('turn')}"
-    return (f"- **{cause.cause}**{edit}, first at {where}: the forest holds {_quoted(d.get('held_token'))}, the "
-            f"agent's history renders {_quoted(d.get('rendered_token'))}; held {_quoted(d.get('held'))} vs sent "
+    return (f"- **{cause.cause}**: {first_token(cause)}; held {_quoted(d.get('held'))} vs sent "
             f"{_quoted(d.get('rendered'))}")
+
+
+def first_token(cause: Cause) -> str:
+    """Where the cause first shows, the two tokens decoded (`session sess-… turn 1 (the model's reply re-cased): the
+    forest holds "Hello", the agent's history renders "he"`); '' when no turn of it was placed."""
+    d = cause.first_difference
+    if not d:
+        return ""
+    edit = f" (the model's reply {d['edit']})" if d.get("edit") else ""
+    return (f"first at session {d.get('session')} turn {d.get('turn')}{edit}: the forest holds "
+            f"{_quoted(d.get('held_token'))}, the agent's history renders {_quoted(d.get('rendered_token'))}")
 
 
 def _quoted(text: object) -> str:

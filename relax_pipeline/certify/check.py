@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from relax_pipeline.certify.certificate import FAIL, PASS, Cause, Certificate, Stage, certificate, write
+from relax_pipeline.certify.certificate import FAIL, PASS, Cause, Certificate, Stage, certificate, first_token, write
 from relax_pipeline.certify.evidence import (
     RuntimeKeys,
     export_stage,
@@ -85,8 +85,9 @@ def conclude(stages: list[Stage], causes: list[Cause], setup: dict[str, Any], ou
     for stage in cert.stages:
         log.info("check: %s: %s: %s", stage.name, stage.verdict, stage.summary)
     for cause in cert.causes:
-        log.info("check: cause %s: %d turns, %d forks, %d tokens duplicated, %d lost (%.1f%%)%s", cause.cause,
-                 cause.turns, cause.forks, cause.tokens_duplicated, cause.tokens_lost, 100 * cause.share,
+        where = f"; {first_token(cause)}" if cause.first_difference else ""
+        log.info("check: cause %s: %d turns, %d forks, %d tokens duplicated, %d lost (%.1f%%)%s%s", cause.cause,
+                 cause.turns, cause.forks, cause.tokens_duplicated, cause.tokens_lost, 100 * cause.share, where,
                  f"; fix: {cause.fix}" if cause.fix else "")
     log.info("check: verdict %s (exit status %d): %s", cert.verdict, cert.exit_status, folder / "certificate.md")
     return cert

@@ -1,7 +1,8 @@
 """`job=check check.sessions=N` certifies an agent app: scripted agents with one habit each
-(`tests/agents/drift_agent.py`) through `engine=scripted` (a script that emits reasoning and a tool call), each getting
-the verdict and the cause it should, in `check/certificate.json`, the metrics and the CLI's exit status; bad input (an
-agent that never calls the model, an engine that cannot be reached or cannot answer) is a failed stage."""
+(`tests/agents/drift_agent.py`; `tests/agents/editing_agent.py`, which edits the model's earlier replies) through
+`engine=scripted` (a script that emits reasoning and a tool call, or plain replies), each getting the verdict and the
+cause it should, in `check/certificate.json`, the metrics and the CLI's exit status; bad input (an agent that never
+calls the model, an engine that cannot be reached or cannot answer) is a failed stage."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -19,26 +21,31 @@ from relax_pipeline.config import CONF_DIR, quote_placeholders, register
 from relax_pipeline.run import run
 
 AGENT = Path(__file__).resolve().parents[1] / "agents" / "drift_agent.py"
+EDITING_AGENT = AGENT.with_name("editing_agent.py")
 CALL = {"name": "read", "arguments": {"path": "a.py", "line": 3}}
 SCRIPT = "".join(json.dumps(line) + "\n" for line in ({"reasoning": "I should read it.", "tool_calls": [CALL]},
                                                        {"reasoning": "It prints.", "content": "It prints hi."}))
+REPLIES = "".join(json.dumps({"content": text}) + "\n" for text in ("Hello there, it prints hi.", "Then it prints bye.",
+                                                                    "That is all."))
+"""The editing agent's script: three plain replies."""
 
 
-def overrides(tmp_path: Path, tiny_path: Path, mode: str, *extra: str) -> list[str]:
+def overrides(tmp_path: Path, tiny_path: Path, mode: str, *extra: str, agent: Path = AGENT,
+              script_text: str = SCRIPT) -> list[str]:
     script = tmp_path / "script.jsonl"
-    script.write_text(SCRIPT)
+    script.write_text(script_text)
     engine = [e for e in extra if e.startswith("engine=")] or ["engine=scripted", f"engine.script={script}"]
     return quote_placeholders([
         "job=check", "check.sessions=2", "dataset=toy", *engine,
-        f"agent.command='{sys.executable} {AGENT} {mode}'", "agent.cwd=null", "rollout.max_response_len=256",
+        f"agent.command='{sys.executable} {agent} {mode}'", "agent.cwd=null", "rollout.max_response_len=256",
         "rollout.max_context_len=2048", f"output_dir={tmp_path}", f"model.cache_dir={tiny_path.parent}",
         *(e for e in extra if not e.startswith("engine="))])
 
 
-def checked(tmp_path: Path, tiny_path: Path, mode: str, *extra: str) -> cert.Certificate:
+def checked(tmp_path: Path, tiny_path: Path, mode: str, *extra: str, **agent: Any) -> cert.Certificate:
     register()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose("config", overrides=overrides(tmp_path, tiny_path, mode, *extra))
+        cfg = compose("config", overrides=overrides(tmp_path, tiny_path, mode, *extra, **agent))
     metrics = run(cfg)
     found = cert.read(tmp_path)
     assert metrics["check/exit_status"] == found.exit_status
@@ -86,6 +93,28 @@ def test_a_rewritten_tool_call_forks_and_is_degraded(tmp_path: Path, tiny_path: 
     found = checked(tmp_path, tiny_path, mode)
     assert found.verdict == cert.DEGRADED and set(causes(found)) == {cause}
     assert causes(found)[cause].forks == 2 and causes(found)[cause].fix.startswith("harness: ")
+
+
+@pytest.mark.parametrize("mode, edit, held_token, sent_token", [
+    ("recase", "re-cased", "Hello", "he"), ("respace", "re-spaced", " the", " "),  # the tiny tokenizer's cuts
+    ("append", "appended to", "<|im_end|>", " "),
+])
+def test_an_agent_that_edits_its_earlier_replies_names_the_edit_the_token_and_the_fix(
+        tmp_path: Path, tiny_path: Path, mode: str, edit: str, held_token: str, sent_token: str) -> None:
+    """Re-cased, re-spaced or appended to, an earlier reply the model generated forks the session: cause
+    edited_reply (not unknown), how it was edited, the first differing token decoded on both sides, and the fix."""
+    found = checked(tmp_path, tiny_path, mode, agent=EDITING_AGENT, script_text=REPLIES)
+    edited = causes(found)["edited_reply"]
+    assert found.verdict == cert.DEGRADED and set(causes(found)) == {"edited_reply"}
+    assert edited.turns == edited.forks == 4 and edited.tokens_duplicated > 0
+    assert edited.fix.startswith("harness: send each assistant message back exactly as received")
+    first = edited.first_difference
+    assert (first["edit"], first["turn"], first["message_index"]) == (edit, 1, 1)  # [user, reply, ...]
+    assert (first["held_token"], first["rendered_token"]) == (held_token, sent_token)
+    assert f"⟦{held_token}⟧" in first["held"] and "Hello" in first["held"]
+    text = (tmp_path / "check" / "certificate.md").read_text()
+    assert f"(the model's reply {edit}): the forest holds" in text and edited.fix in text
+    assert "first at session" in (tmp_path / "run.log").read_text()
 
 
 def test_an_agent_that_never_calls_the_model_is_broken(tmp_path: Path, tiny_path: Path) -> None:

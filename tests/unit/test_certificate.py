@@ -51,7 +51,7 @@ def test_the_markdown_shows_each_causes_first_differing_token_and_edit(tmp_path:
     edited = c.Cause("edited_reply", 1, 1, 15, 0, 0.1, "harness: send it back as received", where)
     text = c.markdown(c.certificate([c.Stage("config", c.PASS, "")], [edited], SETUP))
     line = next(x for x in text.splitlines() if x.startswith("- **edited_reply**"))
-    assert "(the model's reply re-cased)" in line and "session sess-1, turn 1" in line
+    assert "first at session sess-1 turn 1 (the model's reply re-cased)" in line
     assert 'holds `"Hello"`' in line and 'renders `"he"`' in line
     assert c.Certificate.from_dict(json.loads(json.dumps(c.certificate([], [edited], SETUP).as_dict()))).causes == (
         edited,)

@@ -1,10 +1,11 @@
 """The loss stage of a replay: the step's training re-run on a CPU from the checkpoint before it.
 
 `checkpoint_for` finds the weights the step started from (the folder `replay.checkpoint` names, else the one the
-bundle names) and checks its `model.safetensors` against the bundle's sha256, so a replay never silently runs
-from other weights. `train_step` builds `trainer=torch` on the CPU from the bundle's `trainer` node
-(`torch_keys`: keys only DeepSpeed reads are left out, one process computes the same step), loads that
-checkpoint (weights, optimizer state, version) and trains the given rows once, returning the step's `train/...`
+bundle names) and checks its `model.safetensors` (under `trainer.lora` its `adapter_model.safetensors`: the
+trainer is built over the run's base model with the bundle's `trainer.lora`) against the bundle's sha256, so a
+replay never silently runs from other weights. `train_step` builds `trainer=torch` on the CPU from the bundle's
+`trainer` node (`torch_keys`: keys only DeepSpeed reads are left out, one process computes the same step), loads
+that checkpoint (weights, optimizer state, version) and trains the given rows once, returning the step's `train/...`
 metrics. `batch_samples` reads the recorded trainer batch back.
 
 Tolerances: the loss is expected bit-exact on the same CPU build (`LOSS_RTOL` applies when it is not, and the
@@ -26,6 +27,7 @@ from typing import Any
 
 from relax_pipeline.credit.settings import AdvantageSettings
 from relax_pipeline.forest.sample import Sample
+from relax_pipeline.models.adapter_folder import ADAPTER_WEIGHTS
 from relax_pipeline.replay import format as fmt
 from relax_pipeline.replay.credit import Key
 from relax_pipeline.replay.recorder import sha256_of
@@ -37,6 +39,8 @@ LOSS_RTOL = 1e-6
 GRAD_NORM_RTOL = 1e-4
 """Relative tolerance of the replayed gradient norm (before clipping)."""
 TORCH_TRAINER = "relax_pipeline.train.torch_backend.TorchTrainer"
+WEIGHT_FILES = ("model.safetensors", ADAPTER_WEIGHTS)
+"""A checkpoint's weights: the whole model's, or under `trainer.lora` the adapter's (PEFT's file)."""
 
 
 @dataclass(frozen=True)
@@ -68,12 +72,13 @@ def checkpoint_for(manifest: dict[str, Any], given: str | None) -> tuple[Start |
         return None, ("no checkpoint before this step was saved (set trainer.save_interval=1 to checkpoint every "
                       "step), and replay.checkpoint is unset")
     folder = Path(given or reference["path"]).expanduser()
-    if not (folder / "model.safetensors").is_file():
-        return None, f"checkpoint {folder} holds no model.safetensors; set replay.checkpoint=FOLDER"
-    expected = (reference or {}).get("sha256", {}).get("model.safetensors")
-    found = sha256_of(folder / "model.safetensors")
+    weights = next((name for name in WEIGHT_FILES if (folder / name).is_file()), None)
+    if weights is None:
+        return None, f"checkpoint {folder} holds no {' or '.join(WEIGHT_FILES)}; set replay.checkpoint=FOLDER"
+    expected = (reference or {}).get("sha256", {}).get(weights)
+    found = sha256_of(folder / weights)
     if expected is not None and found != expected:
-        return None, (f"checkpoint {folder}/model.safetensors has sha256 {found[:16]}..., the bundle recorded "
+        return None, (f"checkpoint {folder}/{weights} has sha256 {found[:16]}..., the bundle recorded "
                       f"{expected[:16]}... from before the step: set replay.checkpoint to the matching folder")
     model = Path(manifest["model_path"]) if manifest.get("model_path") else folder
     start = Start(folder, model if (model / "config.json").is_file() else folder)

@@ -33,7 +33,7 @@ from relax_pipeline.replay import format as fmt
 from relax_pipeline.stages.group import Group
 from relax_pipeline.stages.pipeline import StepResult
 
-CHECKPOINT_FILES = ("model.safetensors", "optimizer.pt", "trainer_state.pt")
+CHECKPOINT_FILES = ("model.safetensors", "adapter_model.safetensors", "optimizer.pt", "trainer_state.pt")
 """The files of a checkpoint folder that a reference hashes (those present)."""
 
 

@@ -15,6 +15,7 @@ What it does not do: other PEFT methods (DoRA, prompt tuning), adapters on embed
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import fields
@@ -70,7 +71,8 @@ class Adapters:
 
         known = {f.name for f in fields(LoraConfig)}
         config = LoraConfig(**{k: v for k, v in adapter.config.items() if k in known and k != "peft_type"})
-        with torch.inference_mode(False):
+        with torch.inference_mode(False), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "Already found a `peft_config`")  # a second adapter: what we want
             inject_adapter_in_model(config, self.model, adapter_name=adapter.name)
             cast_adapter_dtype(self.model, adapter.name, autocast_adapter_dtype=True)
         self.configs[adapter.name] = dict(adapter.config)

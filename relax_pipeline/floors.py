@@ -21,6 +21,7 @@ TESTING = "testing"
 """The test doubles: may import any unit, imported by none."""
 
 FLOORS: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("reference",), "the generated reference pages (docs/reference/) and the docs' runnable commands"),
     (("__main__",), "`python -m relax_pipeline [overrides]`: `@hydra.main` and a call to `run(cfg)`"),
     (("run",), "`run(cfg)`: the composed config as records, the job's recipe run, its metrics returned"),
     (("certify", "view"), "`job=check`'s certificate; the run viewer (`job=view`)"),

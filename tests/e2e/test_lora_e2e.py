@@ -18,6 +18,7 @@ from test_train_e2e import dump, train_config
 from relax_pipeline.config import CONF_DIR, register
 from relax_pipeline.run import run
 
+pytest.importorskip("peft", reason="trainer.lora needs PEFT: pip install -e '.[lora]'")
 LORA = ("trainer.lora.rank=8", "trainer.optim.lr=5e-2")
 EXACT = ("engine.max_batch_size=1", "engine.kv_cache_mb=0", "rollout.batch_size=1")
 """One request per engine batch and no prefix cache: logprobs bit-identical whichever requests share a batch."""

@@ -27,6 +27,7 @@ from relax_pipeline.train.optim import OptimSettings
 from relax_pipeline.train.settings import DeepSpeedSettings, TrainerRun, TrainerSettings
 from relax_pipeline.train.torch_backend import TorchTrainer
 
+pytest.importorskip("peft", reason="trainer.lora needs PEFT: pip install -e '.[lora]'")
 SAMPLING = SamplingParams(max_new_tokens=12, temperature=1.0, seed=3)
 EXACT = 1e-6
 

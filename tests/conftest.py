@@ -47,7 +47,7 @@ def template(tokenizer) -> ChatTemplate:  # noqa: ANN001
     return ChatTemplate(tokenizer)
 
 
-TIERS = ("unit", "integration", "e2e", "harness", "browser", "fuzz", "soak")
+TIERS = ("unit", "integration", "e2e", "harness", "browser", "fuzz", "soak", "docs")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -10,9 +10,9 @@ the log tail, the node) and removes the folder (on a disk, in a thread the answe
 streaming generator): one Ray call for the sessions a driver starts together.
 
 Where the folders go (`session_root`): under `ray.node_tmpdir` when set; by default in memory, under /dev/shm when
-the node has it memory-backed (tmpfs) with `MEMORY_MIN_FREE` free, else under the node's temp folder. A session's
-three file creates (folder, input, log) cost ~0.1 ms in memory against 5-7 ms of wall time and ~2.5 ms of CPU on an
-ext4 disk (measured here), which 256 sessions starting at once pay one after another. `ping` answers the node's
+the node has it memory-backed (tmpfs) with `MEMORY_MIN_FREE` free, else under the node's temp folder: a session's
+three file creates (folder, input, log) cost far less in memory than on a disk, and sessions starting at once pay
+them one after another (docs/benchmarks.md, "Agents and engines on Ray"). `ping` answers the node's
 choice (`NodeFolder`); the driver names it in one line at start. The files are small (the input, the agent's
 output, its log); an agent that logs gigabytes should get a disk folder through `ray.node_tmpdir`.
 `cancel(session_id)` ends a running session's process group and
@@ -25,17 +25,15 @@ stopped runner does not leave it behind; processes it started in turn are not fo
 Spawning never blocks the actor's loop (many sessions arrive at once): the process is started with a plain
 `subprocess.Popen` (vfork + exec) in one of `SPAWN_THREADS` threads the runner keeps for its whole life, and its
 exit is awaited through a pidfd watched by the loop (`infra.processes.ChildProcess`). A spawn costs the runner
-~0.15 ms of CPU but 2-5 ms of wall time on a busy machine (the parent waits until its child has exec'd), so spawns
-in turn on the loop made the last of a node's 128 sessions wait ~0.3 s; in threads they overlap (measured here,
-128 sessions without Ray: 2.4 ms a spawn on the loop, 1.5-2.0 with 4-8 threads, on 2 busy cores). The death signal
-is set by exec'ing through `setpriv --pdeathsig KILL` (util-linux), which keeps the vfork path (no slower than a
-plain spawn here: 2.4-2.9 vs 2.1-3.3 ms); only on a node without it does the child run `prctl` itself in a
-`preexec_fn`, which forces a full fork of the large worker process (0.6 ms of CPU in a small process, 37 ms in a
-2 GB one). The death signal follows the thread that started the child, which is why the spawn threads never end
-while the runner lives.
+little CPU but waits until its child has exec'd, so spawns in turn on the loop would make the last of a node's
+sessions wait for all the others; in threads they overlap. The death signal is set by exec'ing through
+`setpriv --pdeathsig KILL` (util-linux), which keeps the vfork path; only on a node without it does the child run
+`prctl` itself in a `preexec_fn`, which forces a full fork of the large worker process. The spawn costs are on the
+benchmarks page (docs/benchmarks.md, "Agents and engines on Ray"). The death signal follows the thread that
+started the child, which is why the spawn threads never end while the runner lives.
 
 One actor serves many sessions at once (an asyncio actor): a Ray worker per session would cost a Python
-process (~100 MB, ~1 s to start) for every agent. Ray is not imported here: `ray_executor` wraps the class.
+process, its memory and its start-up, for every agent. Ray is not imported here: `ray_executor` wraps the class.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ A byte-level BPE tokenizer (GPT-2, SmolLM2, Qwen, Llama 3) first cuts a text int
 expression (its pre-tokenizer) and then encodes every word on its own: no merge crosses a word boundary. So
 the ids of a text are its words' ids joined, and a word seen before needs no tokenizer call. A turn's delta
 (a tool result, a user message) is mostly words seen before, and one call of the Rust tokenizer costs more
-than looking up all of them (about 17 µs vs 8 µs for a 40-token tool result).
+than looking up all of them (docs/benchmarks.md, "Gateway").
 
 `Words.of` builds the cache only for a tokenizer where this is exact by construction: no normalizer, a BPE
 model without dropout, and a pre-tokenizer that is the GPT-2 `ByteLevel` regex or one `Split` regex (isolated,
@@ -13,8 +13,8 @@ encodes on probes. Words are cut with the tokenizer's own regex (the same leftmo
 still encodes the whole text with the tokenizer when the text holds anything but ASCII, or one of the separators
 \\x1c-\\x1f (where two regex engines disagree on a character class: `re` calls them whitespace, Unicode does not), or
 when the words do not join back to the text. Since it only cuts such texts, the regex runs in the standard library's
-`re` with `\\p{L}` and `\\p{N}` written as their ASCII members (`ascii_pattern`; about 2.5x faster than Python's
-`regex` on long texts, which a first turn's history is), where both cut the probes and every character it reads
+`re` with `\\p{L}` and `\\p{N}` written as their ASCII members (`ascii_pattern`; faster than Python's `regex` on
+long texts, which a first turn's history is), where both cut the probes and every character it reads
 alike; a pattern naming any other Unicode property runs in `regex`.
 A text with a word not seen before is encoded whole in one call (what it cost
 before), whose tokens' word indices give every word's ids to keep (texts up to `LEARN_CHARS`, and only when the

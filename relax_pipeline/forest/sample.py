@@ -13,8 +13,8 @@ processor-expanded ids (every image placeholder repeated once per image token; l
 in order, ready for the model's forward. Text samples carry None there.
 
 Sample fields are tuples of plain values: a sample is built once per exported context and dropped after
-the step, while the forest's nodes keep the compact arrays for the session's life (measured at 128 turns:
-66 bytes a token as tuples against 17 as arrays, 0.75 ms to build a 14k-token sample).
+the step, while the forest's nodes keep the compact arrays for the session's life (the sizes and the build
+time are on docs/benchmarks.md, "Gateway").
 
 Credit sets `advantage` (the base scalar, `dataclasses.replace` through `CreditContext.advantage`); a sample
 with an advantage is a training row, and it checks its lengths when made (`prompt_length` in [1, len(tokens)],

@@ -25,17 +25,15 @@ agent's next request replays its own history, which either continues that respon
 (a recorded fork, and the unseen response stays a leaf of its own chain). The turn is then in the forest
 like any other: we do not know whether the client read it, only that the engine produced it.
 
-Model turns are served as raw ASGI routes: a model turn is the gateway's only hot path, and FastAPI's
-routing, middleware and dependency machinery cost about as much CPU per request as a bare endpoint's whole
-work. `GatewayApp` sends a POST on one of the exact model paths straight to its `TurnRoute` and everything
-else (health, models, count_tokens, unknown routes, wrong methods, trailing slashes) to the FastAPI app,
-where the same routes are also registered, so every answer the FastAPI app gave is still given. Repeated
-slashes in a path (a base URL ending in `/` joined with `/chat/completions`) are read as one.
-`DisconnectWatch` cancels a turn when its client goes away, without a second task for the turn or a polling
-timer; `json_response` renders with orjson (compact UTF-8, as Starlette's JSONResponse writes it), and a turn's
-answer is sent as the same head and body by `JsonReply`, without a Starlette `Response` per turn; an access
-line goes straight into run.log's buffer where run.log alone would take it (`tracking.logs.write_info`), else
-through `logging`.
+Model turns are served as raw ASGI routes, the gateway's one hot path: `GatewayApp` sends a POST on one of
+the exact model paths straight to its `TurnRoute` and everything else (health, models, count_tokens, unknown
+routes, wrong methods, trailing slashes) to the FastAPI app, where the same routes are also registered, so
+every answer the FastAPI app gives is given either way. Repeated slashes in a path (a base URL ending in `/`
+joined with `/chat/completions`) are read as one. `DisconnectWatch` cancels a turn when its client goes away;
+`json_response` renders with orjson (compact UTF-8, as Starlette's JSONResponse writes it), and `JsonReply` sends
+a turn's answer as the same head and body; an access line goes straight into run.log's buffer where run.log alone
+would take it (`tracking.logs.write_info`), else through `logging`. What each of these costs a request is measured
+by `bench/gateway.py` (docs/benchmarks.md, "Gateway").
 """
 
 from __future__ import annotations

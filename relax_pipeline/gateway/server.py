@@ -15,9 +15,9 @@ trailing `/`. `config.validate` runs both checks at start-up, and the constructo
 The listening socket is created with `IPPROTO_TCP`, so asyncio sets TCP_NODELAY on every accepted
 connection (it does so only for sockets whose protocol is TCP, and an accepted socket inherits the
 listener's). With protocol 0, uvicorn's separate header and body writes left the body waiting for the
-client's delayed ACK: about 40 ms per keep-alive request instead of about 1 ms. With NODELAY on, uvicorn's two
-writes were two segments and two wake-ups of the client (about a third of our server's CPU per request at 32
-clients went to sends), so a response's head waits for its body and both leave as one send (`OneSend`).
+client's delayed ACK on every keep-alive request. With NODELAY on, uvicorn's two writes were two segments and two
+wake-ups of the client, so a response's head waits for its body and both leave as one send (`OneSend`); what each
+cost is on docs/benchmarks.md ("Gateway").
 uvicorn's proxy-header middleware (`FORWARDED_ALLOW_IPS`) wraps everything but the model turns (`proxied`), which
 read neither the client address nor the scheme it rewrites.
 This module does not pick the event loop (the run's `asyncio.run` loop serves), does not terminate TLS (put a

@@ -4,20 +4,20 @@ transformers' eager attention first expands every key/value head to the query he
 (`repeat_kv`, a copy of the whole cache of the layer at every call: 3 heads to 9 for SmolLM2), then runs two
 batched matmuls. `grouped_attention` instead folds each KV head's group of query heads into the query-length
 axis, `[B, H, Q, D] -> [B, KVH, H/KVH * Q, D]`, so the same two matmuls read the cache as it is stored. The
-sums are the same (on this CPU the logits equal eager's exactly; a test compares them), and a decode step of
-SmolLM2 at batch 64 on a CPU takes about 10% less time, more as the cache grows.
+sums are the same (on this CPU the logits equal eager's exactly; a test compares them), and a decode step
+reads less memory, more so as the cache grows (docs/benchmarks.md, "Engine").
 
-It trains too (`trainer.attn_implementation=grouped`): a SmolLM2 step on 64 GRPO samples under bf16 autocast
-took 4.7-5.4 s against 5.6-7.8 s through sdpa's CPU flash-attention kernel. The mask is eager's (an additive
+It trains too (`trainer.attn_implementation=grouped`; against sdpa's CPU flash-attention kernel on
+docs/benchmarks.md, "Training step"). The mask is eager's (an additive
 float mask `[B, 1, Q, L]`, registered as this implementation's mask function), broadcast over the group.
 Keys and values wider than the mask (the embedded engine's decode step hands over its whole KV buffer, a
 contiguous tensor the matmuls read in place, its unused columns zero: `engine/hf_batch.SpareLayer.wide`) have
 the columns past the mask masked out. Under autograd at a lower precision (bf16 autocast), the probabilities are
 kept for the backward once, in that precision (`_LowPrecisionSoftmax`): transformers' eager kernel keeps the float32
-softmax and its bf16 cast, a float32 `[B, H, Q, L]` per layer (in a 64-sample SmolLM2 arith step, 270 MiB of the
-1.6 GB the step kept). The forward is the same; the softmax's gradient reads the bf16 probabilities the value
-matmul reads anyway, so it differs from eager's by their rounding. `register_grouped_attention` makes the name
-known to transformers; it is idempotent and `load_pretrained` calls it when asked for `grouped`.
+softmax and its bf16 cast, a float32 `[B, H, Q, L]` per layer. The forward is the same; the softmax's gradient
+reads the bf16 probabilities the value matmul reads anyway, so it differs from eager's by their rounding.
+`register_grouped_attention` makes the name known to transformers; it is idempotent and `load_pretrained` calls it
+when asked for `grouped`.
 `IMPLEMENTATIONS` lists what the engine's and the trainer's keys accept.
 
 What it does not do: dropout (it is an inference and RL-training kernel; attention dropout must be 0),

@@ -7,7 +7,7 @@ first call reads the GGUF file with transformers' GGUF support, builds the model
 `quantization_config`, loads the dequantized weights (the output head stays tied to the embeddings) and saves
 the model, the tokenizer, a generation config (stops at `<|im_end|>` and `<|endoftext|>`) and the chat template
 `smollm2_template.jinja`: SmolLM2's own turns with the Qwen2.5/hermes tool-call format that
-`protocol.tool_call_parser=qwen25` parses. The build takes about a minute and 520 MB; it is published by an
+`protocol.tool_call_parser=qwen25` parses. The build runs once per cache folder; it is published by an
 atomic rename under `<cache_dir>/smollm2-135m-instruct-<hash of builder version, template and GGUF size>`
 (`tiny.build_once`), and later calls return the folder at once.
 

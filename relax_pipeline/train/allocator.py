@@ -2,53 +2,32 @@
 
 glibc's malloc serves every request above its mmap threshold (at most 32 MiB) with a fresh `mmap` and hands it
 back with `munmap` when it is freed. A CPU training step allocates and frees tensors far larger than that many
-times over: the logits of a 64-row micro-batch over a 49k vocabulary are 200 MB in float32, and so are the
-softmax, its gradient and their casts. Every one of them is then new memory, and the kernel zeroes and maps it
-page by page on first touch: a copy of such a tensor measured 520 ms inside a training step against 70 ms on
-memory already mapped. `keep_freed_cpu_memory` tells malloc (through `mallopt`) to serve large requests from its
-heap and never to trim it, so freed buffers stay mapped and are reused. The price is that the process keeps its
-peak resident size for the rest of its life, which a dedicated training process reaches anyway.
+times over (the logits of a 64-row micro-batch over a 49k vocabulary, their softmax, its gradient and their
+casts), and every fresh one is zeroed and mapped page by page on first touch. The functions here choose what the
+process does with freed memory, once, before the run starts any thread (`run.py` calls them first):
 
-`trainer.keep_freed_memory` (null: on when the trainer's device is the CPU) decides whether a trainer calls it;
-DeepSpeed worker ranks call it in their own processes. It is process-wide and is not undone.
+- `keep_freed_cpu_memory` (`trainer.keep_freed_memory`, null: on when the trainer's device is the CPU) tells malloc
+  (through `mallopt`) to serve large requests from its heap and never to trim it, so freed buffers stay mapped and
+  are reused. The price: the process keeps its peak resident size, and the heap fragments (a step's freed tensors
+  leave holes the next step's differently sized ones do not fit). DeepSpeed worker ranks call it in their own
+  processes. It is process-wide and is not undone.
+- `bound_cpu_memory` is the other policy, for a run whose peak matters more than its page faults
+  (`trainer.keep_freed_memory=false` on a CPU; `experiment=smollm2_agent` chooses it): every chunk of 4 MiB or more
+  mapped fresh and returned when freed, so the resident size follows what is live.
+- Either policy limits the process to one malloc arena (glibc gives each allocating thread its own, each keeping
+  its own peak), so what training frees the engine reuses, and the reverse.
+- `cap_kernel_cache` caps oneDNN's cache of compiled kernels (`ONEDNN_PRIMITIVE_CACHE_CAPACITY`) and ideep's cache of
+  prepared matmuls (`LRU_CACHE_CAPACITY`) at `KERNEL_CACHE` for a CPU training run, each unless the user set it:
+  training and decode shapes change every step, and uncapped caches keep the kernels of every past shape alive.
+  Both are read at the first matmul, so it must run before any.
+- `release_freed_memory` hands the heap's free pages back to the system (glibc's `malloc_trim`); the step loop calls
+  it once a step, after its checkpoint and eval, whose copies and sessions leave holes the next steps need only in
+  part.
+- `TrainingThread` runs all of a trainer's heavy work (train, load, the engine's weight copy) on one thread of its
+  own; the torch trainer uses it whenever it keeps freed memory.
 
-Kept memory is kept per malloc arena, and glibc gives each thread that allocates its own arena (up to 8 per
-core): training run in whichever `asyncio.to_thread` pool thread is free left each of them holding its own peak,
-and the process grew 0.3-0.6 GB a step; the engine's worker thread kept its own peak (KV cache, decode buffers)
-beside the trainer's. So the settings also limit the process to one arena, made before the run starts any
-thread (`run.py` calls this first): what training frees, the engine reuses, and the reverse
-(`bench/learning.py --steps 4`, smollm2_arith: peak 5.17 GB with an arena per thread, 4.89 GB with one).
-
-The kept heap's price is fragmentation: with every chunk in one heap that is never trimmed, a step's freed
-tensors leave holes the next step's differently sized ones do not fit, and the heap grows with 1-2 GB free inside
-it. `bound_cpu_memory` is the other policy, for a run whose peak matters more than its page faults (`run.py`
-applies it to a CPU training run with `trainer.keep_freed_memory=false`; `experiment=smollm2_agent` chooses it): one
-arena, and every chunk of 4 MiB or more mapped fresh and returned when freed, so the resident size follows what
-is live. For SmolLM2's trainer alone on 64 arith samples in micro-batches of 16, peaks were 3.35-3.47 GB bounded
-against 3.68-4.00 GB kept and growing; page faults 0.64-0.80 M a step against 0.22-0.40 M.
-
-oneDNN, which runs torch's bf16 matmuls on a CPU, keeps every kernel it compiles (one per shape and direction) in a
-cache of 1,024 by default, each holding memory of its own. Training shapes change every step (a step's trees differ
-in size) and the engine's decode shapes with its batch, so the cache fills with kernels that never run again:
-in `experiment=smollm2_arith` the memory in use between steps grew 1.82 -> 2.10 GB over four steps, and stayed at
-1.45-1.60 GB with the cache capped at `KERNEL_CACHE` (probe of `bench/learning.py`'s run, mallinfo2).
-ideep, the layer between torch and oneDNN, keeps a second cache of its own (`LRU_CACHE_CAPACITY`, 1,024 by default)
-of prepared matmuls, each holding its oneDNN kernels whether or not oneDNN's cache still lists them, so capping
-oneDNN's alone left the kernels of every past shape alive: the live memory of a smollm2_agent run (eight
-micro-batches a step, each of a new length) grew about 0.15 GB a step. With both capped, `bench/learning.py`
-(5-6 steps, one run each) peaked at 4.74 GB against 5.11 GB (smollm2_agent, training 11.4 s a step against 14.3 s)
-and 4.07 GB against 4.29 GB (smollm2_arith, 2.9 s against 3.3 s).
-`cap_kernel_cache` sets `ONEDNN_PRIMITIVE_CACHE_CAPACITY` and `LRU_CACHE_CAPACITY` for a CPU training run (`run.py`,
-with either policy), each unless the user set it; both are read at the first matmul, so it must run before any.
-
-Whatever the policy, the step loop hands the heap's free pages back to the system once a step, after its
-checkpoint and eval (`release_freed_memory`, glibc's `malloc_trim`): an eval's 200 sessions and a checkpoint's
-copies leave holes that the next steps need only in part, and without it a whole smollm2_arith run climbed to
-5.80 GB against 4.63 GB over its first six steps; with it the whole run peaked at 4.67 GB (one run each; the trim
-takes 1-140 ms a step, and the pages the next step reuses fault in again).
-
-`TrainingThread` runs all of a trainer's heavy work (train, load, the engine's weight copy) on one thread of its
-own; the torch trainer uses it whenever it keeps freed memory.
+What each policy costs and saves (peaks, page faults, step times, the allocators tried instead) is measured on the
+benchmarks page, docs/benchmarks.md ("The step and its memory").
 
 What this module does not do: anything off glibc (musl, macOS: a no-op that returns False), GPU memory (the
 CUDA caching allocator already reuses blocks), or replace the allocator (jemalloc or tcmalloc through

@@ -4,7 +4,7 @@
 `TorchTrainer`'s methods; it runs the same per-micro-batch code
 (`step.optimizer_step`); only the model wrapper, backward, optimizer step, weight gathering and
 checkpoint format differ. The optimizer is torch's AdamW handed to `deepspeed.initialize` (nothing to
-compile; DeepSpeed's CPU Adam would cost a ~20 s build for no gain at these sizes).
+compile; DeepSpeed's CPU Adam would cost a build for no gain at these sizes).
 
 Gradient accumulation: DeepSpeed fixes `gradient_accumulation_steps` at init, but a global batch packs
 into a varying number of micro-batches (dynamic batching, a short last step). So the engine is built
@@ -29,7 +29,7 @@ Process group: with one rank, when no launcher set RANK/LOCAL_RANK/WORLD_SIZE/MA
 they are set for a single process (a free port on 127.0.0.1) and restored by `close()`, which also
 destroys the process group this trainer created. Without CUDA, `DS_ACCELERATOR=cpu` and the gloo backend
 are used, NCCL with CUDA. `TORCH_EXTENSIONS_DIR` defaults to `<relax cache>/torch_extensions` so
-DeepSpeed's one-time op builds (the CPU shm comm op, ~40-70 s) are reused across runs and tests.
+DeepSpeed's one-time op builds (the CPU shm comm op) are reused across runs and tests.
 
 Several ranks (`trainer.num_ranks` N > 1): the trainer built by the run is rank 0 and starts ranks 1..N-1 as
 `WorkerTrainer`s: processes of this machine (rank_group.py, rank_worker.py; chosen over torchrun, which would

@@ -3,8 +3,8 @@
 Under bf16 autocast with float32 weights, transformers' RMSNorm (Llama, Qwen2, Qwen3, Mistral) keeps both its
 float32 input and the float32 normalized state for the backward, and returns float32, which each projection that
 reads it casts to bf16 on its own: q, k and v each keep a bf16 copy of the same input, gate and up two more. Its
-SwiGLU MLP keeps silu(gate) beside gate and up. In a 64-sample SmolLM2 arith step (1,024 packed tokens) the step
-kept 1.60 GB for the backward, of which these were about 340 MB.
+SwiGLU MLP keeps silu(gate) beside gate and up. What these copies weigh in a SmolLM2 step, and what removing them
+saves, is on docs/benchmarks.md ("Training step").
 
 `lean_activations(model)` swaps the forward of each decoder layer's two norms, of the final norm, and of each
 SwiGLU MLP for one that, while autocast is on for the input's device:

@@ -12,7 +12,7 @@ linear layers plus n × n attention pairs, so merging rows that share little int
 more than it saves. `cost(queries, keys)` is the model of that: queries + queries × keys / `ATTENTION_WIDTH`.
 Rows join, in order, the tree that saves the most, or start their own. `tree_groups(rows, limit)` also caps a
 tree's nodes (`TREE_ROW_NODES` for the packed forward): a tree row's eager attention holds [heads, n, n]
-probabilities per layer for the backward, so one 784-node tree over a 64-row GRPO micro-batch held about 1 GB.
+probabilities per layer for the backward, which grow with the tree row's length squared.
 A tree passes the cap only while its attention is no larger than its own rows' would be (n² at most the sum of
 their squared lengths): a forked session's leaves, long rows that share most of their tokens, stay one tree (what
 tree training is for), while short rows that share a preamble (GRPO groups) do not grow one long row. Capped, a row

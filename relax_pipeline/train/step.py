@@ -11,8 +11,9 @@ the full vocabulary in float32, gathered at the next token, with temperature 0 (
 logits rows at a time (`token_logprobs`), so no [rows, V] float32 tensor is held for the backward.
 With `StepSettings.autocast` (`trainer.autocast=bfloat16`) the model's forward and backward run under
 `torch.autocast` in that dtype (weights, gradients and optimizer state stay float32; the softmax is float32):
-on a CPU with bf16 dot-product instructions or any recent GPU the matmuls are 1.5-3x faster, at the price of
-logprobs that differ from a float32 engine's by about 0.01-0.05 per token (the PPO ratio absorbs it).
+on a CPU with bf16 dot-product instructions or any recent GPU the matmuls are faster, at the price of logprobs
+that differ from a float32 engine's by bf16 rounding (the PPO ratio absorbs it; docs/benchmarks.md, "Training
+step").
 Batches are right-padded [B, L] with an attention mask (positions 0..len-1 per row, as in the engine's
 unpadded prefill); the model is asked only for the logits from the earliest response position on
 (`logits_to_keep`), so prompt positions never reach the LM head or the softmax. Rows of a text micro-batch

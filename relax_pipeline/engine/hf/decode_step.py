@@ -1,7 +1,7 @@
 """The embedded engine's decode step for Llama-shaped models, written out op by op.
 
-A decode step through transformers' `forward` spends a few milliseconds a step (about 5% of a SmolLM2 step at
-batch 64 on a CPU) in what is not arithmetic: module calls and their decorators, the mask machinery, the rotary
+A decode step through transformers' `forward` spends part of every step (docs/benchmarks.md, "Engine") in what
+is not arithmetic: module calls and their decorators, the mask machinery, the rotary
 embedding recomputed for every step. `DecodeStep` runs the same tensor operations in the same order, so its
 logits equal the model's own bit for bit (tests compare them), for a model this module knows the layout of
 (`FITTING`: Llama, Qwen2, Qwen3, no sliding windows, a rotary embedding whose frequencies do not depend on the

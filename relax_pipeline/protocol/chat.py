@@ -4,7 +4,7 @@ Fields used: `messages`, `tools`, `chat_template_kwargs`, `max_completion_tokens
 `max_tokens` (the newer wins), `stop`, `seed`, `logprobs`; `model` is echoed. `temperature` and
 `top_p` are ignored (the training config rules) and every other field is accepted and ignored, since
 SDKs send many. `tool_choice`, `parallel_tool_calls` and `response_format` are not enforced.
-Roles are system/user/assistant/tool; `developer` is refused with a hint to send `system`. User and tool
+Roles are system/user/assistant/tool; `developer` (OpenAI's newer name for it) is read as `system`. User and tool
 contents may hold `image_url` parts (a data URI or an http(s) URL); whether the model accepts them is
 the turn service's decision (a text-only model answers 400).
 

@@ -23,13 +23,20 @@ step against the floor's, which other processes on a shared machine do not infla
 (the arith prompts, then the same left-extended by an earlier conversation to 256 tokens: attention reads the
 whole cache every step, the floor does not).
 
+(d) adapters (`--case adapters`: batch 64, bfloat16, `grouped` attention unless given; two LoRA adapters of rank
+`--lora-rank` on every linear layer, engine/hf/adapters.py): the engine's mean decode step with every row on one
+adapter against rows of two adapters mixed in the same batch, measured round by round side by side (`--reps`),
+printed as `mixed / single adapter decode step N.NNx` (target <= 1.3: several policies in one session cost no
+extra engine), and the single adapter against the base model alone (measured first, before any adapter is
+loaded).
+
 Generation never stops early (no stop tokens), so every run does the same work. The model is `model=smollm2`
 (`relax_pipeline.models.smollm2`, built once into the model cache); when that cannot be built a random Llama
 of SmolLM2-135M's shape with the tiny tokenizer stands in, and the output says so. Defaults take a few
 minutes per case on 2 cores; shrink with --sessions/--turns/--prompts, grow with --baseline-sessions.
 `--model tiny` runs both cases on the tiny test model instead (what `--smoke` does, with tiny sizes).
 
-    python bench/engine.py [--case all|multi|grpo|roofline] [--threads N] [--batch 32] [--dtype bfloat16]
+    python bench/engine.py [--case all|multi|grpo|roofline|adapters] [--threads N] [--batch 32] [--dtype bfloat16]
                            [--attention grouped] [--model smollm2|tiny] [--smoke]
     python bench/engine.py --roofline [--cache-lens 0,256] [--reps 5]
 """
@@ -51,13 +58,14 @@ import torch  # noqa: E402
 from _smoke import parse_args  # noqa: E402
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM  # noqa: E402
 
-from relax_pipeline.engine.base import GenerateResult, SamplingParams  # noqa: E402
+from relax_pipeline.engine.base import DEFAULT_ADAPTER, AdapterWeights, GenerateResult, SamplingParams  # noqa: E402
 from relax_pipeline.engine.hf import batch as hf_batch  # noqa: E402
 from relax_pipeline.engine.hf import engine as hf  # noqa: E402
 from relax_pipeline.engine.hf.engine import HFEngine  # noqa: E402
 from relax_pipeline.engine.settings import EngineRun, HFEngineSettings
 from relax_pipeline.models.spec import load_pretrained  # noqa: E402
 from relax_pipeline.models.tiny import build_tiny  # noqa: E402
+from relax_pipeline.train.lora import LoraSettings, adapter_state, config_dict, wrap  # noqa: E402
 
 ARITH_PROMPT = "What is {a} + {b}? Answer with just the number."
 
@@ -265,13 +273,16 @@ def padded_prompts(tokenizer: object, count: int, length: int) -> list[list[int]
     return [(filler * (length // len(filler) + 1))[: max(0, length - len(p))] + p for p in prompts]
 
 
-async def decode_round(engine: HFEngine, prompts: list[list[int]], tokens: int, round_: int
-                       ) -> tuple[float, float, int]:
-    """All `prompts` at once, `tokens` each: mean seconds of the engine's decode steps (model, sampling and the
-    step's bookkeeping, `stats['decode_s']`), their mean worker CPU seconds (`STEP_CPU`), the largest batch."""
+async def decode_round(engine: HFEngine, prompts: list[list[int]], tokens: int, round_: int,
+                       adapters: Sequence[str | None] | None = None) -> tuple[float, float, int]:
+    """All `prompts` at once, `tokens` each (prompt i with LoRA adapter `adapters[i]` when given): mean seconds of
+    the engine's decode steps (model, sampling and the step's bookkeeping, `stats['decode_s']`), their mean worker
+    CPU seconds (`STEP_CPU`), the largest batch."""
     before, cpu = dict(engine.stats), STEP_CPU["seconds"]
+    names = adapters or [None] * len(prompts)
     await asyncio.gather(*(engine.generate(p, SamplingParams(max_new_tokens=tokens, temperature=0.7,
-                                                              seed=1000 * round_ + i), rid=f"r{round_}-{i}")
+                                                              seed=1000 * round_ + i), rid=f"r{round_}-{i}",
+                                           adapter=names[i])
                            for i, p in enumerate(prompts)))
     steps = engine.stats["steps"] - before["steps"]
     return ((engine.stats["decode_s"] - before["decode_s"]) / steps, (STEP_CPU["seconds"] - cpu) / steps,
@@ -305,9 +316,49 @@ async def roofline(folder: Path, tokenizer: object, args: argparse.Namespace) ->
         await engine.close()
 
 
+# (d) adapters ---------------------------------------------------------------------------------------------
+
+def drawn_adapter(folder: Path, name: str, seed: int, rank: int, dtype: str) -> AdapterWeights:
+    """A LoRA adapter of rank `rank` on every linear layer (PEFT's all-linear, as `experiment=smollm2_arith_lora`),
+    its B drawn small instead of PEFT's zeros, so it changes what the model samples."""
+    torch.manual_seed(seed)
+    model = wrap(load_pretrained(folder, getattr(torch, dtype)), LoraSettings(rank=rank, base_dtype=dtype))
+    with torch.no_grad():
+        for param_name, param in model.named_parameters():
+            if ".lora_B" in param_name:
+                param.normal_(0.0, 0.01)
+    return AdapterWeights(name, config_dict(model), adapter_state(model))
+
+
+async def adapters(folder: Path, tokenizer: object, args: argparse.Namespace) -> None:
+    """Decode steps at batch `--batch`, side by side per round: every row with one adapter against rows of two
+    adapters (alternating, PEFT's mixed batch: each adapter's product on its own rows), and before either is loaded
+    the base model alone (the written-out step's fused products, engine/hf/decode_step.py)."""
+    engine = await started(folder, args, 0)
+    try:
+        prompts = padded_prompts(tokenizer, args.batch, 0)
+        base = [(await decode_round(engine, prompts, args.roofline_tokens, r))[0] for r in range(args.reps)]
+        for seed, name in enumerate((DEFAULT_ADAPTER, "second")):
+            await engine.update_adapter(drawn_adapter(folder, name, seed, args.lora_rank, args.dtype), 1)
+        one, two = [DEFAULT_ADAPTER] * len(prompts), [(DEFAULT_ADAPTER, "second")[i % 2] for i in range(len(prompts))]
+        single, mixed = [], []
+        for r in range(args.reps):
+            single.append((await decode_round(engine, prompts, args.roofline_tokens, r, one))[0])
+            mixed.append((await decode_round(engine, prompts, args.roofline_tokens, r, two))[0])
+        print(f"adapters: batch {len(prompts)}, {args.dtype}, attention {args.attention or 'default'}, rank "
+              f"{args.lora_rank} on every linear layer, {args.reps} rounds of {args.roofline_tokens} steps; decode "
+              f"step base {median(base) * 1e3:.1f} ms, one adapter {median(single) * 1e3:.1f} ms, two adapters mixed "
+              f"{median(mixed) * 1e3:.1f} ms (per round mixed/one: "
+              + " ".join(f"{m / s:.2f}" for m, s in zip(mixed, single, strict=True)) + ")")
+        print(f"  mixed / single adapter decode step {median(mixed) / median(single):.2f}x (target <= 1.3); "
+              f"single adapter / base {median(single) / median(base):.2f}x")
+    finally:
+        await engine.close()
+
+
 def parse() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--case", choices=("all", "multi", "grpo", "roofline"), default="all")
+    parser.add_argument("--case", choices=("all", "multi", "grpo", "roofline", "adapters"), default="all")
     parser.add_argument("--roofline", action="store_const", const="roofline", dest="case",
                         help="only the roofline case: a decode step at --batch against its matmul floor")
     parser.add_argument("--threads", type=int, default=None, help="engine.threads (default: torch's)")
@@ -328,7 +379,8 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--reps", type=int, default=5, help="roofline: rounds, each beside its own floor")
     parser.add_argument("--model", choices=("smollm2", "tiny"), default="smollm2")
     parser.add_argument("--device", default="cpu", help="engine.device, e.g. cuda")
-    if parser.parse_known_args()[0].case == "roofline":
+    parser.add_argument("--lora-rank", type=int, default=16, help="adapters: the adapters' rank")
+    if parser.parse_known_args()[0].case in ("roofline", "adapters"):
         parser.set_defaults(batch=64, dtype="bfloat16", attention="grouped")
     return parse_args(parser, model="tiny", batch=4, kv_cache_mb=64, sessions=2, turns=2, new_tokens=4,
                       baseline_sessions=1, prompts=2, samples=2, answer_tokens=4, cache_lens="0,32",
@@ -348,6 +400,8 @@ def main() -> None:
         asyncio.run(grpo(folder, tokenizer, args))
     if args.case in ("all", "roofline"):
         asyncio.run(roofline(folder, tokenizer, args))
+    if args.case in ("all", "adapters"):
+        asyncio.run(adapters(folder, tokenizer, args))
 
 
 if __name__ == "__main__":

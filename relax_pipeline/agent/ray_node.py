@@ -171,7 +171,7 @@ def _free_bytes(path: str) -> int:
 
 @functools.cache
 def _wrapper() -> tuple[str, ...]:
-    """`death_wrapper()` with its program as a full path, so a spawn does not search PATH (~0.05 ms each)."""
+    """`death_wrapper()` with its program as a full path, so a spawn does not search PATH."""
     wrapper = death_wrapper()
     return (shutil.which(wrapper[0]) or wrapper[0], *wrapper[1:]) if wrapper else ()
 
@@ -258,7 +258,7 @@ class NodeRunner:
     async def run_many(self, calls: list[NodeCall]) -> AsyncIterator[list[NodeAnswer]]:
         """Run the sessions of one batch at once and yield their answers as they end, those that ended together
         as one list (Ray streams the items back: one call per node for the sessions a driver starts together, and
-        one item, ~0.5 ms of CPU between the node and the driver, for the sessions that end together). A session
+        one item, whose CPU is paid between the node and the driver, for the sessions that end together). A session
         the runner fails to run answers a failure naming the error; the others go on."""
         if self.folder.memory:
             folders = self._prepare_all(calls)
@@ -276,8 +276,8 @@ class NodeRunner:
         return folder
 
     def _prepare_all(self, calls: list[NodeCall]) -> list[Path | Exception]:
-        """`prepare` for a batch: on the loop in memory (~0.05 ms a session), in a thread on a disk (file creates
-        wait on it, 5-7 ms a session on a slow one, while the loop goes on starting earlier batches' sessions)."""
+        """`prepare` for a batch: on the loop in memory (cheap), in a thread on a disk (file creates wait on it, while
+        the loop goes on starting earlier batches' sessions)."""
         folders: list[Path | Exception] = []
         for call in calls:
             try:

@@ -120,9 +120,9 @@ def draw_rows(probs: torch.Tensor, generators: Sequence[torch.Generator]) -> tor
     among the float64 running sums of that block's weights. A block is chosen with probability its sum / the
     total and a token with its weight / its block's sum, so each token's probability is its weight / the total
     up to the float32 rounding of the block sums (about 1e-7 relative, the rounding the weights carry anyway).
-    Never an index of weight 0. Where one running sum over the whole row (a float64 copy and cumsum, 4 ms a step
-    at 64 rows of a 49k vocabulary) took most of sampling, this reads the row once. (`torch.multinomial` does
-    the same draw at 5-25 ms per 49k-token row on a CPU.)"""
+    Never an index of weight 0. Where one running sum over the whole row (a float64 copy and cumsum) took most of
+    sampling, this reads the row once; `torch.multinomial` does the same draw more slowly on a CPU
+    (docs/benchmarks.md, "Engine")."""
     sums = block_sums(probs)
     cdf = sums.cumsum(1)
     uniform = torch.cat([torch.rand(1, generator=g, dtype=torch.float64, device=probs.device) for g in generators])
@@ -158,8 +158,8 @@ def by_block(values: torch.Tensor, reduce: Callable[..., torch.Tensor]) -> torch
 
 
 def row_argmax(values: torch.Tensor) -> torch.Tensor:
-    """`values.argmax(1)` (the first of equal maxima included) through the block maxima: about 0.2 ms at 64 rows
-    of a 49k vocabulary on a CPU, where argmax's own reduction takes 1.6 ms (amax is fast, argmax is not)."""
+    """`values.argmax(1)` (the first of equal maxima included) through the block maxima: on a CPU amax is fast and
+    argmax's own reduction is not, so the block maxima first are faster (docs/benchmarks.md, "Engine")."""
     block = by_block(values, torch.amax).argmax(1)
     columns = block.unsqueeze(1) * BLOCK + torch.arange(BLOCK, device=values.device)
     inside = values.gather(1, columns.clamp(max=values.shape[1] - 1)).masked_fill(columns >= values.shape[1],

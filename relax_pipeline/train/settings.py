@@ -62,8 +62,8 @@ class TrainerSettings:
     and optimizer state in float32; null trains in float32 (logprobs then match a float32 engine's)."""
     attn_implementation: str | None = None
     """The policy's attention kernel: `eager`, `sdpa`, or `grouped` (models/attention.py: eager without copying
-    the KV cache for each query head; on a CPU under bf16 autocast about 25% faster a step than sdpa); null keeps
-    transformers' default (sdpa)."""
+    the KV cache for each query head; on a CPU under bf16 autocast faster a step than sdpa, docs/benchmarks.md); null
+    keeps transformers' default (sdpa)."""
     lean_activations: bool = True
     """Under autocast, the policy's norms and SwiGLU MLPs keep less for the backward (train/lean_layers.py: the same
     forward, gradients equal to rounding, about a fifth less activation memory); false keeps transformers' own."""

@@ -23,9 +23,16 @@ a prompt of 48 tokens, 16 response tokens each, bf16 autocast, grouped attention
 `TorchTrainer`s alternate rep by rep; printed: the bytes each step keeps for the backward (every tensor autograd
 saves, counted once per storage, weights' casts included), the median step times and their ratio.
 
+`--case lora`: that step as `experiment=smollm2_arith` trains it (bf16 autocast over float32 weights, AdamW over
+every weight) against `experiment=smollm2_arith_lora` (trainer.lora: the base frozen in bf16, a rank-`--lora-rank`
+adapter on every linear layer, AdamW over the adapter alone), alternating rep by rep; printed: the median step
+times and their ratio, `LoRA speed-up N.NNx` (target >= 1.5x), what each hands the engine after a step (bytes and
+the trainer's seconds) and the size of the checkpoint each writes.
+
     python bench/train_step.py [--reps 10] [--samples 16] [--length 300] [--smoke]
     python bench/train_step.py --case tree [--sessions 2] [--turns 8] [--reps 2] [--model smollm2|tiny] [--smoke]
     python bench/train_step.py --case lean [--groups 8] [--reps 6] [--model smollm2|tiny] [--smoke]
+    python bench/train_step.py --case lora [--groups 8] [--reps 6] [--lora-rank 16] [--model smollm2|tiny] [--smoke]
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ import argparse
 import random
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -46,6 +54,7 @@ from transformers import AutoModelForCausalLM  # noqa: E402
 from relax_pipeline.forest.sample import Sample  # noqa: E402
 from relax_pipeline.models.tiny import build_tiny  # noqa: E402
 from relax_pipeline.train.batching import BatchSettings, micro_batches  # noqa: E402
+from relax_pipeline.train.lora import LoraSettings  # noqa: E402
 from relax_pipeline.train.settings import TrainerRun, TrainerSettings  # noqa: E402
 from relax_pipeline.train.step import collate  # noqa: E402
 from relax_pipeline.train.torch_backend import TorchTrainer  # noqa: E402
@@ -103,7 +112,7 @@ def timed(step: object) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--case", choices=("step", "tree", "lean"), default="step")
+    parser.add_argument("--case", choices=("step", "tree", "lean", "lora"), default="step")
     parser.add_argument("--reps", type=int, default=None, help="timed reps (default: 10 for step, 2 for tree)")
     parser.add_argument("--samples", type=int, default=16)
     parser.add_argument("--length", type=int, default=300)
@@ -114,6 +123,7 @@ def main() -> None:
     parser.add_argument("--model", choices=("smollm2", "tiny"), default="smollm2",
                         help="--case tree's and lean's model")
     parser.add_argument("--device", default="cpu", help="trainer.device (and the bare step's), e.g. cuda")
+    parser.add_argument("--lora-rank", type=int, default=16, help="--case lora: trainer.lora.rank")
     args = parse_args(parser, reps=1, samples=2, length=32, turns=3, groups=1, model="tiny")
     if args.case in CASES:
         CASES[args.case](args)
@@ -262,7 +272,51 @@ def lean_case(args: argparse.Namespace) -> None:
           f"lean / transformers' {fast / slow:.2f} (median of {len(times[True])})")
 
 
-CASES = {"tree": tree_case, "lean": lean_case}
+# ---- --case lora -------------------------------------------------------------------------------------------
+
+
+def lora_case(args: argparse.Namespace) -> None:
+    """`experiment=smollm2_arith`'s step (bf16 autocast over float32 weights, AdamW over every weight) against
+    `smollm2_arith_lora`'s (bf16 base frozen, a rank-16 adapter on every linear layer, AdamW over the adapter)."""
+    path, named = tree_model(args.model)
+    samples = arith_groups(args.groups)
+    batching = BatchSettings(micro_batch_size=len(samples))
+    common = {"device": args.device, "batching": batching, "attn_implementation": "grouped"}
+    lora = LoraSettings(rank=args.lora_rank, alpha=32, base_dtype="bfloat16")
+    trainers = {False: TorchTrainer(TrainerSettings(autocast="bfloat16", **common), TrainerRun(str(path))),
+                True: TorchTrainer(TrainerSettings(lora=lora, **common), TrainerRun(str(path)))}
+    times = alternate(trainers, samples, args.reps or 6)
+    print(f"model: {named}, torch threads {torch.get_num_threads()}, grouped attention")
+    print(f"workload: {args.groups} groups x 8 rows (48 prompt + 16 response tokens), one micro-batch")
+    full, adapter = statistics.median(times[False]), statistics.median(times[True])
+    print(f"step time     full (bf16 autocast) {full:8.2f} s   LoRA rank {args.lora_rank} (bf16 base) {adapter:8.2f} s "
+          f"(median of {len(times[True])}, alternating)")
+    sync = {key: sync_payload(trainer) for key, trainer in trainers.items()}
+    print(f"weight sync   full {sync[False][0] / 2**20:8.1f} MiB in {sync[False][1]:.3f} s   adapter "
+          f"{sync[True][0] / 2**20:8.1f} MiB in {sync[True][1]:.3f} s (the trainer's side: the tensors handed over)")
+    sizes = {key: checkpoint_bytes(trainer) for key, trainer in trainers.items()}
+    print(f"checkpoint    full {sizes[False] / 2**20:8.1f} MiB   adapter {sizes[True] / 2**20:8.1f} MiB "
+          "(weights or adapter, AdamW state, trainer state, model files)")
+    print(f"LoRA speed-up {full / adapter:.2f}x  (target >= 1.5x)")
+
+
+def sync_payload(trainer: TorchTrainer) -> tuple[int, float]:
+    """Bytes and seconds of what the trainer hands the engine after a step: its adapter, else every weight."""
+    started = time.perf_counter()
+    adapter = trainer.engine_adapter()
+    tensors = adapter.tensors if adapter is not None else trainer.engine_weights()
+    seconds = time.perf_counter() - started
+    return sum({t.data_ptr(): t.numel() * t.element_size() for t in tensors.values()}.values()), seconds
+
+
+def checkpoint_bytes(trainer: TorchTrainer) -> int:
+    """Size of the checkpoint folder `trainer.save` writes."""
+    with tempfile.TemporaryDirectory(prefix="relax-bench-ckpt-") as tmp:
+        trainer.save(Path(tmp) / "step", {"step": 0})
+        return sum(f.stat().st_size for f in (Path(tmp) / "step").rglob("*") if f.is_file())
+
+
+CASES = {"tree": tree_case, "lean": lean_case, "lora": lora_case}
 
 
 def report(tokens: int, ours_times: list[float], bare_times: list[float]) -> None:

@@ -51,6 +51,7 @@ from relax_pipeline.stages.evaluate import Evaluator
 from relax_pipeline.stages.group import Group
 from relax_pipeline.stages.pipeline import Pipeline, StepResult
 from relax_pipeline.stages.traces import TrainTiming, step_traces, train_timing
+from relax_pipeline.tracking.console import eval_progress, step_progress
 from relax_pipeline.tracking.traces import TraceWriter
 from relax_pipeline.tracking.tracker import Tracker
 from relax_pipeline.train.allocator import release_freed_memory
@@ -178,7 +179,8 @@ class StepLoop:
             if self.traces is not None:
                 self.traces.submit(step, step_traces(result.groups, step, self._trained))
             self.history.append(metrics)
-            log.info("step %d metrics %s", step, " ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items())))
+            log.info("step %d metrics %s", step, " ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items())),
+                     extra=step_progress(step + 1, self.num_steps, {**metrics, **self.eval_metrics}))
             self.done, self._data = step + 1, self.pipeline.source.state()
             self._save(step)
             self._record(step, result, metrics)
@@ -223,11 +225,13 @@ class StepLoop:
         self.eval_metrics = metrics
         self.tracker.log(self.eval_metrics, done)
         log.info("eval after %d steps metrics %s", done,
-                 " ".join(f"{k}={v:.4g}" for k, v in sorted(self.eval_metrics.items())))
+                 " ".join(f"{k}={v:.4g}" for k, v in sorted(self.eval_metrics.items())),
+                 extra=eval_progress(done, self.eval_metrics))
 
     async def _rollout(self, step: int) -> StepResult:
         total = self.pipeline.batch_size * self.pipeline.prepare.n_samples
-        with tqdm(total=total, desc=f"rollout {step}", unit=" scored", file=sys.stderr, leave=False) as bar:
+        with tqdm(total=total, desc=f"step {step + 1}/{self.num_steps}", unit=" scored", file=sys.stderr,
+                  leave=False) as bar:
             self.pipeline.on_scored = bar.update
             return await self.strategy.rollout(self.pipeline, step)
 
@@ -237,7 +241,6 @@ class StepLoop:
             message = (f"step {result.rollout_id}: trained on 0 samples (every group dropped, filtered or "
                        "unrewarded); see the dump rows' status and error")
             log.warning(message)
-            tqdm.write(f"WARNING {message}", file=sys.stderr)
             return {"train/samples": 0.0}
         began = time.time_ns()
         metrics = await asyncio.to_thread(self.trainer.train, samples)

@@ -10,7 +10,8 @@ the request path; the engine's compute runs in its own worker thread.
 Binding anything but a loopback address opens the gateway to other hosts, so `check_bind` refuses it
 unless `gateway.allow_remote=true` (the app then takes only each session's secret key, `RELAX_API_KEY`;
 see `gateway/app.py`). `check_public_url` refuses a public URL that drops the service prefix or the
-trailing `/`. `config.validate` runs both checks at start-up, and the constructor runs them again.
+trailing `/`. Both live with the `gateway` node's record (`gateway/settings.py`), which runs them at start-up,
+and the constructor runs them again; `GatewayServer.of` builds the server of a `gateway` node.
 
 The listening socket is created with `IPPROTO_TCP`, so asyncio sets TCP_NODELAY on every accepted
 connection (it does so only for sockets whose protocol is TCP, and an accepted socket inherits the
@@ -34,16 +35,14 @@ import ipaddress
 import socket
 from collections.abc import Iterator
 from typing import Any
-from urllib.parse import urlsplit
 
 import uvicorn
 from starlette.types import ASGIApp
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from relax_pipeline.gateway.app import GatewayApp
+from relax_pipeline.gateway.settings import WILDCARD_HOSTS, GatewaySettings, check_bind, check_public_url
 
-WILDCARD_HOSTS = ("", "0.0.0.0", "::")
-"""Hosts that bind every interface."""
 _PROBE = ("198.51.100.1", 9)
 """A documentation address (TEST-NET-2): connecting a UDP socket to it picks the source address of the
 default route without sending a packet."""
@@ -72,6 +71,11 @@ class GatewayServer:
         self.public_url = public_url
         self._server: uvicorn.Server | None = None
         self._task: asyncio.Task[None] | None = None
+
+    @classmethod
+    def of(cls, app: ASGIApp, settings: GatewaySettings, prefix: str) -> GatewayServer:
+        """The server of a `gateway` node (`prefix`: `protocol.service_prefix`)."""
+        return cls(app, settings.host, settings.port, prefix, settings.public_url, settings.allow_remote)
 
     async def start(self) -> None:
         sock = _listen(self.host, self.port)
@@ -197,48 +201,6 @@ def _listen(host: str, port: int) -> socket.socket:
                          "port (gateway.port=0 picks one) and an address of this machine") from None
     sock.listen(2048)
     return sock
-
-
-def is_loopback(host: str) -> bool:
-    """Whether `host` (an address or a name) binds only this machine's loopback interface."""
-    if host in WILDCARD_HOSTS:
-        return False
-    try:
-        return ipaddress.ip_address(host.split("%")[0]).is_loopback
-    except ValueError:
-        pass
-    try:
-        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
-    except OSError:
-        return False
-    return all(ipaddress.ip_address(str(info[4][0]).split("%")[0]).is_loopback for info in infos)
-
-
-def check_bind(host: str, port: int, allow_remote: bool) -> None:
-    """Refuse a bind other hosts could reach unless `gateway.allow_remote=true`; refuse a port out of range."""
-    if not 0 <= port <= 65535:
-        raise ValueError(f"gateway.port={port} is not a TCP port; use 0 (a free port) or 1-65535")
-    if allow_remote or is_loopback(host):
-        return
-    raise ValueError(f"gateway.host={host!r} is not a loopback address, so other hosts could reach the gateway; set "
-                     "gateway.allow_remote=true to serve agents elsewhere (sessions then authenticate only with "
-                     "their RELAX_API_KEY), or bind gateway.host=127.0.0.1")
-
-
-def check_public_url(url: str, prefix: str) -> None:
-    """`gateway.public_url` must be an http(s) URL that keeps the service prefix and ends with `/`."""
-    parts = urlsplit(url)
-    path = "/" + prefix.strip("/") + "/" if prefix.strip("/") else "/"
-    problems = []
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        problems.append("it must start with http:// or https:// and name a host")
-    if not parts.path.endswith(path):
-        problems.append(f"its path must end with the service prefix and a slash, {path!r} (protocol.service_prefix)")
-    if parts.query or parts.fragment:
-        problems.append("it must have no query or fragment")
-    if problems:
-        example = f"http://HOST:PORT{path}"
-        raise ValueError(f"gateway.public_url={url!r}: {'; '.join(problems)}; for example {example}")
 
 
 def machine_address(host: str = "0.0.0.0") -> str:

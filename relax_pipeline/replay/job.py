@@ -10,7 +10,9 @@ advantage and the loss share that changed, then the loss and gradient norm the e
 
 The credit node is the bundle's own, with every `credit.*` key the command line sets to other than its default
 (`credit=reward`'s, `credit_overrides`) laid over it: `credit=custom_advantage credit.advantage_path=mine.fn` edits
-one function and keeps the rest. `config.replay_run` makes those records (only config.py and run.py read configs).
+one function and keeps the rest. `replay_run` makes those records from the `replay` node (`replay/settings.py`),
+checking the folder first (it exists and holds a bundle; the error names `replay.bundle`, the value and the fix),
+and reads the bundle's recorded `config.yaml` with OmegaConf (the one config this module reads).
 
 What it does not do: start an engine, agents, a gateway or Ray; write into the run's folders; replay DeepSpeed
 ranks (one CPU process computes the same step).
@@ -26,11 +28,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from omegaconf import OmegaConf
+
 from relax_pipeline.credit.settings import CreditSettings
 from relax_pipeline.forest.sample import Sample
 from relax_pipeline.replay import credit as rc
 from relax_pipeline.replay import format as fmt
 from relax_pipeline.replay import loss as rl
+from relax_pipeline.replay.settings import ReplaySettings
+from relax_pipeline.train.settings import TrainerSettings
+
+BUNDLE_FIX = "point it at a <output>/replay/step_<n> folder written with debug.replay_bundle=true"
 
 
 def credit_overrides(node: dict[str, Any]) -> dict[str, Any]:
@@ -42,7 +50,7 @@ def credit_overrides(node: dict[str, Any]) -> dict[str, Any]:
 @dataclass(frozen=True)
 class ReplayRun:
     """What `job=replay` re-runs; connects the command line and the bundle's config (made into records by
-    `config.replay_run`) to the stages."""
+    `replay_run`) to the stages."""
 
     bundle: Path
     checkpoint: str | None
@@ -52,6 +60,35 @@ class ReplayRun:
     overrides: dict[str, Any]
     """The `credit.*` keys the command line edited (empty: the recorded credit)."""
     train: rl.TrainSetup
+
+
+def replay_run(settings: ReplaySettings, credit: CreditSettings) -> ReplayRun:
+    """`job=replay`'s records: the bundle's own config (its format version checked first) with the command line's
+    `credit.*` edits (those of `credit` that differ from the default node) laid over its credit node, and its
+    trainer node as `trainer=torch` on the CPU."""
+    folder = bundle_folder(settings.bundle)
+    fmt.read_manifest(folder)
+    recorded = OmegaConf.create((folder / fmt.CONFIG).read_text())
+    overrides = credit_overrides(asdict(credit))
+    merged = OmegaConf.merge(OmegaConf.structured(CreditSettings), recorded.get("credit") or {}, overrides)
+    trainer = OmegaConf.merge(OmegaConf.structured(TrainerSettings),
+                              rl.torch_keys(OmegaConf.to_container(recorded.get("trainer") or {})))  # type: ignore[arg-type]
+    credit_record: CreditSettings = OmegaConf.to_object(merged)  # type: ignore[assignment]
+    train = rl.TrainSetup(OmegaConf.to_object(trainer), int(recorded.get("seed", 0)),  # type: ignore[arg-type]
+                          float(recorded.rollout.temperature), credit_record.advantages)
+    return ReplayRun(folder, settings.checkpoint, credit_record, overrides, train)
+
+
+def bundle_folder(bundle: str | None) -> Path:
+    """`replay.bundle` as a folder that exists; the error names the key, the value and the fix."""
+    if not bundle:
+        raise ValueError(f"job=replay needs replay.bundle=FOLDER: {BUNDLE_FIX}")
+    folder = Path(bundle).expanduser()
+    if not folder.exists():
+        raise ValueError(f"replay.bundle={bundle!r} does not exist: {BUNDLE_FIX}")
+    if not folder.is_dir():
+        raise ValueError(f"replay.bundle={bundle!r} is a file, not a folder: {BUNDLE_FIX}")
+    return folder
 
 
 def replay(run: ReplayRun) -> dict[str, float]:

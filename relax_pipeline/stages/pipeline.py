@@ -31,6 +31,7 @@ from relax_pipeline.stages.group import ABORTED, INTERRUPTED, OUTCOMES, Group, d
 from relax_pipeline.stages.prepare import Prepare
 from relax_pipeline.stages.reward import Reward
 from relax_pipeline.stages.runtime import Runtime
+from relax_pipeline.stages.settings import RolloutSettings
 from relax_pipeline.stages.transfer import Transfer
 from relax_pipeline.tracking.dump import RolloutDump
 from relax_pipeline.tracking.metrics import generated_tokens, rollout_metrics
@@ -55,14 +56,15 @@ class Pipeline:
     """Stage objects plus the data source; strategies call its group methods."""
 
     def __init__(self, source: DataSource, prepare: Prepare, runtime: Runtime, reward: Reward, transfer: Transfer,
-                 dump: RolloutDump, batch_size: int) -> None:
+                 dump: RolloutDump, rollout: RolloutSettings) -> None:
         self.source = source
         self.prepare = prepare
         self.runtime = runtime
         self.reward = reward
         self.transfer = transfer
         self.dump = dump
-        self.batch_size = batch_size
+        self.batch_size = rollout.batch_size
+        """`rollout.batch_size`: groups a step closes with."""
         self.on_scored: Callable[[int], None] = lambda n: None
         self.stopped: str | None = None
         """Why the run is stopping (`interrupt`); no group starts once it is set."""

@@ -19,6 +19,7 @@ from relax_pipeline.agent.session_io import build_input, write_input
 from relax_pipeline.data.dataset import Prompt
 from relax_pipeline.engine.base import derive_seed
 from relax_pipeline.stages.group import Group
+from relax_pipeline.stages.settings import RolloutSettings
 from relax_pipeline.turn.sessions import ForestStore, Session, Status
 
 
@@ -37,14 +38,15 @@ class Prepare:
     """Creates sessions and launches one agent per session (`agent.executor`: a local process or an agent server)."""
 
     def __init__(self, store: ForestStore, agents: AgentPools, io_root: Path, base_url: str,
-                 n_samples: int, chat_template_kwargs: dict[str, Any] | None = None, seed: int = 0,
-                 model_name: str = "relax") -> None:
+                 rollout: RolloutSettings, seed: int = 0, model_name: str = "relax") -> None:
         self.store = store
         self.agents = agents
         self.io_root = io_root
         self.base_url = base_url
-        self.n_samples = n_samples
-        self.chat_template_kwargs = chat_template_kwargs or {}
+        self.n_samples = rollout.n_samples_per_prompt
+        """`rollout.n_samples_per_prompt`: sessions per train group."""
+        self.chat_template_kwargs = dict(rollout.chat_template_kwargs)
+        """`rollout.chat_template_kwargs`: written into each session's input."""
         self.seed = seed
         self.model_name = model_name
         """The served model name (`RELAX_MODEL`); requests may name any model, it is echoed."""

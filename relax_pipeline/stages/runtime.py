@@ -24,9 +24,10 @@ from dataclasses import dataclass
 
 from relax_pipeline.agent.launcher import AgentFailure
 from relax_pipeline.agent.session_io import AgentOutputError, parse_output
-from relax_pipeline.forest.export import IMPLICIT_MODES, Exported, ExportError, explicit_exports, implicit_exports
+from relax_pipeline.forest.export import Exported, ExportError, explicit_exports, implicit_exports
 from relax_pipeline.forest.store import Node, SessionForest
 from relax_pipeline.stages.group import AGENT_ERROR, INFRA_ERROR, Group, drop_group
+from relax_pipeline.stages.settings import ExportSettings
 from relax_pipeline.turn.records import SamplingDefaults
 from relax_pipeline.turn.sessions import ForestStore, Session, Status
 
@@ -44,12 +45,10 @@ class SessionFailure:
 class Runtime:
     """Waits for every agent of a group and turns their outputs into exported states."""
 
-    def __init__(self, store: ForestStore, implicit: str = "leaves",
+    def __init__(self, store: ForestStore, export: ExportSettings | None = None,
                  budgets: Mapping[str, SamplingDefaults] | None = None) -> None:
         self.store = store
-        if implicit not in IMPLICIT_MODES:
-            raise ValueError(f"export.implicit={implicit!r}; choose one of {list(IMPLICIT_MODES)}")
-        self.implicit = implicit
+        self.implicit = (export or ExportSettings()).implicit
         """`export.implicit`: `leaves` exports every chain of a forked session, `strict` refuses it."""
         self.budgets = dict(budgets or {})
         """The turn budget per session mode (`train`, `eval`): what tells the pipeline's length cut from the agent's

@@ -18,7 +18,8 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from relax_pipeline.config import CONF_DIR, Config, records, register
-from relax_pipeline.run import build, run
+from relax_pipeline.recipes.parts import build
+from relax_pipeline.run import run
 from relax_pipeline.scheduling.settings import RuntimeSettings
 from relax_pipeline.train.settings import DeepSpeedSettings, TrainerSettings
 

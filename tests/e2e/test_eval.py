@@ -16,7 +16,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from relax_pipeline.config import CONF_DIR, quote_placeholders, records, register
-from relax_pipeline.run import capacity_of, eval_sets, run
+from relax_pipeline.recipes.parts import capacity_of, eval_sets
+from relax_pipeline.run import run
 
 AGENT = '''
 import json, os, sys, urllib.request

@@ -19,7 +19,9 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
 from relax_pipeline.config import CONF_DIR, quote_placeholders, records, register
-from relax_pipeline.run import _Parts, run
+from relax_pipeline.loop import StepLoop
+from relax_pipeline.recipes.parts import Job, Plan, Teardown, assemble
+from relax_pipeline.run import run
 from relax_pipeline.stages.pipeline import StepResult
 from relax_pipeline.testing.engines import LETTERS, register_paced
 
@@ -55,16 +57,16 @@ def _rows(tmp_path: Path) -> list[dict[str, Any]]:
 
 async def _steps(cfg: DictConfig, tmp_path: Path, between: Any) -> list[StepResult]:
     """Run rollout steps through the strategy, awaiting `between(parts, step)` after each."""
-    parts = await _Parts.create(records(cfg), OmegaConf.to_container(cfg, resolve=True), tmp_path)
-    try:
-        loop = parts.loop()
+    config = records(cfg)
+    plan = Plan.of(config, tmp_path)
+    async with Teardown(plan) as teardown:
+        job = Job(config, tmp_path, OmegaConf.to_container(cfg, resolve=True))  # type: ignore[arg-type]
+        loop = await assemble(job, plan, teardown, None, cfg.rollout.num_steps)
         results = []
         for step in range(cfg.rollout.num_steps):
             results.append(await loop.strategy.rollout(loop.pipeline, step))
-            await between(parts, step)
+            await between(loop, step)
         return results
-    finally:
-        await parts.close()
 
 
 def test_prelaunch_holds_first_requests_and_pauses_the_timeout_clock(tmp_path: Path, tiny_path: Path) -> None:
@@ -73,7 +75,7 @@ def test_prelaunch_holds_first_requests_and_pauses_the_timeout_clock(tmp_path: P
                "rollout.n_samples_per_prompt=2", "agent.timeout=2.8")
     opened: dict[int, float] = {}
 
-    async def optimizer_step(parts: _Parts, step: int) -> None:
+    async def optimizer_step(loop: StepLoop, step: int) -> None:
         await asyncio.sleep(3.0)  # longer than the agents' start-up and than their whole timeout
         opened[step + 1] = time.time()
 
@@ -95,8 +97,8 @@ def _partial_cfg(tmp_path: Path, tiny_path: Path, max_aborted: int) -> DictConfi
                 "engine.mean_tokens=5000", "engine.sigma=0.01", f"runtime.max_aborted_count={max_aborted}")
 
 
-async def _new_weights(parts: _Parts, step: int) -> None:
-    await parts.engine.update_weights({}, step + 1)
+async def _new_weights(loop: StepLoop, step: int) -> None:
+    await loop.engine.update_weights({}, step + 1)
 
 
 def _long_row(tmp_path: Path) -> dict[str, Any]:

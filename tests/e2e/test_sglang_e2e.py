@@ -1,10 +1,10 @@
 """Whole runs with `engine=sglang`: two SGLang-wire fake servers launched by the engine (`engine.launch=true`,
-the launch command pointed at `relax_pipeline.testing.sglang_server`) behind the real sglang-router binary.
+the launch command pointed at `relax_pipeline.testing.sglang_server`) behind the real smg binary.
 
 The first run is the full loop (rollout → train → `/update_weights_from_disk` → the next rollout on the new
 weights) with KV-aware admission on; the second is `runtime=partial`, whose parked generation is aborted on
 its server (`/abort_request`) and resumed with its partial tokens in the next step, on new weights.
-Skipped without the router: `pip install 'sglang-router==0.3.2'`.
+Skipped without the router: `pip install -e '.[router]'` (smg).
 """
 
 from __future__ import annotations
@@ -18,18 +18,19 @@ import pytest
 from omegaconf import DictConfig, OmegaConf
 
 from relax_pipeline.config import records
-from relax_pipeline.run import _Parts, run
+from relax_pipeline.recipes.parts import Job, Plan, Teardown, assemble
+from relax_pipeline.run import run
 from tests.e2e.test_e2e_rollout import check_row, compose_config, read_dump
 
-pytest.importorskip("sglang_router", reason="pip install 'sglang-router==0.3.2' (the sglang-router binary)")
+pytest.importorskip("smg", reason="pip install -e '.[router]' (smg, the router binary)")
 
 
 def sglang_overrides(*server_args: str) -> list[str]:
     """engine=sglang with two launched fakes behind the real router."""
     return ["engine=sglang", "engine.launch=true", "engine.servers=2", "engine.gpus_per_server=0",
-            "engine.router=sglang", "engine.launch_timeout=120",
+            "engine.router=smg", "engine.launch_timeout=120",
             f"engine.launch_command='{sys.executable} -m relax_pipeline.testing.sglang_server'",
-            f"engine.router_command='{sys.executable} -m sglang_router.launch_router'",
+            f"engine.router_command='{sys.executable} -m smg.launch_router'",
             "+engine.router_args.log_level=warn", *(f"+engine.server_args.{arg}" for arg in server_args)]
 
 
@@ -65,16 +66,16 @@ def _partial_cfg(tmp_path: Path, tiny_path: Path) -> DictConfig:
 async def _two_steps(cfg: DictConfig, tmp_path: Path, tiny_path: Path) -> list[Any]:
     from tests.integration.test_sglang_engine import _moved_weights
 
-    parts = await _Parts.create(records(cfg), OmegaConf.to_container(cfg, resolve=True), tmp_path)
-    try:
-        loop = parts.loop()
+    config = records(cfg)
+    plan = Plan.of(config, tmp_path)
+    async with Teardown(plan) as teardown:
+        job = Job(config, tmp_path, OmegaConf.to_container(cfg, resolve=True))  # type: ignore[arg-type]
+        loop = await assemble(job, plan, teardown, None, cfg.rollout.num_steps)
         first = await loop.strategy.rollout(loop.pipeline, 0)
         await loop.strategy.before_weight_update()
-        await parts.engine.update_weights(_moved_weights(tiny_path), 1)
+        await loop.engine.update_weights(_moved_weights(tiny_path), 1)
         await loop.strategy.after_weight_update()
         return [first, await loop.strategy.rollout(loop.pipeline, 1)]
-    finally:
-        await parts.close()
 
 
 def test_partial_rollout_aborts_on_the_server_and_resumes_on_new_weights(tmp_path: Path, tiny_path: Path) -> None:

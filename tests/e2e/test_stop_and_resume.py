@@ -25,7 +25,8 @@ from hydra import compose, initialize_config_dir
 from safetensors.torch import load_file
 
 from relax_pipeline.config import CONF_DIR, quote_placeholders, records, register
-from relax_pipeline.run import capacity_of, eval_sets, run
+from relax_pipeline.recipes.parts import capacity_of, eval_sets
+from relax_pipeline.run import run
 
 DIGITS_AGENT = Path(__file__).resolve().parents[1] / "agents" / "digits_agent.py"
 HOLD = ["+agent.env.HOLD_GROUP=g1-", "+agent.env.HOLD_FILE=sleep_in_step_1"]

@@ -236,7 +236,7 @@ def test_engine_sglang_composes_typed_and_binds_its_class(tiny_path: Path) -> No
     from hydra.errors import ConfigCompositionException
 
     from relax_pipeline.config import CONF_DIR, records, register
-    from relax_pipeline.run import build
+    from relax_pipeline.recipes.parts import build
 
     register()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):

@@ -1,10 +1,12 @@
 """How the config binds to the code, read from the source with `ast` (nothing is imported or built).
 
-- Every configured class (named by a `_target_` in a record's defaults or in `conf/`, or made by `run.py`) is
-  found and defines the constructor it is built with (`bench/house.py` prints how many parameters each takes).
+- Every configured class (named by a `_target_` in a record's defaults or in `conf/`, or made by a recipe,
+  `recipes/*.py`) is found and defines the constructor it is built with (`bench/house.py` prints how many
+  parameters each takes).
 - Only `run.py` and `config.py` (and `__main__.py`, which hands the composed config to `run`) read the composed
   config: no other module imports OmegaConf or Hydra, or takes a parameter named `cfg` or typed `DictConfig`
-  (`testing/`, the test doubles, may: `register_paced` adds their options to the config groups).
+  (`testing/`, the test doubles, may: `register_paced` adds their options to the config groups; `replay/job.py`
+  reads a bundle's recorded config, never the composed one).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from relax_pipeline.scheduling.settings import MODES
 ROOT = Path(relax_pipeline.__file__).parent
 READERS = {"run.py", "config.py", "__main__.py"}
 """The modules that may read the composed config."""
+BUNDLE_READERS = {"replay/job.py"}
+"""Modules that read a replay bundle's recorded `config.yaml` with OmegaConf (not the composed config)."""
 
 
 def modules() -> dict[str, Path]:
@@ -46,13 +50,18 @@ def configured_classes() -> set[str]:
 
 
 def built_by_run() -> set[str]:
-    """Classes `run.py` constructs by name (its imports resolved)."""
-    tree = ast.parse((ROOT / "run.py").read_text())
-    imported = {alias.asname or alias.name: f"{node.module}.{alias.name}" for node in ast.walk(tree)
-                if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("relax_pipeline")
-                for alias in node.names}
-    called = {n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
-    return {imported[name] for name in called if name in imported and name[:1].isupper()}
+    """Classes the recipes construct by name (their imports resolved), `Name(...)` or `Name.of(...)`."""
+    found: set[str] = set()
+    for path in (ROOT / "recipes").glob("*.py"):
+        tree = ast.parse(path.read_text())
+        imported = {alias.asname or alias.name: f"{node.module}.{alias.name}" for node in ast.walk(tree)
+                    if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("relax_pipeline")
+                    for alias in node.names}
+        calls = [n.func for n in ast.walk(tree) if isinstance(n, ast.Call)]
+        called = {f.id for f in calls if isinstance(f, ast.Name)} | \
+                 {f.value.id for f in calls if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name)}
+        found |= {imported[name] for name in called if name in imported and name[:1].isupper()}
+    return found
 
 
 def init_parameters(dotted: str) -> list[str] | None:
@@ -100,7 +109,8 @@ def config_readers(path: Path) -> list[str]:
 
 def test_only_the_builder_and_the_schema_read_the_composed_config() -> None:
     readers = {str(p.relative_to(ROOT)): config_readers(p) for p in ROOT.rglob("*.py")
-               if (p.name not in READERS or p.parent != ROOT) and p.parent.name != "testing"}
+               if (p.name not in READERS or p.parent != ROOT) and p.parent.name != "testing"
+               and str(p.relative_to(ROOT)) not in BUNDLE_READERS}
     offenders = {path: lines for path, lines in readers.items() if lines}
     assert not offenders, f"the composed config is read outside run.py/config.py: {offenders}"
 

@@ -1,9 +1,10 @@
 """Gateway bind and address checks without a server: `gateway.*` keys, the remote-bind guard, public URLs.
 
 A non-loopback bind (a wildcard, this machine's LAN address, `::`) is refused without
-`gateway.allow_remote=true`, naming the key, both by `config.validate` at start-up and by the
-`GatewayServer` constructor; `gateway.public_url` must keep the service prefix and end with `/`; a
-session id authenticates its own session only when the store is asked to (`session_ids=True`).
+`gateway.allow_remote=true`, naming the key, both by the `gateway` node's record as it is made
+(`gateway/settings.py`) and by the `GatewayServer` constructor; `gateway.public_url` must keep the service
+prefix and end with `/`; a session id authenticates its own session only when the store is asked to
+(`session_ids=True`).
 """
 
 from __future__ import annotations
@@ -12,15 +13,9 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
-from relax_pipeline.config import CONF_DIR, register, validate
-from relax_pipeline.gateway.server import (
-    GatewayServer,
-    check_bind,
-    check_public_url,
-    is_loopback,
-    machine_address,
-    url_host,
-)
+from relax_pipeline.config import CONF_DIR, records, register, validate
+from relax_pipeline.gateway.server import GatewayServer, machine_address, url_host
+from relax_pipeline.gateway.settings import check_bind, check_public_url, is_loopback
 from relax_pipeline.turn.sessions import ForestStore, Status
 
 REMOTE_HOSTS = ["0.0.0.0", "::", "", "192.0.2.2", "10.1.2.3"]
@@ -83,17 +78,19 @@ def test_an_empty_prefix_needs_only_the_slash() -> None:
 
 
 def test_validate_checks_the_gateway_keys() -> None:
-    validate(composed())
-    validate(composed("gateway.host=0.0.0.0", "gateway.allow_remote=true", "gateway.port=8123",
-                      "gateway.public_url=http://node0:8123/agentic_api/"))
+    """The bind keys are checked as the `gateway` record is made, the public URL against the protocol's prefix by
+    `validate`."""
+    validate(records(composed()))
+    validate(records(composed("gateway.host=0.0.0.0", "gateway.allow_remote=true", "gateway.port=8123",
+                              "gateway.public_url=http://node0:8123/agentic_api/")))
     with pytest.raises(ValueError, match="gateway.host='0.0.0.0' is not a loopback address"):
-        validate(composed("gateway.host=0.0.0.0"))
+        validate(records(composed("gateway.host=0.0.0.0")))
     with pytest.raises(ValueError, match="gateway.public_url='http://node0:8123/v1/'"):
-        validate(composed("gateway.public_url=http://node0:8123/v1/"))
+        validate(records(composed("gateway.public_url=http://node0:8123/v1/")))
     with pytest.raises(ValueError, match="'/relax/'"):
-        validate(composed("protocol.service_prefix=/relax", "gateway.public_url=http://n:1/agentic_api/"))
+        validate(records(composed("protocol.service_prefix=/relax", "gateway.public_url=http://n:1/agentic_api/")))
     with pytest.raises(ValueError, match="gateway.port=70000"):
-        validate(composed("gateway.port=70000"))
+        validate(records(composed("gateway.port=70000")))
 
 
 def test_base_url_is_the_public_url_or_the_bound_address() -> None:

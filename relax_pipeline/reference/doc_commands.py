@@ -2,14 +2,15 @@
 
 `blocks(text, page)` finds them in one Markdown page (a marker not followed by a ```` ```bash ```` fence, or a
 runnable fence never closed, raises `MalformedBlock` naming the page and the line); `runnable(root)` collects them
-from `README.md` and `docs/**/*.md`. `run(block, root)` runs one the way the docs tier (`tests/docs`) does:
-`bash -euo pipefail` on the block's text, in a fresh temporary folder that mirrors the repository root (a symlink to
-each of its top-level entries, the ignored output folders `outputs/`, `multirun/` and `out/` left out), so a
-command written for the repository root (`python -m relax_pipeline ...`, `examples/...`) runs as written and what
-it writes (Hydra's `outputs/<date>/<time>/`, a relative `output_dir=...`) lands in the temporary folder, never in
-the checkout. `HOME` is a temporary folder too; built models stay shared through `RELAX_CACHE_DIR` (the caller's,
-else its `~/.cache/relax_pipeline`); the venv's `bin/` leads `PATH`; `RELAX_DOCS_TMP` names the temporary folder.
-A block that runs past its timeout has its whole process group killed.
+from `README.md` and `docs/**/*.md`. `Workspace(root).run(block)` runs one the way the docs tier (`tests/docs`)
+does: `bash -euo pipefail` on the block's text, in a temporary folder that mirrors the repository root (a symlink to
+each of its top-level entries; the ignored output folders `outputs/`, `multirun/` and `out/` left out), one folder
+per page, its blocks run there in order. So a command written for the repository root (`python -m relax_pipeline
+...`, `examples/...`) runs as written, a later block sees what an earlier one wrote, and what they write (Hydra's
+`outputs/<date>/<time>/`, a relative `output_dir=...`) lands in the temporary folder, never in the checkout. `HOME`
+is a temporary folder too; built models stay shared through `RELAX_CACHE_DIR` (the caller's, else its
+`~/.cache/relax_pipeline`); the venv's `bin/` leads `PATH`; `RELAX_DOCS_TMP` names the page's temporary folder. A
+block that runs past its timeout, or whose caller is interrupted, has its whole process group killed.
 
 What it does not do: decide which commands deserve a marker (the pages' authors: keep each small, a tiny model and
 a step or two, well under two minutes on two cores).
@@ -18,6 +19,7 @@ a step or two, well under two minutes on two cores).
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -93,24 +95,43 @@ class Ran:
     output: str
 
 
-def run(block: Block, root: Path, timeout_s: float) -> Ran:
-    """Run `block` as the module docstring says; its output is stdout and stderr together."""
-    with tempfile.TemporaryDirectory(prefix="relax-docs-") as tmp:
-        work, home = Path(tmp) / "repo", Path(tmp) / "home"
-        _mirror(root, work)
-        home.mkdir()
-        script = Path(tmp) / "block.sh"
+class Workspace:
+    """The folder one page's blocks run in, in order (a later block sees what an earlier one wrote, as a reader's
+    shell would): a mirror of the repository root, a `HOME` of its own, removed by `close`."""
+
+    def __init__(self, root: Path) -> None:
+        self.tmp = Path(tempfile.mkdtemp(prefix="relax-docs-"))
+        self.work, self.home = self.tmp / "repo", self.tmp / "home"
+        _mirror(root, self.work)
+        self.home.mkdir()
+
+    def run(self, block: Block, timeout_s: float) -> Ran:
+        """Run `block` as the module docstring says; its output is stdout and stderr together. Its process group
+        is killed if it runs past `timeout_s` or the caller is interrupted."""
+        script = self.tmp / f"block_{block.line}.sh"
         script.write_text(block.text)
-        process = subprocess.Popen(["bash", "-euo", "pipefail", str(script)], cwd=work, env=_env(home, Path(tmp)),
-                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                   start_new_session=True)
+        process = subprocess.Popen(["bash", "-euo", "pipefail", str(script)], cwd=self.work,
+                                   env=_env(self.home, self.tmp), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                   text=True, start_new_session=True)
         try:
             output, _ = process.communicate(timeout=timeout_s)
             return Ran(process.returncode, output)
         except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            output, _ = process.communicate()
-            return Ran(None, output)
+            _kill(process)
+            return Ran(None, process.communicate()[0])
+        finally:
+            _kill(process)
+
+    def close(self) -> None:
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def _kill(process: subprocess.Popen[str]) -> None:
+    """SIGKILL the block's whole process group (whatever it started in the background too)."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def _mirror(root: Path, work: Path) -> None:

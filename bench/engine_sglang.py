@@ -5,7 +5,7 @@ Set-up (CPU here; on a GPU machine pass `--launch-command 'python -m sglang.laun
 `SglangEngine` launches `--servers` servers (by default the SGLang-wire fake, `relax_pipeline.testing.sglang_server`,
 on the tiny model, with `--ignore-stop` so every generation is exactly `--tokens` tokens, and its prefix cache
 off so a replayed prompt costs what it cost the first time) behind the real
-sglang-router, and our gateway serves them in this process as a run does (`create_app` + `TurnService`).
+smg, and our gateway serves them in this process as a run does (`create_app` + `TurnService`).
 
 Three ways to make the same generations, run back to back in each of `--repeats` rounds:
 
@@ -134,8 +134,8 @@ async def measure(args: argparse.Namespace) -> tuple[dict[str, list[float]], dic
     settings = SglangEngineSettings(
         launch=True, servers=args.servers, gpus_per_server=args.gpus_per_server,
         launch_command=args.launch_command or fake,
-        server_args={} if args.launch_command else {"ignore_stop": True, "kv_cache_mb": 0}, router="sglang",
-        router_command=f"{sys.executable} -m sglang_router.launch_router", router_args={"log_level": "warn"})
+        server_args={} if args.launch_command else {"ignore_stop": True, "kv_cache_mb": 0}, router="smg",
+        router_command=f"{sys.executable} -m smg.launch_router", router_args={"log_level": "warn"})
     engine = SglangEngine(settings, EngineRun(model, output_dir=tempfile.mkdtemp(prefix="bench-sglang-")))
     await engine.start()
     recorder = Recorder(engine)
@@ -313,7 +313,7 @@ def main() -> None:
     results, figures = asyncio.run(measure(args))
     ms = {k: statistics.median(v) * 1000 for k, v in results.items()}
     print(f"{args.sessions} sessions x {args.turns} turns, {args.tokens} tokens a turn, {args.servers} servers "
-          f"behind sglang-router, {args.repeats} rounds after a warm-up (median of per-round means)")
+          f"behind smg, {args.repeats} rounds after a warm-up (median of per-round means)")
     for kind, value in ms.items():
         print(f"  {kind:13s} {value:8.2f} ms per turn")
     for base, what in (("server", "gateway + client + router; target <= 1.3x"), ("router", "gateway + client")):

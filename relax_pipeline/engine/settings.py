@@ -19,8 +19,8 @@ from typing import Any
 
 DTYPES = ("float32", "bfloat16", "float16")
 """`engine.dtype` values of the embedded engine."""
-ROUTERS = ("none", "sglang")
-"""`engine.router`: the client routes by cache affinity itself, or the real sglang-router is in front."""
+ROUTERS = ("none", "smg")
+"""`engine.router`: the client routes by cache affinity itself, or smg (Shepherd Model Gateway) is in front."""
 WEIGHT_UPDATES = ("abort", "pause")
 """`engine.weight_update` of engine=sglang: generations are aborted and resumed around an update, or paused in place."""
 WEIGHT_TRANSFERS = ("disk", "tensor", "distributed")
@@ -31,6 +31,9 @@ ADMISSIONS = ("none", "kv", "program")
 """`engine.admission` of engine=sglang: none, KV-aware admission per request, or per agent session (program)."""
 HF_ADMISSIONS = ("none", "program")
 """`engine.admission` of engine=hf: none, or per agent session against its prefix cache (program)."""
+IMAGE_MISMATCHES = ("count", "refuse")
+"""`engine.image_mismatch` of engine=sglang: an image prompt SGLang re-tokenized to another length is counted or
+refused."""
 PLACEMENTS = ("local", "ray")
 """Where launched servers run (`engine.placement`): subprocesses here, or placement-group bundles of a Ray cluster."""
 
@@ -133,7 +136,7 @@ class LaunchPart:
 
 @dataclass(frozen=True)
 class RouterPart:
-    """engine.router=sglang: the sglang-router in front of the servers."""
+    """engine.router=smg: smg in front of the servers (engine/sglang/smg.py)."""
 
     url: str | None
     command: str
@@ -189,11 +192,13 @@ class SglangEngineSettings:
     host: str = "127.0.0.1"
     """Host launched servers and the router bind to."""
     router: str = "none"
-    """none (the client routes by cache affinity itself) or sglang (the real sglang-router in front)."""
+    """none (the client routes by cache affinity itself) or smg (the smg gateway in front: generations go through
+    it, sticky by routing key; pause, continue and weight loads fan out through its RL control plane)."""
     router_url: str | None = None
-    """A running sglang-router (started with --policy manual); None starts one with router_command."""
-    router_command: str = "python -m sglang_router.launch_router"
-    """Command of the router; host, port, --worker-urls, --policy manual and router_args are appended."""
+    """A running smg (started with --policy manual, and --enable-rl for its control plane); None starts one with
+    router_command."""
+    router_command: str = "python -m smg.launch_router"
+    """Command of the router; host, port, --worker-urls, --policy manual, --enable-rl and router_args are appended."""
     router_args: dict[str, Any] = field(default_factory=dict)
     """Extra router flags, as server_args."""
     admission: str = "none"
@@ -228,7 +233,16 @@ class SglangEngineSettings:
     sessions: bool = True
     """One SGLang session per agent session (`/open_session` at its first turn, `session_params` on every turn,
     `/close_session` when it ends): its KV stays on the server between turns, tool calls included, and is released
-    at the end instead of by LRU eviction; turns send only their new tokens. false: every turn is a plain request."""
+    and dereferenced at the end (SGLang's `--enable-session-radix-cache`: referenced KV is evicted after
+    unreferenced KV, a closed session's KV stays cached until evicted); turns send only their new tokens. Launched
+    servers get the flag; running ones must report it in /server_info (see sessions_fallback). false: every turn is
+    a plain request."""
+    sessions_fallback: bool = False
+    """sessions=true against running servers without `--enable-session-radix-cache`: false refuses at start (naming
+    the fix); true says so once and runs with sessions=false (their KV is ordinary, evictable cache)."""
+    image_mismatch: str = "count"
+    """An image turn SGLang served with another prompt length than ours (it re-tokenizes image prompts): count (warn
+    once; the step metric engine/image_token_mismatches) or refuse (the turn fails, naming this key)."""
     weight_update: str = "abort"
     """abort: the runtime aborts running generations before a weight update and resumes them after (re-prefilled);
     pause: `/pause_generation` (in place) → load → `/continue_generation`, so they keep their KV and go on with
@@ -263,8 +277,9 @@ class SglangEngineSettings:
                              "servers) and engine.launch=true (start engine.servers of them)")
         if self.launch and self.servers < 1:
             raise ValueError(f"engine.servers={self.servers} must be >= 1 with engine.launch=true")
-        if self.router_url and self.router != "sglang":
-            raise ValueError("engine.router_url is set but engine.router=none; set engine.router=sglang")
+        if self.router_url and self.router != "smg":
+            raise ValueError("engine.router_url is set but engine.router=none; set engine.router=smg")
+        check_choice("engine.image_mismatch", self.image_mismatch, IMAGE_MISMATCHES)
         if self.placement is not None:
             check_choice("engine.placement", self.placement, PLACEMENTS)
         if self.session_timeout_s is not None and self.session_timeout_s <= 0:
@@ -281,7 +296,7 @@ class SglangEngineSettings:
     @property
     def router_part(self) -> RouterPart | None:
         """None with engine.router=none."""
-        if self.router != "sglang":
+        if self.router != "smg":
             return None
         url = self.router_url.rstrip("/") if self.router_url else None
         return RouterPart(url, self.router_command, dict(self.router_args))

@@ -13,12 +13,20 @@ it follows) does not have; a body field or sampling parameter outside its table 
 reports the calls, the unknown ones, the fields the client sent (`sent`), the open sessions and the peak of
 concurrently running prompt + max_new_tokens (what KV admission bounds).
 
-Behaviour as SGLang's: a `/generate` of an aborted rid answers with the tokens and logprobs generated so
-far and `finish_reason {"type": "abort"}`; an abort of an unknown rid is ignored; stop tokens stay in
-`output_ids`; `weight_version` starts as "default" and becomes the update's `weight_version`; a weight
-update loads every `*.safetensors` of the folder (and clears the prefix cache); while generation is paused in
-place every decode step waits, an update loads between two of them, and a generation that spans updates
-reports `meta_info.weight_versions` spans (`{version, start, end}`).
+Behaviour as SGLang's, each from the release's file: a `/generate` of an aborted rid answers with the tokens and
+logprobs generated so far and `finish_reason {"type": "abort"}`, an abort of an unknown rid is ignored, stop tokens
+stay in `output_ids` (`managers/schedule_batch.py`, `FINISH_*.to_json`); `meta_info` carries `id`,
+`finish_reason`, `prompt_tokens`, `weight_version`, `completion_tokens`, `cached_tokens` (the prompt's radix-cache
+hit, sessions or not) and, with `return_logprob`, `output_token_logprobs` (`managers/tokenizer_manager.py`,
+`_handle_batch_output`); `weight_version` starts as "default" and becomes the update's `weight_version`; a disk
+update loads every `*.safetensors` of the folder; a tensor or distributed load is refused outside
+`/begin_weight_update` ... `/end_weight_update`, and any load flushes the cache only when its `flush_cache` asks
+(default true), failing while requests run (`scheduler_components/weight_updater.py`); while generation is paused
+in place every decode step waits, an update loads between two of them, and a generation that spans updates
+reports `meta_info.weight_versions` spans (`{version, start, end}`, `utils/weight_versions.py`). `cache_salt`
+namespaces the prefix cache (`mem_cache/radix_cache.py`); `/server_info` reports `enable_session_radix_cache`
+(`--enable-session-radix-cache`: open sessions reference their KV, `/close_session` dereferences it;
+`testing/kv_pool.py`).
 
 Sessions as SGLang's non-streaming sessions: `testing/sglang_sessions.py`.
 
@@ -34,12 +42,14 @@ Options: `--decode-delay-s` sleeps before each forward pass so tests can abort a
 `--ignore-stop` generates to `max_new_tokens` whatever the stop tokens (exact lengths); `--kv-cache-mb 0`
 turns the prefix cache off (a benchmark replaying the same prompts then meets no warmer cache than the
 original run); `--max-total-num-tokens` is the KV capacity it reports and models (`testing/kv_pool.py`: requests
-hold prompt + max_new_tokens while they run, idle KV is evicted least recently used, a session turn whose KV
-was evicted is counted as a re-prefill and its `cached_tokens` drop by what was lost; `GET /fake/stats` gives
-the `kv_*` counts, `GET /metrics` SGLang's `sglang:num_used_tokens` and `sglang:max_total_num_tokens`, as
-SGLang serves them with `--enable-metrics`). Not SGLang: logprobs follow the embedded engine's contract (full
-vocabulary at the sampling temperature), `cached_tokens` outside a session is 0, no streaming or batch input,
-no streaming sessions.
+hold prompt + max_new_tokens while they run, idle KV is evicted least recently used, a turn whose KV was evicted
+is counted as a re-prefill, a prefix served from KV older weights computed is counted as stale; `GET /fake/stats`
+gives the `kv_*` counts, `GET /metrics` SGLang's `sglang:num_used_tokens` and `sglang:max_total_num_tokens`, as
+SGLang serves them with `--enable-metrics`, a mount in `utils/common.py`, not a decorated route). Not SGLang:
+logprobs follow the embedded engine's contract (full vocabulary at the sampling temperature), the tokens are
+always computed by the current weights (what SGLang would serve from stale KV is counted, not computed), no
+streaming or batch input, no streaming sessions, `/close_session` aborts the session's running turns (SGLang
+lets them finish).
 
 Run it as SGLang's launcher would be: `python -m relax_pipeline.testing.sglang_server --model-path M --host H
 --port P [--decode-delay-s S] [--max-total-num-tokens N]` (unknown SGLang flags are accepted and ignored),
@@ -80,12 +90,13 @@ SESSION_KEYS = frozenset({"id", "rid", "offset", "replace"})
 ROUTES: dict[tuple[str, str], frozenset[str]] = {
     ("GET", "/health"): frozenset(), ("GET", "/model_info"): frozenset(), ("GET", "/server_info"): frozenset(),
     ("POST", "/generate"): frozenset({"input_ids", "sampling_params", "return_logprob", "logprob_start_len", "rid",
-                                      "stream", "session_params", "image_data"}),
+                                      "stream", "session_params", "image_data", "cache_salt"}),
     ("POST", "/abort_request"): frozenset({"rid", "abort_all"}),
     ("POST", "/update_weights_from_disk"): frozenset({"model_path", "weight_version", "flush_cache"}),
     ("POST", "/update_weights_from_tensor"): frozenset({"serialized_named_tensors", "load_format", "flush_cache",
                                                         "weight_version"}),
     ("POST", "/pause_generation"): frozenset({"mode"}), ("POST", "/continue_generation"): frozenset(),
+    ("POST", "/begin_weight_update"): frozenset({"selector"}), ("POST", "/end_weight_update"): frozenset(),
     ("POST", "/init_weights_update_group"): frozenset({"master_address", "master_port", "rank_offset", "world_size",
                                                        "group_name", "backend"}),
     ("POST", "/update_weights_from_distributed"): frozenset({"names", "dtypes", "shapes", "group_name", "flush_cache",
@@ -96,15 +107,20 @@ ROUTES: dict[tuple[str, str], frozenset[str]] = {
 """The SGLang routes this fake serves (exactly those the client uses) and the body fields each accepts."""
 ROUTER_FIELDS = frozenset({"background", "log_metrics", "model", "no_logs", "return_bytes", "return_entropy",
                            "return_hidden_states", "return_text_in_logprobs"})
-"""Top-level `/generate` fields sglang-router 0.3.2 adds to what it forwards: accepted and ignored, as SGLang's
+"""Top-level `/generate` fields smg 1.13.0 adds to what it forwards: accepted and ignored, as SGLang's
 `/generate` ignores top-level fields it does not know (the fake refuses every other unknown one)."""
+
+
+ROUTER_PROBES = frozenset({("GET", "/v1/models"), ("GET", "/version"), ("GET", "/loads"), ("GET", "/v1/loads")})
+"""What smg 1.13.0 asks each worker on its own (model discovery, load polling): answered 404, not recorded as the
+client's calls."""
 
 
 class FakeState:
     """What the fake serves and records."""
 
     def __init__(self, engine: HFEngine, model_path: str, capacity: int, disabled: set[str],
-                 ignore_stop: bool = False) -> None:
+                 ignore_stop: bool = False, session_radix_cache: bool = False) -> None:
         self.engine = engine
         self.ignore_stop = ignore_stop
         """Generate to max_new_tokens whatever stop tokens the request names (tests that need exact lengths)."""
@@ -126,8 +142,12 @@ class FakeState:
         self.running.set()
         self.running_tokens = 0
         self.peak_tokens = 0
-        self.pool = KvPool(capacity)
-        """The KV pool of `capacity` tokens: LRU eviction, re-prefills counted (`testing/kv_pool.py`)."""
+        self.session_radix_cache = session_radix_cache
+        """`--enable-session-radix-cache`: open sessions reference their KV (`/server_info` reports it)."""
+        self.pool = KvPool(capacity, session_refs=session_radix_cache)
+        """The KV pool of `capacity` tokens: SGLang's radix cache as counts (`testing/kv_pool.py`)."""
+        self.update_session = False
+        """Between `/begin_weight_update` and `/end_weight_update` (tensor and distributed loads need it)."""
 
     def stats(self) -> dict[str, Any]:
         return self.pool.stats() | {"calls": dict(self.calls), "unknown": self.unknown, "peak_tokens": self.peak_tokens,
@@ -167,6 +187,8 @@ def create_app(state: FakeState) -> FastAPI:
             return JSONResponse(state.stats())
         if key == ("GET", "/metrics"):  # SGLang's Prometheus metrics (--enable-metrics): a mount, not a route
             return Response(state.pool.prometheus(state.model_path), media_type="text/plain; version=0.0.4")
+        if key in ROUTER_PROBES:  # smg asks every worker these; not the client's calls
+            return JSONResponse({"detail": "Not Found"}, status_code=404)
         state.calls[f"{key[0]} {key[1]}"] += 1
         if key not in ROUTES or key[1] in state.disabled:
             state.unknown.append(f"{key[0]} {key[1]}")
@@ -193,7 +215,7 @@ def create_app(state: FakeState) -> FastAPI:
 
         return {"model_path": state.model_path, "max_total_num_tokens": state.capacity,
                 "max_req_input_len": state.engine.max_context_len, "internal_states": [{}], "tp_size": 1,
-                "version": SGLANG_API_VERSION}
+                "enable_session_radix_cache": state.session_radix_cache, "version": SGLANG_API_VERSION}
 
     @app.post("/generate")
     async def generate(request: Request) -> Response:
@@ -239,15 +261,34 @@ def create_app(state: FakeState) -> FastAPI:
         state.running.set()
         return JSONResponse({"message": "Generation continued successfully.", "status": "ok"})
 
+    @app.post("/begin_weight_update")
+    async def begin_update(request: Request) -> Response:
+        await state.body(request)
+        if state.update_session:  # scheduler_components/weight_updater.py, begin_weight_update
+            return weights_fake.answer(False, "a weight-update session is already open; call end_weight_update() "
+                                              "first")
+        state.update_session = True
+        return weights_fake.answer(True, "Success")
+
+    @app.post("/end_weight_update")
+    async def end_update(request: Request) -> Response:
+        await state.body(request)
+        if not state.update_session:
+            return weights_fake.answer(False, "no weight-update session is open; call begin_weight_update() first")
+        state.update_session = False
+        return weights_fake.answer(True, "Success")
+
     @app.post("/open_session")
     async def open_session(request: Request) -> Response:
-        return JSONResponse(state.sessions.start(await state.body(request)))
+        session_id = state.sessions.start(await state.body(request))
+        state.pool.open_session(session_id)
+        return JSONResponse(session_id)
 
     @app.post("/close_session")
     async def close_session(request: Request) -> Response:
         session_id = str((await state.body(request)).get("session_id"))
         await state.abort(state.sessions.close(session_id))
-        await state.pool.drop(session_id)
+        state.pool.close_session(session_id)  # dereferenced, not freed (session_ref_tracker.py)
         return Response(status_code=200)
 
     return app
@@ -273,8 +314,11 @@ async def _generate(state: FakeState, body: dict[str, Any]) -> Response:
         ids, kept, aborted = state.sessions.assemble(session, ids, rid, state.engine.tokenizer.bos_token_id)
         await state.abort(aborted)
     tokens = len(ids) + sampling.max_new_tokens
-    held = await state.pool.acquire(str(session.get("id")) if session else rid, tuple(ids), sampling.max_new_tokens)
-    kept = max(kept - held.reprefilled, 0)
+    session_id = str(session.get("id")) if session else None
+    salt = body.get("cache_salt")
+    held = await state.pool.acquire(session_id or rid, tuple(ids), sampling.max_new_tokens,
+                                    str(salt) if salt else None, state.weight_version, session_id)
+    kept = held.cached  # SGLang's cached_tokens: the prompt's radix-cache hit (a session only rebuilds the ids)
     state.live.add(rid)
     state.rids.append(rid)
     state.running_tokens += tokens
@@ -364,8 +408,11 @@ async def _update(state: FakeState, body: dict[str, Any]) -> Response:
         weights.update(await asyncio.to_thread(load_file, str(file)))
     version = str(body.get("weight_version") or state.weight_version)
     await _load(state, weights, version, state.engine.weight_version + 1)
-    return JSONResponse({"success": True, "message": f"Succeeded to update model weights. Weight version updated to "
-                         f"{version}.", "num_paused_requests": 0})
+    success, message = weights_fake.flushed(state, body, "Succeeded to update model weights.")
+    if success and body.get("weight_version") is not None:
+        message += f" Weight version updated to {version}."
+    return JSONResponse({"success": success, "message": message, "num_paused_requests": 0},
+                        status_code=200 if success else 400)
 
 
 async def _update_from_tensor(state: FakeState, body: dict[str, Any]) -> Response:
@@ -377,16 +424,20 @@ async def _update_from_tensor(state: FakeState, body: dict[str, Any]) -> Respons
         named = await asyncio.to_thread(weights_fake.unpickle, str(payloads[0]))
     except (pickle.UnpicklingError, ValueError, binascii.Error) as error:
         return JSONResponse({"success": False, "message": f"serialized_named_tensors[0]: {error}"}, status_code=400)
+    if not state.update_session:  # scheduler_components/weight_updater.py
+        return weights_fake.answer(False, "update_weights_from_tensor must run between begin_weight_update() and "
+                                          "end_weight_update()")
     version = body.get("weight_version")
     await _load(state, dict(named), str(version or state.weight_version), state.engine.weight_version)
     if version is not None:
         state.weight_version = str(version)
-    return JSONResponse({"success": True, "message": "Success"})
+    return weights_fake.answer(*weights_fake.flushed(state, body, "Success"))
 
 
 async def _load(state: FakeState, weights: dict[str, Any], version: str, unnamed: int) -> None:
-    """Load `weights` into the engine as `version` (`unnamed`: the number when it is not one); the prefix cache
-    is cleared."""
+    """Load `weights` into the engine as `version` (`unnamed`: the number when it is not one). The embedded engine
+    drops its own prefix cache (the fake's tokens always come from the current weights); the modelled radix cache
+    (`state.pool`) is flushed only when the body asks (`weights_fake.flushed`), as SGLang's."""
     number = int(version) if version.isdigit() else unnamed
     if state.running.is_set():
         await state.engine.update_weights(weights, number)
@@ -424,10 +475,12 @@ class FakeSglangServer:
 
     def __init__(self, model_path: str | Path, capacity: int = 65536, decode_delay_s: float = 0.0,
                  disabled: set[str] | None = None, seed: int = 0, host: str = "127.0.0.1", port: int = 0,
-                 max_context_len: int = 4096, ignore_stop: bool = False, kv_cache_mb: int = 64) -> None:
+                 max_context_len: int = 4096, ignore_stop: bool = False, kv_cache_mb: int = 64,
+                 session_radix_cache: bool = False) -> None:
         self.engine = HFEngine(HFEngineSettings(kv_cache_mb=kv_cache_mb),
                                EngineRun(str(model_path), seed=seed, max_context_len=max_context_len))
-        self.state = FakeState(self.engine, str(model_path), capacity, set(disabled or ()), ignore_stop)
+        self.state = FakeState(self.engine, str(model_path), capacity, set(disabled or ()), ignore_stop,
+                               session_radix_cache)
         self.decode_delay_s = decode_delay_s
         self.server = GatewayServer(create_app(self.state), host=host, port=port, prefix="",
                                     allow_remote=True)  # binds where SGLang would (engine.host)
@@ -461,7 +514,8 @@ class FakeSglangServer:
 async def _serve(args: argparse.Namespace) -> None:
     server = FakeSglangServer(args.model_path, args.max_total_num_tokens, args.decode_delay_s, seed=args.random_seed,
                               host=args.host, port=args.port, max_context_len=args.context_length,
-                              ignore_stop=args.ignore_stop, kv_cache_mb=args.kv_cache_mb)
+                              ignore_stop=args.ignore_stop, kv_cache_mb=args.kv_cache_mb,
+                              session_radix_cache=args.enable_session_radix_cache)
     await server.start()
     log.info("fake SGLang server on %s", server.url)
     try:
@@ -481,6 +535,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--decode-delay-s", type=float, default=0.0)
     parser.add_argument("--ignore-stop", action="store_true", help="generate to max_new_tokens (exact lengths)")
     parser.add_argument("--kv-cache-mb", type=int, default=64, help="the embedded engine's prefix cache; 0: off")
+    parser.add_argument("--enable-session-radix-cache", action="store_true",
+                        help="SGLang's flag: open sessions reference their KV; /server_info reports it")
     args, ignored = parser.parse_known_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if ignored:

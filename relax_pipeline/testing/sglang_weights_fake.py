@@ -13,6 +13,10 @@ SGLang 0.5.23's three routes, with its bodies (`io_struct.py`) and answers (`htt
   an update naming a `weight_version` changes the version served.
 - `POST /destroy_weights_update_group {group_name}`: leaves the group.
 
+As 0.5.23's `scheduler_components/weight_updater.py`: a distributed (or tensor) load outside a weight-update session
+(`/begin_weight_update` ... `/end_weight_update`) is refused, and `flushed` flushes the cache after a load only
+when the body's `flush_cache` asks (its default is true), failing the call when requests are running.
+
 `unpickle` reads `/update_weights_from_tensor`'s tensors (SGLang's safe-unpickler globals only).
 
 Not modelled: `load_format` (refused), `abort_all_requests`, more than one rank per server. The fake must run in its
@@ -46,7 +50,7 @@ def _groups(state: Any) -> dict[str, Any]:
     return _GROUPS.setdefault(state, {})
 
 
-def _answer(success: bool, message: str) -> Response:
+def answer(success: bool, message: str) -> Response:
     return JSONResponse({"success": success, "message": message}, status_code=200 if success else 400)
 
 
@@ -58,9 +62,9 @@ async def init_group(state: Any, body: dict[str, Any]) -> Response:
                                         str(body["master_address"]), int(body["master_port"]),
                                         int(body["world_size"]), int(body["rank_offset"]), name)
     except Exception as error:  # SGLang answers every failure as a message
-        return _answer(False, f"Failed to initialize custom process group: {error}.")
+        return answer(False, f"Failed to initialize custom process group: {error}.")
     _groups(state)[name] = group
-    return _answer(True, "Succeeded to initialize custom process group.")
+    return answer(True, "Succeeded to initialize custom process group.")
 
 
 def receive(group: Any, names: list[str], dtypes: list[str], shapes: list[list[int]]) -> list[tuple[str, Any]]:
@@ -81,16 +85,29 @@ async def update_from_distributed(state: Any, body: dict[str, Any], load: Load) 
     name = str(body.get("group_name") or DEFAULT_GROUP)
     group = _groups(state).get(name)
     if group is None:
-        return _answer(False, f"Group {name} not in {sorted(_groups(state))}. Please call "
+        return answer(False, f"Group {name} not in {sorted(_groups(state))}. Please call "
                               "`init_weights_update_group` first.")
     if body.get("load_format") is not None:
-        return _answer(False, "this fake takes no load_format")
+        return answer(False, "this fake takes no load_format")
+    if not state.update_session:  # scheduler_components/weight_updater.py refuses before receiving
+        return answer(False, "update_weights_from_distributed must run between begin_weight_update() and "
+                             "end_weight_update()")
     named = await asyncio.to_thread(receive, group, list(body["names"]), list(body["dtypes"]), list(body["shapes"]))
     version = body.get("weight_version")
     await load(state, dict(named), str(version or state.weight_version), state.engine.weight_version)
     if version is not None:
         state.weight_version = str(version)
-    return _answer(True, "Succeeded to update parameter online from distributed.")
+    return answer(*flushed(state, body, "Succeeded to update parameter online."))
+
+
+def flushed(state: Any, body: dict[str, Any], message: str) -> tuple[bool, str]:
+    """SGLang's `flush_cache_after_weight_update` (`scheduler_components/weight_updater.py`): with `flush_cache`
+    (true unless the body says false) the cache is flushed, and a flush refused because requests run fails the
+    call (the weights stay loaded)."""
+    if body.get("flush_cache", True) and not state.pool.flush():
+        return False, ("Weights were updated, but the cache was not flushed because requests are still running or "
+                       "queued. Retract or finish them, then call /flush_cache.")
+    return True, message
 
 
 async def destroy_group(state: Any, body: dict[str, Any]) -> Response:
@@ -99,9 +116,9 @@ async def destroy_group(state: Any, body: dict[str, Any]) -> Response:
 
     group = _groups(state).pop(str(body.get("group_name") or DEFAULT_GROUP), None)
     if group is None:
-        return _answer(False, "The group to be destroyed does not exist.")
+        return answer(False, "The group to be destroyed does not exist.")
     dist.destroy_process_group(group)
-    return _answer(True, "Succeeded to destroy custom process group.")
+    return answer(True, "Succeeded to destroy custom process group.")
 
 
 class _TensorUnpickler(pickle.Unpickler):

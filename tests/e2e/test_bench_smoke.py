@@ -43,7 +43,7 @@ HEADLINES = {
     "view.py": r"naive / ours \(cold open\) = \d+\.\d+x",
 }
 """Each bench's headline line (a regular expression over its output's lines)."""
-NEEDS = {"agents_ray.py": ("ray", "ray"), "engine_sglang.py": ("sglang_router", "router")}
+NEEDS = {"agents_ray.py": ("ray", "ray"), "engine_sglang.py": ("smg", "router")}
 """bench → (module, extra): the extra a bench needs beyond the test extra."""
 SECONDS = 240
 """A smoke run that takes longer than this is stuck (each takes 3-25 s on 2 busy cores)."""

@@ -1,5 +1,5 @@
 """Whole runs with `engine.admission=program`: on the embedded engine, and on two launched SGLang-wire fakes
-behind the real sglang-router; the `agentic_kv/*` metrics reach the step's metrics, and every session that
+behind the real smg; the `agentic_kv/*` metrics reach the step's metrics, and every session that
 ended returned its lease (the turn service's `close_session`)."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def test_the_embedded_engine_admits_the_steps_sessions(tmp_path: Path, tiny_path
 
 
 def test_sglang_servers_behind_the_router_admit_the_steps_sessions(tmp_path: Path, tiny_path: Path) -> None:
-    pytest.importorskip("sglang_router", reason="pip install 'sglang-router==0.3.2' (the sglang-router binary)")
+    pytest.importorskip("smg", reason="pip install -e '.[router]' (smg, the router binary)")
     from tests.e2e.test_sglang_e2e import sglang_overrides
 
     metrics = run(compose_config(tmp_path, tiny_path, *sglang_overrides("max_total_num_tokens=2000"),

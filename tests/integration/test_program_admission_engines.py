@@ -1,4 +1,4 @@
-"""`engine.admission=program` through the SGLang-wire fake (in-process, and launched behind the real sglang-router)
+"""`engine.admission=program` through the SGLang-wire fake (in-process, and launched behind the real smg)
 and on the embedded engine: a session whose predicted KV does not fit waits until a leased session ends, and
 then runs; without admission the fake's small KV pool evicts an idle session's KV and counts its re-prefill,
 with program admission it does not. The order of events is awaited, never timed.
@@ -45,15 +45,15 @@ async def blocked_then_admitted(engine: SglangEngine | HFEngine) -> dict[str, fl
     return engine.step_metrics()
 
 
-def test_sessions_wait_for_room_behind_the_real_sglang_router(tiny_path: Path, tmp_path: Path) -> None:
-    pytest.importorskip("sglang_router", reason="pip install 'sglang-router==0.3.2' (the router binary)")
+def test_sessions_wait_for_room_behind_the_real_smg(tiny_path: Path, tmp_path: Path) -> None:
+    pytest.importorskip("smg", reason="pip install -e '.[router]' (smg, the router binary)")
 
     async def go() -> None:
         settings = SglangEngineSettings(
-            launch=True, servers=2, gpus_per_server=0, router="sglang", admission="program", kv_headroom=1.0,
+            launch=True, servers=2, gpus_per_server=0, router="smg", admission="program", kv_headroom=1.0,
             admission_growth_prior=500, server_args={"max_total_num_tokens": 400},
             launch_command=f"{sys.executable} -m relax_pipeline.testing.sglang_server",
-            router_command=f"{sys.executable} -m sglang_router.launch_router", router_args={"log_level": "warn"},
+            router_command=f"{sys.executable} -m smg.launch_router", router_args={"log_level": "warn"},
             launch_timeout=120)
         engine = SglangEngine(settings, EngineRun(str(tiny_path), output_dir=str(tmp_path)))
         await engine.start()
@@ -88,7 +88,7 @@ async def interleaved(engine: SglangEngine, admitted: bool) -> None:
 def test_an_evicted_session_is_re_prefilled_unless_admission_kept_it(tiny_path: Path, tmp_path: Path,
                                                                      admission: str) -> None:
     async def go() -> dict[str, int]:
-        async with FakeSglangServer(tiny_path, capacity=60, ignore_stop=True) as server:
+        async with FakeSglangServer(tiny_path, capacity=60, ignore_stop=True, session_radix_cache=True) as server:
             engine = SglangEngine(SglangEngineSettings(urls=[server.url], admission=admission, kv_headroom=1.0,
                                                        admission_growth_prior=20),
                                   EngineRun(str(tiny_path), output_dir=str(tmp_path)))
@@ -105,7 +105,8 @@ def test_an_evicted_session_is_re_prefilled_unless_admission_kept_it(tiny_path: 
         assert stats["kv_evictions"] >= 1
     else:
         assert stats["kv_reprefilled_sessions"] == 0 and stats["kv_reprefills"] == 0
-    assert stats["kv_running_tokens"] == 0 and stats["kv_idle_tokens"] == 0, "closed sessions free their KV"
+    assert stats["kv_running_tokens"] == 0 and stats["kv_referenced_tokens"] == 0, "closed sessions dereference it"
+    assert stats["kv_idle_tokens"] > 0, "and do not free it: it stays cached until evicted"
 
 
 def test_the_embedded_engine_admits_sessions_against_its_prefix_cache(tiny_path: Path) -> None:

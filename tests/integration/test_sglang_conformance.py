@@ -2,13 +2,19 @@
 (`SGLANG_API_VERSION`), read with `zipfile` + `ast`, never imported (no GPU, no SGLang install).
 
 From the wheel: the routes of `sglang/srt/entrypoints/http_server.py` (method, path, and the request class
-each one parses its body into), the fields of those classes in `sglang/srt/managers/io_struct.py` (bases
-included; `SessionParams` for `session_params`), and the `/generate` JSON contract of
-`sglang/api/v1/api_types.py` (`GenerateRequest`, and `SamplingParams`, whose unknown keys SGLang refuses).
-The client (`engine/sglang*.py`) fails the test when it calls a route or sends a field the release lacks: it
-runs every feature against the fake, which records each field it receives, and every route string in its
-modules must be a route of the release (or of sglang-router, `ROUTER_ROUTES`). The fake
-(`testing/sglang_server.py`) fails it when its table accepts a route or field the release would refuse.
+each one parses its body into) and the mounted ones (`Mount("/metrics", ...)` in `sglang/srt/utils/common.py`),
+the fields of those classes in `sglang/srt/managers/io_struct.py` (bases included; `SessionParams` for
+`session_params`), and the `/generate` JSON contract of `sglang/api/v1/api_types.py` (`GenerateRequest`, and
+`SamplingParams`, whose unknown keys SGLang refuses). Both ways: requests, and answers. The client
+(`engine/sglang/*.py`) fails the test when it calls a route or sends a field the release lacks (it runs every
+feature against the fake, which records each field it receives, and every route string in its modules must be a
+route of the release, or of smg, `ROUTER_ROUTES`), and when it reads an answer field the release does not build:
+its table `wire.ANSWER_FIELDS` is checked against the keys the release's source writes (`meta_info` in
+`managers/tokenizer_manager.py` and `utils/weight_versions.py`, `finish_reason` in `managers/schedule_batch.py`'s
+`to_json`, `/server_info` from the server arguments' fields in `srt/arg_groups/fields/` and the scheduler's info,
+`/model_info` and the update answers from their route functions, `/metrics` from the collector's series names), and
+every literal key its modules read must be in that table. The fake (`testing/sglang_server.py`) fails it when its
+table accepts a route or field the release would refuse, or when it answers a field the release does not build.
 
 The wheel is downloaded once (`pip download --no-deps sglang==VERSION`, about 39 MB) into the test cache
 (`$RELAX_TEST_CACHE/sglang-wheels`, else `~/.cache/relax_pipeline/sglang-wheels`) and read from there after.
@@ -24,14 +30,16 @@ import re
 import subprocess
 import sys
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
 import pytest
 
 from relax_pipeline.engine.base import SamplingParams
 from relax_pipeline.engine.settings import EngineRun, SglangEngineSettings
 from relax_pipeline.engine.sglang import client as client_module
+from relax_pipeline.engine.sglang import wire as wire_module
 from relax_pipeline.engine.sglang.client import SGLANG_API_VERSION, SglangEngine
 from relax_pipeline.testing import sglang_server as fake_module
 from relax_pipeline.testing.sglang_server import FakeSglangServer
@@ -39,10 +47,18 @@ from relax_pipeline.testing.sglang_server import FakeSglangServer
 pytestmark = pytest.mark.integration
 SOURCES = ("sglang/srt/entrypoints/http_server.py", "sglang/srt/managers/io_struct.py", "sglang/api/v1/api_types.py")
 CLIENT_MODULES = ("client.py", "wire.py", "weights.py", "routing.py", "launch.py", "sessions.py", "media.py",
-                  "placement.py")
-"""The modules of `relax_pipeline/engine/sglang/` that name server routes."""
+                  "placement.py", "smg.py", "../program_admission.py")
+"""The modules of `relax_pipeline/engine/sglang/` (and program admission) that name server routes or read answers."""
 ROUTER_ROUTES = {"/workers"}
-"""Routes the client calls on sglang-router, not on an SGLang server (the router is a Rust binary: no source)."""
+"""Routes the client calls on smg, not on an SGLang server (smg is a Rust binary; its control plane is `/v1/rl/*`)."""
+ANSWER_SOURCES = ("sglang/srt/managers/tokenizer_manager.py", "sglang/srt/utils/weight_versions.py",
+                  "sglang/srt/managers/schedule_batch.py", "sglang/srt/managers/scheduler.py",
+                  "sglang/srt/utils/common.py", "sglang/srt/observability/metrics_collector.py")
+SERVER_ARGS = "sglang/srt/arg_groups/fields/"
+"""The server arguments' namespaces: `/server_info` reports their fields (`ServerArgs.resolved_dict`)."""
+OWN_KEYS = {"id", "cached", "close_s", "closed", "turns", "workers", "is_healthy", "results", "failed", "url", "body"}
+"""Literal keys the client's modules read that are not SGLang answers: session params and metric counters of its
+own, and smg's answers (`/workers`, the RL fan-out's `results`/`failed`, `smg/rl.py` of the smg wheel)."""
 NESTED = {"sampling_params": "SamplingParams", "session_params": "SessionParams"}
 """Body fields that are objects, and the class that lists their fields (contract or io_struct)."""
 
@@ -57,6 +73,10 @@ class SglangApi:
     """io_struct class → its fields (bases included)."""
     contract: dict[str, frozenset[str]]
     """api_types class → its fields (the `/generate` JSON contract)."""
+    answers: dict[str, frozenset[str]] = field(default_factory=dict)
+    """`METHOD /path` (or `meta_info`, `finish_reason`, `weight_versions`) → the keys the release writes into it."""
+    mounts: frozenset[str] = frozenset()
+    """Paths mounted as sub-applications (`/metrics`): routes without a decorator."""
 
     def fields(self, method: str, path: str) -> frozenset[str]:
         """The body fields `method path` takes (for `/generate`: in both the dataclass and the contract)."""
@@ -68,6 +88,17 @@ class SglangApi:
 
     def nested(self, name: str) -> frozenset[str]:
         return self.contract.get(name) or self.structs[name]
+
+    def unanswered(self, reads: dict[str, frozenset[str]]) -> list[str]:
+        """The entries of `reads` (`wire.ANSWER_FIELDS`' shape) the release never writes into that answer."""
+        bad = []
+        for route, names in sorted(reads.items()):
+            for name in sorted(names):
+                *outer, leaf = name.split(".")
+                where = outer[-1] if outer else route
+                if leaf not in self.answers.get(where, frozenset()):
+                    bad.append(f"{route} {name}: the release writes no {leaf!r} into {where}")
+        return bad
 
     def refusals(self, sent: set[str]) -> list[str]:
         """The entries of `sent` (`METHOD /path field[.inner]`) this release does not have."""
@@ -110,10 +141,68 @@ def wheel_path(version: str = SGLANG_API_VERSION) -> Path:
 
 
 def read_api(wheel: Path) -> SglangApi:
-    """Routes, request classes and the `/generate` contract of the release in `wheel` (see the module)."""
+    """Routes, request classes, the `/generate` contract and the answers of the release in `wheel` (the module)."""
     with zipfile.ZipFile(wheel) as archive:
         trees = [ast.parse(archive.read(name).decode()) for name in SOURCES]
-    return SglangApi(_routes(trees[0]), _class_fields(trees[1]), _class_fields(trees[2]))
+        extra = {name: ast.parse(archive.read(name).decode()) for name in ANSWER_SOURCES}
+        namespaces = [ast.parse(archive.read(n).decode()) for n in archive.namelist()
+                      if n.startswith(SERVER_ARGS) and n.endswith(".py")]
+    answers = _answers(trees[0], extra, namespaces)
+    return SglangApi(_routes(trees[0]), _class_fields(trees[1]), _class_fields(trees[2]), answers,
+                     frozenset(_mounts(extra["sglang/srt/utils/common.py"])))
+
+
+def _answers(http: ast.Module, extra: dict[str, ast.Module], namespaces: list[ast.Module]) -> dict[str, frozenset[str]]:
+    """The keys each answer of the release is built with (see the module)."""
+    spans = _keys(extra["sglang/srt/utils/weight_versions.py"])
+    meta = _keys(extra["sglang/srt/managers/tokenizer_manager.py"]) | spans
+    functions = _route_functions(http)
+    answers = {"POST /generate": meta, "meta_info": meta,
+               "finish_reason": _keys(extra["sglang/srt/managers/schedule_batch.py"], "to_json"),
+               "weight_versions": spans,
+               "GET /server_info": frozenset().union(*(_fields(t) for t in namespaces))
+               | _keys(extra["sglang/srt/managers/scheduler.py"]) | _keys(functions[("GET", "/server_info")]),
+               "GET /metrics": _series(extra["sglang/srt/observability/metrics_collector.py"])}
+    for route, function in functions.items():
+        answers.setdefault(f"{route[0]} {route[1]}", _keys(function))
+    return answers
+
+
+def _keys(tree: ast.AST, within: str | None = None) -> frozenset[str]:
+    """String keys of the dict displays and `x["k"] = ...` stores in `tree` (inside functions named `within`)."""
+    scopes = [tree] if within is None else [n for n in ast.walk(tree) if isinstance(
+        n, ast.FunctionDef | ast.AsyncFunctionDef) and n.name == within]
+    found: set[str] = set()
+    for node in (n for scope in scopes for n in ast.walk(scope)):
+        if isinstance(node, ast.Dict):
+            found |= {k.value for k in node.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)}
+        elif isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Store) and \
+                isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str):
+            found.add(node.slice.value)
+    return frozenset(found)
+
+
+def _fields(tree: ast.Module) -> set[str]:
+    """The annotated fields of every class in `tree` (a server-arguments namespace)."""
+    return {s.target.id for c in tree.body if isinstance(c, ast.ClassDef) for s in c.body
+            if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)}
+
+
+def _series(tree: ast.Module) -> frozenset[str]:
+    """The Prometheus series the collector declares (`name="sglang:..."`)."""
+    return frozenset(k.value.value for n in ast.walk(tree) if isinstance(n, ast.Call) for k in n.keywords
+                     if k.arg == "name" and isinstance(k.value, ast.Constant) and isinstance(k.value.value, str))
+
+
+def _mounts(tree: ast.Module) -> set[str]:
+    """Paths of `Mount("/path", app)` calls."""
+    return {n.args[0].value for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+            and n.func.id == "Mount" and n.args and isinstance(n.args[0], ast.Constant)}
+
+
+def _route_functions(tree: ast.Module) -> dict[tuple[str, str], ast.AST]:
+    return {route: node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+            for route in (r for d in node.decorator_list for r in _decorated(d))}
 
 
 def _routes(tree: ast.Module) -> dict[tuple[str, str], str | None]:
@@ -193,7 +282,7 @@ def test_the_fake_accepts_only_what_the_release_accepts(api: SglangApi) -> None:
 
 def test_the_client_sends_only_what_the_release_accepts(api: SglangApi, tiny_path: Path, tmp_path: Path) -> None:
     async def exercise() -> set[str]:
-        async with FakeSglangServer(tiny_path, decode_delay_s=0.01) as server:
+        async with FakeSglangServer(tiny_path, decode_delay_s=0.01, session_radix_cache=True) as server:
             settings = SglangEngineSettings(urls=[server.url], admission="kv", weight_update="pause")
             engine = SglangEngine(settings, EngineRun(str(tiny_path), output_dir=str(tmp_path)))
             await engine.start()
@@ -236,7 +325,7 @@ def test_images_and_tensor_updates_send_only_what_the_release_accepts(api: Sglan
     from relax_pipeline.data.media import png_data_uri
 
     async def exercise() -> set[str]:
-        async with FakeSglangServer(tiny_vl_path) as server:
+        async with FakeSglangServer(tiny_vl_path, session_radix_cache=True) as server:
             settings = SglangEngineSettings(urls=[server.url], weight_transfer="tensor")
             engine = SglangEngine(settings, EngineRun(str(tiny_vl_path), output_dir=str(tmp_path)))
             await engine.start()
@@ -262,6 +351,60 @@ def test_every_route_the_client_names_is_a_route_of_the_release(api: SglangApi) 
     folder = Path(client_module.__file__).parent
     named = {m for name in CLIENT_MODULES
              for m in re.findall(r'"(/[a-z_]+)"', (folder / name).read_text())}
-    server_paths = {path for _, path in api.routes}
-    assert "/generate" in named and "/open_session" in named
+    server_paths = {path for _, path in api.routes} | api.mounts
+    assert "/generate" in named and "/open_session" in named and "/metrics" in named
     assert sorted(named - server_paths - ROUTER_ROUTES) == []
+
+
+def test_the_release_builds_every_answer_field_the_client_reads(api: SglangApi) -> None:
+    assert api.mounts >= {"/metrics"}, "SGLang's Prometheus metrics are a mount, not a decorated route"
+    assert api.unanswered(wire_module.ANSWER_FIELDS) == []
+    assert api.unanswered({"POST /generate": frozenset({"meta_info.nonsense", "meta_info.finish_reason.why"}),
+                           "GET /server_info": frozenset({"no_such_arg"})}) == [
+        "GET /server_info no_such_arg: the release writes no 'no_such_arg' into GET /server_info",
+        "POST /generate meta_info.finish_reason.why: the release writes no 'why' into finish_reason",
+        "POST /generate meta_info.nonsense: the release writes no 'nonsense' into meta_info"], "the check can fail"
+
+
+def test_the_client_reads_only_the_answer_fields_it_declares() -> None:
+    folder = Path(client_module.__file__).parent
+    declared = {name.split(".")[-1] for names in wire_module.ANSWER_FIELDS.values() for name in names}
+    read: dict[str, set[str]] = {}
+    for name in CLIENT_MODULES[:-1]:  # program admission reads no answer but `/metrics`' text
+        for node in ast.walk(ast.parse((folder / name).read_text())):
+            key = _read_key(node)
+            if key is not None and key not in declared | OWN_KEYS:
+                read.setdefault(name, set()).add(key)
+    assert read == {}, "declare each in wire.ANSWER_FIELDS (checked against the release) or OWN_KEYS"
+
+
+def _read_key(node: ast.AST) -> str | None:
+    """`x.get("k")` or a `x["k"]` load: "k"."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get" and \
+            node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+        return node.args[0].value
+    if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load) and isinstance(node.slice, ast.Constant) \
+            and isinstance(node.slice.value, str):
+        return node.slice.value
+    return None
+
+
+def test_the_fake_answers_only_fields_the_release_builds(api: SglangApi, tiny_path: Path) -> None:
+    async def answers() -> dict[str, dict]:
+        async with FakeSglangServer(tiny_path) as server, httpx.AsyncClient(base_url=server.url) as http:
+            body = {"input_ids": list(range(3, 12)), "sampling_params": {"max_new_tokens": 3}, "return_logprob": True}
+            stopped = {**body, "sampling_params": {"max_new_tokens": 40, "stop_token_ids": list(range(100, 900))}}
+            return {"generate": (await http.post("/generate", json=body)).json(),
+                    "stopped": (await http.post("/generate", json=stopped)).json(),
+                    "server_info": (await http.get("/server_info")).json(),
+                    "model_info": (await http.get("/model_info")).json()}
+
+    got = asyncio.run(answers())
+    assert got["stopped"]["meta_info"]["finish_reason"]["type"] == "stop", "a stop reason was answered"
+    extra = {"meta_info": set(got["generate"]["meta_info"]) - api.answers["meta_info"],
+             "generate": set(got["generate"]) - api.answers["meta_info"] - {"text"},
+             "finish_reason": (set(got["generate"]["meta_info"]["finish_reason"])
+                               | set(got["stopped"]["meta_info"]["finish_reason"])) - api.answers["finish_reason"],
+             "server_info": set(got["server_info"]) - api.answers["GET /server_info"],
+             "model_info": set(got["model_info"]) - api.answers["GET /model_info"]}
+    assert {k: v for k, v in extra.items() if v} == {}

@@ -1,6 +1,6 @@
 """`engine.weight_transfer=distributed` on the CPU: a real weight update through a process group (backend gloo).
 
-Two SGLang-wire fakes are launched as their own processes (as SGLang servers are) behind the real sglang-router;
+Two SGLang-wire fakes are launched as their own processes (as SGLang servers are) behind the real smg;
 the client joins them in one weight-update group as rank 0 (`/init_weights_update_group`), then each update sends
 `/update_weights_from_distributed` per bucket while it broadcasts the tensors. The served model must then be
 exactly the new weights: greedy tokens and logprobs equal an embedded engine's loaded with them. The fields the
@@ -30,9 +30,9 @@ pytestmark = pytest.mark.integration
 
 def _settings(**options: Any) -> SglangEngineSettings:
     return SglangEngineSettings(
-        launch=True, servers=2, gpus_per_server=0, router="sglang",
+        launch=True, servers=2, gpus_per_server=0, router="smg",
         launch_command=f"{sys.executable} -m relax_pipeline.testing.sglang_server", router_args={"log_level": "warn"},
-        router_command=f"{sys.executable} -m sglang_router.launch_router", launch_timeout=120,
+        router_command=f"{sys.executable} -m smg.launch_router", launch_timeout=120,
         weight_transfer="distributed", weight_backend="gloo", **options)
 
 
@@ -52,7 +52,7 @@ async def _exactly(tiny_path: Path, weights: dict[str, Any], prompt: list[int]) 
 
 
 def test_distributed_transfer_broadcasts_new_weights_behind_the_real_router(tiny_path: Path, tmp_path: Path) -> None:
-    pytest.importorskip("sglang_router", reason="pip install 'sglang-router==0.3.2' (the router binary)")
+    pytest.importorskip("smg", reason="pip install -e '.[router]' (smg, the router binary)")
     weights = _moved_weights(tiny_path)
     prompt = list(range(3, 30))
 

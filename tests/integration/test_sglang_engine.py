@@ -2,7 +2,8 @@
 
 Every fake records the endpoints it was asked for; a call to one it does not implement (so one the SGLang
 version it follows lacks) fails the test that made it. The last test launches two fakes as subprocesses
-(`engine.launch=true` with the launch command pointed at the fake) behind the real sglang-router binary.
+(`engine.launch=true` with the launch command pointed at the fake) behind the real smg binary: sticky sessions
+through its routing header, weight updates paused and loaded through its RL control plane.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import httpx
 import pytest
 import torch
 
@@ -28,8 +30,10 @@ GREEDY = SamplingParams(8, temperature=0.0)
 
 @asynccontextmanager
 async def fakes(tiny_path: Path, n: int = 1, **options: object) -> AsyncIterator[list[FakeSglangServer]]:
-    """`n` fake servers; on exit, none was asked for an endpoint it does not implement."""
-    servers = [FakeSglangServer(tiny_path, **options) for _ in range(n)]  # type: ignore[arg-type]
+    """`n` fake servers (started with SGLang's `--enable-session-radix-cache`, as the engine launches them); on exit,
+    none was asked for an endpoint it does not implement."""
+    servers = [FakeSglangServer(tiny_path, **({"session_radix_cache": True} | options))  # type: ignore[arg-type]
+               for _ in range(n)]
     for server in servers:
         await server.start()
     try:
@@ -196,20 +200,22 @@ def test_config_errors_name_the_key(tiny_path: Path, options: dict, key: str) ->
         SglangEngineSettings(**options)
 
 
-def test_launched_fake_servers_behind_the_real_sglang_router(tiny_path: Path, tmp_path: Path) -> None:
-    pytest.importorskip("sglang_router", reason="pip install 'sglang-router==0.3.2' (the router binary)")
+def test_launched_fake_servers_behind_the_real_smg(tiny_path: Path, tmp_path: Path) -> None:
+    pytest.importorskip("smg", reason="pip install -e '.[router]' (smg, the router binary)")
 
     async def go() -> None:
         settings = SglangEngineSettings(
-            launch=True, servers=2, gpus_per_server=0, router="sglang",
+            launch=True, servers=2, gpus_per_server=0, router="smg",
             launch_command=f"{sys.executable} -m relax_pipeline.testing.sglang_server",
             server_args={"decode_delay_s": 0.02, "mem_fraction_static": 0.8},
-            router_command=f"{sys.executable} -m sglang_router.launch_router", router_args={"log_level": "warn"},
-            launch_timeout=120)
+            router_command=f"{sys.executable} -m smg.launch_router", router_args={"log_level": "warn"},
+            launch_timeout=120, weight_update="pause")
         engine = SglangEngine(settings, EngineRun(str(tiny_path), output_dir=str(tmp_path)))
         await engine.start()
         pids = [p.process.pid for p in engine.processes.launched]
         try:
+            assert engine._rl is not None, "smg was launched with its RL control plane"
+            await _sticky_session_and_paused_update(engine, tiny_path)
             prompt = list(range(3, 40))
             results = await asyncio.gather(*(engine.generate(prompt, SamplingParams(6, seed=i), f"g{i}")
                                              for i in range(3)))
@@ -229,6 +235,21 @@ def test_launched_fake_servers_behind_the_real_sglang_router(tiny_path: Path, tm
                 os.kill(pid, 0)
 
     asyncio.run(go())
+
+
+async def _sticky_session_and_paused_update(engine: SglangEngine, tiny_path: Path) -> None:
+    """Three turns of one session land on one server; a paused update reaches both servers through smg's fan-out."""
+    prompt = list(range(3, 30))
+    for i in range(3):
+        result = await engine.generate(prompt, GREEDY, f"s-t{i}", session_id="s")
+        prompt = prompt + list(result.output_ids) + [40 + i]
+    stats = [httpx.get(f"{url}/fake/stats").json() for url in engine._targets.urls]
+    assert sorted(len([r for r in s["rids"] if r.startswith("s-t")]) for s in stats) == [0, 3], "sticky by key"
+    await engine.update_weights(_moved_weights(tiny_path), 1)
+    stats = [httpx.get(f"{url}/fake/stats").json() for url in engine._targets.urls]
+    assert all(s["calls"].get("POST /pause_generation") == s["calls"].get("POST /continue_generation") == 1
+               for s in stats) and all(s["weight_version"] == "1" for s in stats), stats
+    await engine.close_session("s")
 
 
 def test_engine_sglang_composes_typed_and_binds_its_class(tiny_path: Path) -> None:

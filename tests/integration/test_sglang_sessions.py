@@ -1,5 +1,5 @@
 """`engine.sessions=true`: one SGLang session per agent session, through SGLang-wire fakes (in-process, and
-launched behind the real sglang-router): turns carry only their new tokens and generate exactly what a plain
+launched behind the real smg): turns carry only their new tokens and generate exactly what a plain
 request on the whole prompt generates, a fork splices at its offset, `close_session` releases the session on
 the server, and a session the server dropped (its timeout) is started again from a root.
 """
@@ -40,7 +40,7 @@ async def _turns(engine: SglangEngine, session_id: str | None, n: int = 3) -> li
 
 def test_session_turns_send_only_new_tokens_and_generate_as_plain_requests(tiny_path: Path, tmp_path: Path) -> None:
     async def go() -> None:
-        async with FakeSglangServer(tiny_path) as server:
+        async with FakeSglangServer(tiny_path, session_radix_cache=True) as server:
             engine = await _engine(tiny_path, tmp_path, [server.url])
             try:
                 plain = await _turns(engine, None)
@@ -50,7 +50,8 @@ def test_session_turns_send_only_new_tokens_and_generate_as_plain_requests(tiny_
                 assert served == plain, "the session's assembled prompts are the whole prompts"
                 assert list(server.state.sessions.open) == ["a"] and metrics["engine/sessions_open"] == 1
                 assert metrics["engine/session_turns"] == 3
-                assert metrics["engine/session_cached_tokens"] == pytest.approx((0 + 33 + 41) / 3), "kept per turn"
+                # SGLang's cached_tokens is the radix-cache hit: the plain turns cached the first prompt (27)
+                assert metrics["engine/session_cached_tokens"] == pytest.approx((27 + 33 + 41) / 3), "kept per turn"
                 nodes = server.state.sessions.open["a"].nodes
                 assert [len(n.tokens) for n in nodes.values()] == [27 + 6, 27 + 6 + 2 + 6, 27 + 2 * (6 + 2) + 6]
                 await engine.close_session("a")
@@ -67,7 +68,7 @@ def test_session_turns_send_only_new_tokens_and_generate_as_plain_requests(tiny_
 def test_a_fork_splices_at_its_offset_and_close_at_the_end_releases_every_session(tiny_path: Path,
                                                                                    tmp_path: Path) -> None:
     async def go() -> None:
-        async with FakeSglangServer(tiny_path) as server:
+        async with FakeSglangServer(tiny_path, session_radix_cache=True) as server:
             engine = await _engine(tiny_path, tmp_path, [server.url])
             prompt = list(range(3, 30))
             first = await engine.generate(prompt, GREEDY, "t1", session_id="f")
@@ -88,7 +89,7 @@ def test_a_fork_splices_at_its_offset_and_close_at_the_end_releases_every_sessio
 
 def test_a_session_the_server_dropped_starts_again_from_a_root(tiny_path: Path, tmp_path: Path) -> None:
     async def go() -> None:
-        async with FakeSglangServer(tiny_path) as server:
+        async with FakeSglangServer(tiny_path, session_radix_cache=True) as server:
             engine = await _engine(tiny_path, tmp_path, [server.url], session_timeout_s=30.0)
             try:
                 first = await engine.generate(list(range(3, 30)), GREEDY, "t1", session_id="late")
@@ -110,7 +111,7 @@ def test_a_session_the_server_dropped_starts_again_from_a_root(tiny_path: Path, 
 
 def test_sessions_off_sends_plain_requests(tiny_path: Path, tmp_path: Path) -> None:
     async def go() -> None:
-        async with FakeSglangServer(tiny_path) as server:
+        async with FakeSglangServer(tiny_path, session_radix_cache=True) as server:
             engine = await _engine(tiny_path, tmp_path, [server.url], sessions=False)
             try:
                 await _turns(engine, "x", 2)
@@ -122,14 +123,14 @@ def test_sessions_off_sends_plain_requests(tiny_path: Path, tmp_path: Path) -> N
     asyncio.run(go())
 
 
-def test_sessions_through_the_real_sglang_router(tiny_path: Path, tmp_path: Path) -> None:
-    pytest.importorskip("sglang_router", reason="pip install 'sglang-router==0.3.2' (the router binary)")
+def test_sessions_through_the_real_smg(tiny_path: Path, tmp_path: Path) -> None:
+    pytest.importorskip("smg", reason="pip install -e '.[router]' (smg, the router binary)")
 
     async def go() -> None:
         settings = SglangEngineSettings(
-            launch=True, servers=2, gpus_per_server=0, router="sglang",
+            launch=True, servers=2, gpus_per_server=0, router="smg",
             launch_command=f"{sys.executable} -m relax_pipeline.testing.sglang_server",
-            router_command=f"{sys.executable} -m sglang_router.launch_router", router_args={"log_level": "warn"},
+            router_command=f"{sys.executable} -m smg.launch_router", router_args={"log_level": "warn"},
             launch_timeout=120)
         engine = SglangEngine(settings, EngineRun(str(tiny_path), output_dir=str(tmp_path)))
         await engine.start()
@@ -151,7 +152,7 @@ def test_sessions_through_the_real_sglang_router(tiny_path: Path, tmp_path: Path
 
 def test_concurrent_first_turns_open_the_session_once(tiny_path: Path, tmp_path: Path) -> None:
     async def go() -> None:
-        async with FakeSglangServer(tiny_path) as server:
+        async with FakeSglangServer(tiny_path, session_radix_cache=True) as server:
             engine = await _engine(tiny_path, tmp_path, [server.url])
             try:
                 results = await asyncio.gather(*(engine.generate(list(range(3 + i, 30)), GREEDY, f"c{i}",

@@ -1,5 +1,7 @@
-"""The SGLang-wire fake's KV pool (`testing/kv_pool.py`): least recently used idle KV goes first, a prompt that
-needs evicted KV is counted as a re-prefill of its owner, a closed owner's KV is freed, not evicted."""
+"""The SGLang-wire fake's KV pool (`testing/kv_pool.py`), as SGLang 0.5.23's radix cache: least recently used idle
+KV goes first (unreferenced before session-referenced), a prompt that needs evicted KV is counted as a re-prefill
+of its owner, a closed session's KV is dereferenced (still cached), a prefix matches only within its `cache_salt`,
+KV older weights computed is counted when served, and a flush happens only when nothing runs."""
 
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ def test_idle_kv_is_evicted_least_recently_used_and_its_reprefill_counted() -> N
     assert stats["kv_reprefills"] == 1 and stats["kv_reprefill_tokens"] == 24 and pool.reprefilled == {"b"}
 
 
-def test_a_request_waits_for_running_ones_and_a_dropped_owner_frees_its_kv() -> None:
+def test_a_request_waits_for_running_ones() -> None:
     async def go() -> tuple[list[str], KvPool]:
         pool, order = KvPool(capacity=40), []
         first = await pool.acquire("a", seq(1, 20), 10)
@@ -51,9 +53,55 @@ def test_a_request_waits_for_running_ones_and_a_dropped_owner_frees_its_kv() -> 
         order.append("a done")
         await pool.release(first, (1,) * 10)
         await waiting
-        await pool.drop("b")
         return order, pool
 
     order, pool = asyncio.run(go())
     assert order == ["a done", "b"] and pool.counts["queued"] == 1
-    assert list(pool.idle) == [] and pool.counts["reprefills"] == 0, "a's KV was evicted for b; b's KV freed at drop"
+    assert list(pool.idle) == ["b"] and pool.counts["reprefills"] == 0, "a's KV was evicted for b"
+
+
+def test_open_sessions_are_evicted_last_and_a_closed_one_is_dereferenced_not_freed() -> None:
+    async def go() -> KvPool:
+        pool = KvPool(capacity=60, session_refs=True)
+        pool.open_session("s")
+        held = await pool.acquire("s", seq(1, 20), 4, session="s")
+        await pool.release(held, (9,) * 4)  # s: 24, referenced
+        await turn(pool, "p", seq(2, 20))  # p: 24, unreferenced and more recent
+        await turn(pool, "q", seq(3, 10))  # needs 14: p goes, not the older but referenced s
+        assert list(pool.evicted) == ["p"] and pool.referenced_tokens == 24
+        pool.close_session("s")
+        assert pool.referenced_tokens == 0 and pool.idle_tokens == 24 + 14, "dereferenced, still cached"
+        await turn(pool, "r", seq(4, 20))  # needs 24: s (least recent, no longer referenced) goes first
+        assert list(pool.evicted) == ["p", "s"]
+        return pool
+
+    assert asyncio.run(go()).counts["referenced_evictions"] == 0
+
+
+def test_a_prefix_matches_within_its_salt_and_old_weights_kv_is_counted_when_served() -> None:
+    async def go() -> KvPool:
+        pool = KvPool(capacity=1000)
+        prompt = seq(1, 20)
+        for salt, version in (("v0", "default"), ("v1", "1"), (None, "1")):
+            held = await pool.acquire(f"{salt}", prompt, 4, salt=salt, version=version)
+            assert held.cached == 0, "another namespace shares nothing"
+            await pool.release(held, (9,) * 4)
+        stale = await pool.acquire("late", prompt, 4, salt="v0", version="1")  # served old weights' KV
+        assert stale.cached == 20
+        return pool
+
+    pool = asyncio.run(go())
+    assert pool.counts["stale_hits"] == 1 and pool.counts["stale_tokens"] == 20
+
+
+def test_a_flush_happens_only_when_nothing_runs() -> None:
+    async def go() -> tuple[bool, bool, KvPool]:
+        pool = KvPool(capacity=100)
+        await turn(pool, "a", seq(1, 10))
+        running = await pool.acquire("b", seq(2, 10), 4)
+        refused = pool.flush()
+        await pool.release(running, (1,) * 4)
+        return refused, pool.flush(), pool
+
+    refused, done, pool = asyncio.run(go())
+    assert not refused and done and pool.idle_tokens == 0 and pool.counts["flushes"] == 1

@@ -1,56 +1,72 @@
 """`engine=sglang`: the `Engine` protocol as a client of SGLang's native HTTP API (token in, token out).
 
-API followed: SGLang `SGLANG_API_VERSION` (0.5.23, the registry's newest release when this was written; the
-registry's newest sglang-router, 0.3.2, in front): its `sglang/srt/entrypoints/http_server.py` (routes),
-`sglang/srt/managers/io_struct.py` (request bodies) and `sglang/api/v1/api_types.py` (the `/generate` JSON
-contract). `tests/integration/test_sglang_conformance.py` reads them from that release's wheel and fails when
-this client calls a route or sends a field the release lacks. Routes used, and nothing else
-(`relax_pipeline.testing.sglang_server` implements exactly these):
+API followed: SGLang `SGLANG_API_VERSION` (0.5.23, the registry's newest release when this was written; smg 1.13.0
+in front): its `sglang/srt/entrypoints/http_server.py` (routes), `sglang/srt/managers/io_struct.py` (request
+bodies), `sglang/api/v1/api_types.py` (the `/generate` JSON contract) and `managers/tokenizer_manager.py` (the
+answers' `meta_info`). `tests/integration/test_sglang_conformance.py` reads them from that release's wheel and fails
+when this client calls a route, sends a field or reads an answer field the release lacks. Routes used, and nothing
+else (`relax_pipeline.testing.sglang_server` implements exactly these):
 
-- `GET /health`, `GET /model_info` (`is_generation`), `GET /server_info` (`version`, `max_total_num_tokens`)
-  once per server at start; an error names the URL and what to check.
+- `GET /health`, `GET /model_info` (`is_generation`), `GET /server_info` (`version`, `max_total_num_tokens`,
+  `tp_size`, `enable_session_radix_cache`) once per server at start; an error names the URL and what to check.
 - `POST /generate` with `input_ids` (never text), `sampling_params` (`max_new_tokens`, `temperature`,
   `top_p`, `top_k`, `stop`, `stop_token_ids`, `sampling_seed`, `no_stop_trim`, `skip_special_tokens`),
-  `return_logprob=true`, `logprob_start_len=-1`, `stream=false`, our `rid`, and `session_params` for a turn of
-  an SGLang session. Tokens and logprobs come from `meta_info.output_token_logprobs`
-  (`[logprob, token_id, text]` per token; `output_ids` must agree), the finish from
-  `meta_info.finish_reason` (`stop` with `matched`, `length`, `abort`), the version from
-  `meta_info.weight_version`.
+  `return_logprob=true`, `logprob_start_len=-1`, `stream=false`, our `rid`, `cache_salt` (the loaded weight
+  version's cache namespace, below), and `session_params` for a turn of an SGLang session. Tokens and logprobs
+  come from `meta_info.output_token_logprobs` (`[logprob, token_id, text]` per token; `output_ids` must agree),
+  the finish from `meta_info.finish_reason` (`stop` with `matched`, `length`, `abort`), the version from
+  `meta_info.weight_version` (and `weight_versions` spans), `prompt_tokens` and `cached_tokens`.
 - `POST /abort_request {"rid"}` for partial rollout: the pending `/generate` then answers with the tokens
   and logprobs generated so far and finish `abort`; `abort` returns that result (the turn service resumes
   with prompt + partial tokens and the remaining budget). The abort is repeated every second until the
   generation answers (a request still on its way is not yet known to the server).
+- `GET /metrics` (SGLang's Prometheus mount, `--enable-metrics`) for program admission's load.
 - After a training step, on every server (`engine.weight_transfer`, `sglang/weights.py`): `disk` (the default)
-  sends `POST /update_weights_from_disk {"model_path", "weight_version"}`, the weights written as a loadable
-  Hugging Face folder (`<weights_dir>/v<version>`, model files copied from `model.path`) on storage the servers
-  can read (the previous folder is removed); `tensor` sends the tensors themselves, in buckets, as
+  sends `POST /update_weights_from_disk {"model_path", "weight_version", "flush_cache"}`, the weights written as a
+  loadable Hugging Face folder (`<weights_dir>/v<version>`, model files copied from `model.path`) on storage the
+  servers can read (the previous folder is removed); `tensor` sends the tensors themselves, in buckets, as
   `POST /update_weights_from_tensor {"serialized_named_tensors", "flush_cache", "weight_version"}`;
   `distributed` broadcasts them in a process group with the servers (`POST /init_weights_update_group` once,
   `POST /update_weights_from_distributed {"names", "dtypes", "shapes", "group_name", "flush_cache",
-  "weight_version"}` per bucket, `POST /destroy_weights_update_group` at close). SGLang flushes its
-  radix cache itself on an update. With `engine.weight_update=pause` the load is wrapped in
-  `POST /pause_generation {"mode": "in_place"}` and `POST /continue_generation` (sent with
-  `flush_cache=false`): running generations keep their KV and go on
-  with the new weights, each token keeping the version that sampled it (`meta_info.weight_versions`);
-  `in_flight_updates` tells the runtime it need not abort them first.
+  "weight_version"}` per bucket, `POST /destroy_weights_update_group` at close). Tensor and distributed loads run
+  inside `POST /begin_weight_update` ... `POST /end_weight_update` (0.5.23 refuses them outside).
+
+Fresh KV after every update, in every mode: SGLang flushes its radix cache after a load only when the load's
+`flush_cache` is true, and refuses that flush (failing the load) while requests run or wait
+(`scheduler_components/weight_updater.py`). So every `/generate` carries `cache_salt` = the loaded weight version
+(`wire.cache_salt`): SGLang matches a prefix only within its salt (`mem_cache/radix_cache.py`), and a request sent
+after a load never reuses KV older weights computed, whatever the mode. With `engine.weight_update=abort` (the
+default) the runtime aborted every generation first, and the load also flushes (`flush_cache=true`), freeing the old
+cache at once. With `pause` the load is wrapped in `POST /pause_generation {"mode": "in_place"}` and `POST
+/continue_generation` and sent with `flush_cache=false` (a flush would fail while the paused requests hold their
+KV): running generations keep their own KV and go on with the new weights, each token keeping the version that
+sampled it (`meta_info.weight_versions`); requests sent before the load finished (running, queued at the server, or
+on their way) are in flight through the update like them. The new salt applies from the moment the load succeeded;
+the old salt's entries are evicted as ordinary unused cache. `in_flight_updates` tells the runtime it need not
+abort first.
 
 Servers: `engine.urls=[...]` connects to running servers; `engine.launch=true` starts `engine.servers`
 servers (`sglang/launch.py`, logs in `<output>/sglang/`) and stops them at `close`; with `engine.placement=ray`
 (the default when `ray.address` is set) they are placed on a Ray cluster, one placement-group bundle per server
-(`sglang/placement.py`). `engine.router=sglang`
-puts the real sglang-router in front (started, or `engine.router_url` when one runs): generations go
-through it with the routing key of `sglang.routing.Affinity` as `x-smg-routing-key` (its `manual` policy
-keeps a key on one worker); aborts and weight updates go to the servers directly, since the router does
-not forward `/abort_request`. Without a router, the client routes itself (`WorkerPool`, same keys).
+(`sglang/placement.py`). `engine.router=smg` puts smg in front (`sglang/smg.py`; started, or `engine.router_url`
+when one runs): generations go through it with the routing key of `sglang.routing.Affinity` as
+`x-smg-routing-key` (its `manual` policy keeps a key on one worker); pause, continue, the weight-update session
+and disk or tensor loads fan out through its RL control plane; aborts, sessions and the distributed group go to
+the servers directly. Without a router, the client routes itself (`WorkerPool`, same keys).
 
 Sessions (`engine.sessions=true`, the default): a `generate` that names its agent session (`session_id=`) is a
 turn of one SGLang session (`POST /open_session {capacity_of_str_len, session_id, timeout}` at its first turn,
-`session_params {id, rid, offset}` on each turn, so the server keeps the session's KV and the request carries
-only the new tokens; `sglang/sessions.py`); `close_session(session_id)` (`POST /close_session`) releases it
-when the agent session ends, fails, is dropped or times out (`engine.session_timeout_s` bounds a session
-nobody closes). Without `session_id`, or with `engine.sessions=false`, SGLang's radix cache evicts unused
-prefixes least recently used. KV-aware admission: per request (`engine.admission=kv`) in
-`sglang.routing.KvAdmission`, per agent session (`program`) in `program_admission.py`.
+`session_params {id, rid, offset}` on each turn, so the request carries only the new tokens and the server
+rebuilds the rest from the session's own nodes; `sglang/sessions.py`); `close_session(session_id)`
+(`POST /close_session`) ends it when the agent session ends, fails, is dropped or times out
+(`engine.session_timeout_s` bounds a session nobody closes). Whether the session's KV is held is the server's
+`--enable-session-radix-cache`: with it, the session's KV is referenced while it is open (eviction takes
+unreferenced KV first) and `/close_session` only dereferences it (it stays cached, evictable like any); without
+it the session's KV is ordinary LRU cache. Launched servers get the flag; running ones must report it in
+`/server_info`, else the start is refused (or, with `engine.sessions_fallback=true`, the engine runs without
+sessions, said once). Without `session_id`, or with `engine.sessions=false`, every turn is a plain request.
+KV-aware admission: per request (`engine.admission=kv`) in `sglang.routing.KvAdmission`, per agent session
+(`program`) in `program_admission.py`.
 
 Stop strings: SGLang matches them in a request's own output, so for a resumed generation (`stop_context`, the
 output before the abort) `stopped_across` cuts the result after a stop string split by the abort.
@@ -58,11 +74,14 @@ output before the abort) `stopped_across` cuts the result after a stop string sp
 Images (a vision-language model): `vision` is `sglang.media.SglangVision`, the model's own image processor (the
 turn service makes the forest's `ImageFeatures` with it, as on engine=hf, so the training input is the same),
 and a prompt with images goes as `image_data` (their URLs, in order) with its unexpanded placeholder tokens,
-which SGLang expands itself; context limits count the expanded length. Such a turn is a plain request, never a
-session turn (SGLang's session nodes hold expanded ids, which this client does not mirror).
+which SGLang expands itself; context limits count the expanded length. SGLang re-tokenizes image prompts, so a
+served length other than ours is counted (`engine/image_token_mismatches`) or, with
+`engine.image_mismatch=refuse`, fails the turn. Such a turn is a plain request, never a session turn (SGLang's
+session nodes hold expanded ids, which this client does not mirror).
 
 Not supported: streaming, LoRA, video and audio.
 """
+
 
 from __future__ import annotations
 
@@ -71,7 +90,7 @@ import logging
 import shutil
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -79,7 +98,7 @@ from typing import Any
 import httpx
 import orjson
 
-from relax_pipeline.engine.base import GenerateResult, ImageFeatures, SamplingParams
+from relax_pipeline.engine.base import AdapterWeights, GenerateResult, ImageFeatures, SamplingParams
 from relax_pipeline.engine.program_admission import ProgramAdmission, sglang_load
 from relax_pipeline.engine.settings import EngineRun, SglangEngineSettings
 from relax_pipeline.engine.sglang.launch import Processes, launch_servers, router_command, workers_healthy
@@ -87,8 +106,9 @@ from relax_pipeline.engine.sglang.media import SglangVision, expanded_length
 from relax_pipeline.engine.sglang.placement import RayServers
 from relax_pipeline.engine.sglang.routing import ROUTING_KEY_HEADER, Affinity, KvAdmission, WorkerLoad, WorkerPool
 from relax_pipeline.engine.sglang.sessions import OpenSession, Sessions
+from relax_pipeline.engine.sglang.smg import RlControl, check_installed
 from relax_pipeline.engine.sglang.weights import DistributedWeights, check_transfer, tensor_bodies, write_weights
-from relax_pipeline.engine.sglang.wire import SglangError, parse_generate, payload, stopped_across
+from relax_pipeline.engine.sglang.wire import SglangError, cache_salt, parse_generate, payload, stopped_across
 from relax_pipeline.infra.ports import free_port
 
 log = logging.getLogger(__name__)
@@ -158,6 +178,10 @@ class SglangEngine:
         self._http: httpx.AsyncClient | None = None
         self._tokenizer: Any = None
         self._written: Path | None = None
+        self.cache_version = 0
+        """The weight version whose cache namespace (`cache_salt`) new requests use: set once a load succeeded."""
+        self._rl: RlControl | None = None
+        """engine.router=smg with its RL control plane: pause, continue and loads fan out through it."""
         self.distributed = DistributedWeights(partial(self._call, "POST"), settings.weight_backend,
                                               settings.weight_master_address) \
             if settings.weight_transfer == "distributed" else None
@@ -185,8 +209,11 @@ class SglangEngine:
         try:
             urls = await self._launch_servers() if self.settings.launch else list(self.urls)
             workers = [await WorkerLoad.checked(self._call, url, self.server_info) for url in urls]
-            router = await self._start_router(urls) if self.settings.router == "sglang" else None
+            router = await self._start_router(urls) if self.settings.router == "smg" else None
             self._targets = _Targets(urls, router)
+            if router is not None:
+                self._rl = await RlControl.connect(self._call, router, urls)
+            sessions = self._sessions_supported(urls)
         except BaseException:
             await self.close()
             raise
@@ -196,7 +223,7 @@ class SglangEngine:
             self._shared = WorkerLoad(self._targets.router, sum(w.capacity for w in workers))
         if self.programs is not None:
             self.programs.watch(sum(w.capacity for w in workers), sglang_load(self._call, self._targets.urls))
-        if self.settings.sessions:
+        if sessions:
             self.sessions = Sessions(self._call, self.max_context_len, self.settings.session_timeout_s,
                                      self._tokenizer.bos_token_id)
 
@@ -276,29 +303,39 @@ class SglangEngine:
 
     async def update_weights(self, state_dict: dict[str, Any], version: int) -> None:
         """Load `state_dict` on every server as `version` (engine.weight_transfer: from a folder written as
-        `<weights_dir>/v<version>`, or as tensors), paused around the load with engine.weight_update=pause."""
+        `<weights_dir>/v<version>`, or as tensors), paused around the load with engine.weight_update=pause; requests
+        sent after the load use the new version's cache namespace (`cache_salt`, see the module)."""
         folder = None
         if self.settings.weight_transfer == "disk":
             folder = self.weights_dir / f"v{version}"
             await asyncio.to_thread(write_weights, state_dict, Path(self.model_path), folder)
-        if not self.in_flight_updates:
+        if not self.in_flight_updates:  # the runtime aborted every generation: the servers are idle, flush
             await self._load(state_dict, version, folder, True)
-        else:  # in place: running requests keep their KV (which a flush would drop, and SGLang refuses then)
-            await self._on_every_server("/pause_generation", {"mode": "in_place"})
+            self.cache_version = version
+        else:  # in place: running requests keep their KV; a flush would fail while they run (weight_updater.py)
+            await self._control("/pause_generation", {"mode": "in_place"})
             try:
                 await self._load(state_dict, version, folder, False)
+                self.cache_version = version
             finally:
-                await self._on_every_server("/continue_generation", {})
+                await self._control("/continue_generation", {})
         self.weight_version = version
         previous, self._written = self._written, folder or self._written
         if previous is not None and previous != self._written:
             await asyncio.to_thread(shutil.rmtree, previous, True)
 
+    async def update_adapter(self, adapter: AdapterWeights, version: int) -> None:
+        """Not served: this client loads no LoRA adapters on SGLang servers yet."""
+        raise ValueError(f"engine=sglang does not serve LoRA adapters yet (adapter {adapter.name!r}): train with "
+                         "trainer.lora on engine=hf, or without trainer.lora on engine=sglang")
+
     def step_metrics(self) -> dict[str, float]:
         """Metrics since the last call (`engine/kv_reserved`, `engine/admission_wait_s`, `engine/sessions_open`,
-        ...); the step loop logs them with each step. Empty without admission and sessions."""
+        ..., `engine/image_token_mismatches` for a vision model); the step loop logs them with each step. Empty
+        without admission, sessions and images."""
         metrics = self.admission.take_metrics() if self.admission is not None else {}
         metrics |= self.programs.take_metrics() if self.programs is not None else {}
+        metrics |= self.vision.take_metrics() if self.vision is not None else {}
         return metrics | (self.sessions.take_metrics() if self.sessions is not None else {})
 
     async def close(self) -> None:
@@ -320,20 +357,37 @@ class SglangEngine:
                 await asyncio.to_thread(shutil.rmtree, self._written, True)
                 self._written = None
 
+    def _salt(self) -> str:
+        return cache_salt(self.cache_version)
+
     async def _load(self, state_dict: dict[str, Any], version: int, folder: Path | None, flush: bool) -> None:
         """One weight update on every server: the folder (`/update_weights_from_disk`), or the tensors in buckets
-        (`/update_weights_from_tensor`, the version set by the last); `flush`: SGLang flushes its cache."""
+        (`/update_weights_from_tensor` or `_distributed`, the version set by the last) inside SGLang's weight-update
+        session (`/begin_weight_update` ... `/end_weight_update`, which 0.5.23 requires for them); `flush`: SGLang
+        flushes its cache after the load (and fails the call if requests run)."""
         if folder is not None:
             body: dict[str, Any] = {"model_path": str(folder), "weight_version": str(version), "flush_cache": flush}
-            return self._succeeded("/update_weights_from_disk",
-                                   await self._on_every_server("/update_weights_from_disk", body))
-        if self.distributed is not None:
-            tp_sizes = [int(self.server_info.get(url, {}).get("tp_size") or 1) for url in self._targets.urls]
-            return await self.distributed.update(self._targets.urls, tp_sizes, state_dict, version, flush)
-        tp_size = max((int(i.get("tp_size") or 1) for i in self.server_info.values()), default=1)
-        async for body in tensor_bodies(state_dict, tp_size, version, flush):
-            self._succeeded("/update_weights_from_tensor",
-                            await self._on_every_server("/update_weights_from_tensor", body))
+            return self._succeeded("/update_weights_from_disk", await self._control("/update_weights_from_disk", body))
+        self._succeeded("/begin_weight_update", await self._control("/begin_weight_update", {}))
+        try:
+            if self.distributed is not None:
+                tp_sizes = [int(self.server_info.get(url, {}).get("tp_size") or 1) for url in self._targets.urls]
+                await self.distributed.update(self._targets.urls, tp_sizes, state_dict, version, flush)
+            else:
+                tp_size = max((int(i.get("tp_size") or 1) for i in self.server_info.values()), default=1)
+                async for body in tensor_bodies(state_dict, tp_size, version, flush):
+                    self._succeeded("/update_weights_from_tensor",
+                                    await self._control("/update_weights_from_tensor", body))
+        finally:
+            self._succeeded("/end_weight_update", await self._control("/end_weight_update", {}))
+
+    async def _control(self, path: str, body: dict[str, Any]) -> list[Any]:
+        """A control call on every server (pause, continue, weight loads): through smg's RL control plane when the
+        engine runs smg with `--enable-rl` (`sglang/routing.py`, `rl_fanout`), else to each server directly; the
+        answers in `self._targets.urls` order."""
+        if self._rl is not None:
+            return await self._rl.fanout(path, body)
+        return await self._on_every_server(path, body)
 
     def _succeeded(self, path: str, answers: list[Any]) -> None:
         for url, answer in zip(self._targets.urls, answers, strict=True):
@@ -376,17 +430,17 @@ class SglangEngine:
                     key: str, session: OpenSession | None, images: list[str] | None = None) -> GenerateResult:
         """Send the generation (a session turn when `session`; `sizes`: the token limit and the KV it may hold); a
         turn the server refuses for its session is sent again as a new root of the reopened session."""
-        limit = sizes[0]
+        limit, salt = sizes[0], self._salt()
         if session is None:
-            body = payload(prompt, sampling, limit, flight.wire, image_data=images)
+            body = payload(prompt, sampling, limit, flight.wire, image_data=images, salt=salt)
             result, meta = await self._admitted(flight, sizes[1], body, key)
             if images and self.vision is not None and meta:
-                self.vision.served(meta, sizes[1] - limit, flight.worker.url)
+                self.vision.served(meta, sizes[1] - limit, flight.worker.url, self.settings.image_mismatch == "refuse")
             return result
         request = session.tree.request(prompt)
         try:
             result, meta = await self._admitted(flight, len(prompt) + limit,
-                                                payload(prompt, sampling, limit, flight.wire, request), key)
+                                                payload(prompt, sampling, limit, flight.wire, request, salt=salt), key)
         except SglangError as error:
             if "session" not in str(error) or self.sessions is None:
                 raise
@@ -395,7 +449,7 @@ class SglangEngine:
             await self.sessions.reopen(session)
             request = session.tree.request(prompt)
             result, meta = await self._admitted(flight, len(prompt) + limit,
-                                                payload(prompt, sampling, limit, flight.wire, request), key)
+                                                payload(prompt, sampling, limit, flight.wire, request, salt=salt), key)
         self._session_turn(session, flight.wire, prompt, result, meta)
         return result
 
@@ -476,24 +530,44 @@ class SglangEngine:
         """Start `servers` SGLang servers on free ports and wait until each answers /health (on Ray nodes with
         engine.placement=ray)."""
         launch = self.settings.launch_part
+        if self.settings.sessions:  # sessions hold their KV only with it (mem_cache/.../session_ref_tracker.py)
+            launch = replace(launch, server_args={"enable_session_radix_cache": True, **launch.server_args})
         if self.ray_servers is not None:
             return await self.ray_servers.start(launch.servers, launch.gpus_per_server, launch.command,
                                                 self.model_path, launch.server_args, launch.timeout)
         return await launch_servers(self.processes, launch, self.model_path)
 
+    def _sessions_supported(self, urls: list[str]) -> bool:
+        """engine.sessions, checked against every server's `enable_session_radix_cache` (`/server_info`): a server
+        without it is refused at start, or (engine.sessions_fallback) the engine runs without sessions."""
+        if not self.settings.sessions:
+            return False
+        without = [url for url in urls if not self.server_info.get(url, {}).get("enable_session_radix_cache")]
+        if not without:
+            return True
+        why = (f"engine.sessions=true, but the SGLang server(s) {without} run without --enable-session-radix-cache: "
+               "their sessions would not hold KV between turns (a session's KV is ordinary, evictable cache there)")
+        if not self.settings.sessions_fallback:
+            raise SglangError(f"{why}; relaunch them with --enable-session-radix-cache, or set engine.sessions=false, "
+                              "or engine.sessions_fallback=true to run without sessions")
+        log.warning("%s; engine.sessions_fallback=true: running with engine.sessions=false", why)
+        return False
+
     async def _start_router(self, urls: list[str]) -> str:
-        """The router's URL: `router_url`, or a started sglang-router once it sees every worker healthy."""
+        """The router's URL: `router_url`, or a started smg (with its RL control plane) once it sees every worker
+        healthy."""
         if self.router_url:
             return self.router_url
         router_part, host = self.settings.router_part, self.settings.host
-        assert router_part is not None, "engine.router=sglang"
+        assert router_part is not None, "engine.router=smg"
+        check_installed(router_part.command)
         port = free_port(host)
-        metrics = {"prometheus_port": free_port(host)}  # its fixed default (29000) collides with other routers
+        metrics = {"prometheus_port": free_port(host), "enable_rl": True}  # its fixed port (29000) collides
         command = router_command(router_part.command, host, port, urls, metrics | router_part.args)
         router = self.processes.start("router", command)
         url = f"http://{self.settings.host}:{port}"
         await self.processes.wait_ready(router, url + "/health", self.settings.launch_timeout)
         if not await workers_healthy(partial(self._call, "GET", url), len(urls), self.settings.launch_timeout):
-            raise SglangError(f"sglang-router at {url} did not report {len(urls)} healthy workers; log "
+            raise SglangError(f"smg at {url} did not report {len(urls)} healthy workers; log "
                               f"{router.log_path}")
         return url

@@ -1,4 +1,4 @@
-"""Start and stop the processes `engine=sglang` owns: SGLang servers (`engine.launch=true`) and sglang-router.
+"""Start and stop the processes `engine=sglang` owns: SGLang servers (`engine.launch=true`) and smg.
 
 `Processes` starts each command with `bash -c` in its own process group, its stdout and stderr in a log file
 of the run's output folder (`sglang/server_<i>.log`, `sglang/router.log`), polls a readiness URL until it
@@ -63,7 +63,7 @@ def server_command(launch_command: str, model_path: str, host: str, port: int, a
 
 
 def router_command(command: str, host: str, port: int, workers: Sequence[str], args: Mapping[str, Any]) -> str:
-    """The shell command of sglang-router in front of `workers`, sticky by routing key."""
+    """The shell command of smg in front of `workers`, sticky by routing key."""
     merged = {"policy": "manual", "assignment_mode": "min_load", **args}
     tail = ["--host", host, "--port", str(port), "--worker-urls", *workers, *flags(merged)]
     return f"{command} {shlex.join(tail)}"

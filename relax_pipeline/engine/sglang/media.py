@@ -13,7 +13,8 @@ wants them. The processed features stay what `engine=hf` gives (the training inp
 SGLang 0.5.23 reads such a prompt by decoding the ids to text and tokenizing the text again (its multimodal
 processor works on text), so a prompt whose text does not tokenize back to the same ids is served as a slightly
 different prompt than the forest records. `served` compares `meta_info.prompt_tokens` with the expanded length and
-warns (once, then counts) when they differ; the fake server does not re-tokenize.
+warns once and counts when they differ (the step metric `engine/image_token_mismatches`, `take_metrics`), or fails
+the turn with `engine.image_mismatch=refuse`; the fake server does not re-tokenize.
 
 What it does not do: fetch or decode images for SGLang (the server reads the URLs itself, so an http(s) URL must
 be reachable from the servers), video or audio.
@@ -47,7 +48,9 @@ class SglangVision:
         self._tracked: set[int] = set()
         self._lock = threading.Lock()
         self.mismatches = 0
-        """Image prompts SGLang served with another token count than ours (see `served`)."""
+        """Image prompts SGLang served with another token count than ours since the last `take_metrics`."""
+        self.total_mismatches = 0
+        """... since start (the first one is logged)."""
 
     @classmethod
     def load(cls, model_path: str | Path) -> SglangVision | None:
@@ -80,18 +83,29 @@ class SglangVision:
                                  "features with `engine.vision.features`")
             return [self._urls[m.digest] for m in media]
 
-    def served(self, meta: dict[str, Any], length: int, url: str) -> None:
+    def served(self, meta: dict[str, Any], length: int, url: str, refuse: bool = False) -> None:
         """Warn (once, then count) when SGLang served an image prompt of another length than `length` (see the
-        module)."""
+        module); `refuse` (engine.image_mismatch=refuse): fail instead."""
         served = meta.get("prompt_tokens")
         if served is None or int(served) == length:
             return
         self.mismatches += 1
-        if self.mismatches == 1:
+        self.total_mismatches += 1
+        if refuse:
+            raise ValueError(f"SGLang server {url} served an image prompt as {served} tokens where this client "
+                             f"expanded it to {length} (SGLang re-tokenizes image prompts): the sampled tokens do not "
+                             "follow the recorded context; engine.image_mismatch=refuse refuses such turns (set "
+                             "engine.image_mismatch=count to train on them, counted in engine/image_token_mismatches)")
+        if self.total_mismatches == 1:
             log.warning("SGLang server %s served an image prompt as %s tokens where this client expanded it to %d: "
                         "it re-tokenizes the prompt's text, which does not round-trip for this prompt; its tokens "
                         "were sampled from a slightly different context than the one recorded (further cases are "
-                        "counted in SglangVision.mismatches)", url, served, length)
+                        "counted in the step metric engine/image_token_mismatches)", url, served, length)
+
+    def take_metrics(self) -> dict[str, float]:
+        """`engine/image_token_mismatches`: image prompts served at another length since the last call; resets."""
+        metrics, self.mismatches = {"engine/image_token_mismatches": float(self.mismatches)}, 0
+        return metrics
 
     def _release(self, ident: int, digest: bytes) -> None:
         with self._lock:

@@ -7,7 +7,7 @@ bundle when `gpus_per_server` is 0), with `engine.placement_strategy` (`PACK` by
 (`CUDA_VISIBLE_DEVICES`); the actor starts `<engine.launch_command> --model-path M --host IP --port P
 <engine.server_args>` on its node (`sglang.launch.server_command`), bound to the node's cluster address on a free
 port, and answers the URL. The engine then polls each URL's `/health` (a server that exits first fails the start
-with its command and log tail) and uses the URLs as it uses launched ones; the router (`engine.router=sglang`)
+with its command and log tail) and uses the URLs as it uses launched ones; the router (`engine.router=smg`)
 gets them as `--worker-urls`. `stop` ends every server (SIGTERM, grace, SIGKILL on its node), copies each log
 into `<engine.log_dir>/server_<i>.log`, kills the actors and removes the placement group.
 

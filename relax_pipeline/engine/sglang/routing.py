@@ -12,13 +12,13 @@ bounded by `max_keys`; an evicted key only costs cache affinity, never correctne
 
 `WorkerPool` is the client-side router used without `engine.router`: a key sticks to the worker it was
 first given; a new key goes to the worker with the fewest reserved tokens (then fewest in flight). Behind
-sglang-router (`engine.router=sglang`) the key travels as the `x-smg-routing-key` header and the router's
+smg (`engine.router=smg`) the key travels as the `x-smg-routing-key` header and the router's
 `manual` policy keeps it sticky instead.
 
 `KvAdmission` (`engine.admission=kv`) reserves prompt + capped decode tokens against a worker's KV capacity
 (`max_total_num_tokens` from the server's `/server_info`) times `headroom` before a generation starts;
 a request that does not fit waits (FIFO per worker) until others release, at most `max_wait_s`, then
-starts anyway and is counted. A request larger than the whole budget starts alone. Behind sglang-router
+starts anyway and is counted. A request larger than the whole budget starts alone. Behind smg
 the client does not learn which worker serves a key, so admission reserves against the pool's summed
 capacity (one budget). Not done here: SGLang's own scheduler still decides the batch; this only keeps the
 client from sending more than the cache holds. Admission of whole agent sessions (`engine.admission=program`) is
@@ -43,7 +43,7 @@ from relax_pipeline.engine.sglang.wire import SglangError
 log = logging.getLogger(__name__)
 
 ROUTING_KEY_HEADER = "x-smg-routing-key"
-"""sglang-router's header for sticky routing under `--policy manual`."""
+"""smg's header for sticky routing under `--policy manual`."""
 
 
 def block_hashes(ids: Sequence[int], block: int) -> list[int]:
@@ -133,7 +133,7 @@ class WorkerLoad:
 
 
 class WorkerPool:
-    """Sticky key → worker assignment for the client-side routing (no sglang-router)."""
+    """Sticky key → worker assignment for the client-side routing (no smg)."""
 
     def __init__(self, workers: Sequence[WorkerLoad], max_keys: int = 100_000) -> None:
         if not workers:

@@ -15,7 +15,7 @@ a node whose tokens the client does not know exactly; `SglangEngine` checks `met
 the prompt's length as well.
 
 `Sessions` opens a session lazily at the agent session's first turn (on the worker its affinity key picks;
-behind sglang-router on every worker, since the router picks the worker and does not forward `/open_session`),
+behind smg on every worker, since the router picks the worker and does not forward `/open_session`),
 closes it on `close`, and reports `engine/sessions_open`, `engine/sessions_closed`, `engine/session_close_s`
 (mean seconds of a close), `engine/session_turns` and `engine/session_cached_tokens` (tokens per turn that the
 session kept, from `meta_info.cached_tokens`). A session whose open failed is served without one (logged); a
@@ -112,9 +112,9 @@ class OpenSession:
     tree: SessionTree
     urls: list[str]
     worker: Any
-    """The `WorkerLoad` of its turns (the router's shared one behind sglang-router)."""
+    """The `WorkerLoad` of its turns (the router's shared one behind smg)."""
     key: str
-    """The routing key of its turns (sticky behind sglang-router)."""
+    """The routing key of its turns (sticky behind smg)."""
     opened: float = field(default_factory=time.monotonic)
 
 

@@ -2,7 +2,8 @@
 split by an abort.
 
 `payload` builds the body (token ids in, never text; logprobs of the output tokens out; `session_params` and only the
-new ids for a turn of an SGLang session; `image_data`, the prompt's image URLs, `sglang/media.py`). `parse_generate`
+new ids for a turn of an SGLang session; `image_data`, the prompt's image URLs, `sglang/media.py`; `cache_salt`,
+the loaded weight version's cache namespace, `cache_salt`). `parse_generate`
 reads `meta_info.output_token_logprobs` (`[logprob, token_id, text]` per token; `output_ids` must agree),
 `finish_reason` (`stop` with `matched`, `length`, `abort`), `weight_version`, and `weight_versions` (the spans of a
 generation paused across weight updates: every token keeps the version that sampled it). `stopped_across` cuts a
@@ -23,17 +24,44 @@ from relax_pipeline.engine.sglang.sessions import SessionRequest
 
 FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
 """SGLang's `finish_reason.type` → ours."""
+ANSWER_FIELDS: dict[str, frozenset[str]] = {
+    "POST /generate": frozenset({"output_ids", "meta_info", "meta_info.output_token_logprobs",
+                                 "meta_info.finish_reason", "meta_info.finish_reason.type",
+                                 "meta_info.finish_reason.matched", "meta_info.weight_version",
+                                 "meta_info.weight_versions", "meta_info.weight_versions.version",
+                                 "meta_info.weight_versions.start", "meta_info.weight_versions.end",
+                                 "meta_info.prompt_tokens", "meta_info.cached_tokens"}),
+    "GET /server_info": frozenset({"max_total_num_tokens", "tp_size", "version", "enable_session_radix_cache"}),
+    "GET /model_info": frozenset({"is_generation", "model_path"}),
+    "POST /update_weights_from_disk": frozenset({"success", "message"}),
+    "POST /update_weights_from_tensor": frozenset({"success", "message"}),
+    "POST /update_weights_from_distributed": frozenset({"success", "message"}),
+    "POST /init_weights_update_group": frozenset({"success", "message"}),
+    "POST /begin_weight_update": frozenset({"success", "message"}),
+    "POST /end_weight_update": frozenset({"success", "message"}),
+    "GET /metrics": frozenset({"sglang:num_used_tokens"})}
+"""Every field of SGLang's answers this client reads, by route (dotted: inside an object; `GET /metrics`: Prometheus
+series). `tests/integration/test_sglang_conformance.py` checks each against the release's source and that the
+client's modules read nothing else of an answer."""
 
 
 class SglangError(RuntimeError):
     """An SGLang server or the router answered something the client cannot use; the message names the URL."""
 
 
+def cache_salt(version: int) -> str:
+    """The `cache_salt` of every `/generate` sent while weights `version` are loaded: SGLang matches a prompt's
+    prefix only against KV cached under the same salt (`mem_cache/radix_cache.py`, `RadixKey`), so a request sent
+    after an update never reuses KV that older weights computed."""
+    return f"relax-w{version}"
+
+
 def payload(prompt: list[int], sampling: SamplingParams, limit: int, rid: str,
-            session: SessionRequest | None = None, image_data: list[str] | None = None) -> dict[str, Any]:
+            session: SessionRequest | None = None, image_data: list[str] | None = None,
+            salt: str | None = None) -> dict[str, Any]:
     """The /generate body (token ids in, logprobs of the output tokens out); a session turn sends only the ids
     its session does not hold, with its `session_params`; a prompt with images sends them as `image_data` (one
-    URL per unexpanded placeholder token, in order)."""
+    URL per unexpanded placeholder token, in order); `salt`: the weight version's `cache_salt`."""
     params: dict[str, Any] = {"max_new_tokens": limit, "temperature": sampling.temperature, "top_p": sampling.top_p,
                               "top_k": sampling.top_k, "stop_token_ids": list(sampling.stop_token_ids),
                               "no_stop_trim": True, "skip_special_tokens": False}
@@ -47,6 +75,8 @@ def payload(prompt: list[int], sampling: SamplingParams, limit: int, rid: str,
         body |= {"input_ids": session.input_ids, "session_params": session.params}
     if image_data:
         body["image_data"] = image_data
+    if salt is not None:
+        body["cache_salt"] = salt
     return body
 
 

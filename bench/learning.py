@@ -27,24 +27,37 @@ processes (the agents), per session, from `getrusage`. On a
 The target on a 2-core machine is a mean step of at most 25 s. Nothing here is asserted; the numbers depend on
 the machine and its load.
 
+`--lora` runs the preset and its LoRA preset (`experiment=<preset>_lora`, trainer.lora) one after the other, each in
+its own process, and prints them side by side (bench/_learning_lora.py): training step, weight sync, checkpoint size
+and peak resident memory, full against adapter, the load average with each, and with `--eval` the held-out success
+of both at the same wall time.
+
 `--model tiny` runs the preset on the tiny test model instead of SmolLM2 (`--smoke` does, with one small group a
 step and no filter: the tiny model's rewards are all alike, so the drop-uniform filter would reject every group).
 
-    python bench/learning.py [--experiment smollm2_agent] [--steps 5] [--model tiny] [--smoke] [override ...]
+With `--eval` the preset's own eval stays on and its curve is printed after the timings: per eval, the steps done,
+the minutes from the start, and each eval dataset's success (and, for `experiment=smollm2_chain`, calls a session,
+chaining and success by calls needed); `--output DIR` keeps the run folder (eval.csv, eval_curve.png).
+
+    python bench/learning.py [--experiment smollm2_agent] [--steps 5] [--model tiny] [--smoke] [--eval]
+                             [--output DIR] [override ...]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import _learning_lora  # noqa: E402
 from _smoke import parse_args  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 
@@ -54,14 +67,19 @@ from relax_pipeline.run import run  # noqa: E402
 COLUMNS = (("step s", "perf/step_time"), ("rollout s", "perf/rollout_time"), ("prefill s", "engine/prefill_s"),
            ("decode s", "engine/decode_s"), ("scoring s", "perf/reward_s"), ("train s", "perf/train_time"),
            ("sync s", "perf/weight_sync_s"))
+EVAL_COLUMNS = (("success", "raw_reward"), ("calls", "calls/mean"), ("chained", "chained/mean"),
+                ("linked", "linked/mean"), ("1-call", "solved_1/mean"), ("2-call", "solved_2/mean"),
+                ("3-call", "solved_3/mean"))
+"""What `--eval` prints per eval dataset, when its rows carry it (`experiment=smollm2_chain`'s agent does)."""
 SMOKE_OVERRIDES = ["rollout.batch_size=1", "rollout.n_samples_per_prompt=2", "rollout.over_sampling_batch_size=1",
                    "credit.filter_path=null", "engine.max_batch_size=4"]
 """What `--smoke` adds: one group of two sessions a step, no filter."""
 
 
-def run_preset(folder: Path, experiment: str, steps: int, extra: list[str]) -> None:
+def run_preset(folder: Path, experiment: str, steps: int, extra: list[str], evaluate: bool = False) -> None:
     register()
-    overrides = [f"experiment={experiment}", f"rollout.num_steps={steps}", "eval.interval=null", "eval.datasets=[]",
+    no_eval = [] if evaluate else ["eval.interval=null", "eval.datasets=[]"]
+    overrides = [f"experiment={experiment}", f"rollout.num_steps={steps}", *no_eval,
                  f"output_dir={folder}", f"debug.save_rollout_data={folder}/dump/r_{{rollout_id}}.jsonl", *extra]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=quote_placeholders(overrides))
@@ -118,6 +136,25 @@ def line(step: dict) -> str:
             f"{step.get('rollout/kept_fraction', float('nan')):>6.2f}")
 
 
+def eval_rows(folder: Path, started: float) -> list[tuple[int, float, dict[str, float]]]:
+    """(steps done, minutes from `started`, metrics) of every logged eval, from `metrics.jsonl`."""
+    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    return [(r["step"], (r["time"] - started) / 60, r["metrics"]) for r in rows
+            if any(key.startswith("eval/") for key in r["metrics"])]
+
+
+def report_eval(rows: list[tuple[int, float, dict[str, float]]]) -> None:
+    """Per eval, each dataset's success and the agent's own figures when it reports them (the calculator's
+    calls a session, the share of sessions whose second call used the first call's value, success by calls
+    needed)."""
+    for step, minutes, metrics in rows:
+        print(f"eval after {step} steps, {minutes:.1f} min from the start:")
+        for name in dict.fromkeys(key.split("/")[1] for key in metrics if key.startswith("eval/")):
+            cells = [f"{label} {metrics[f'eval/{name}/{key}']:.3f}" for label, key in EVAL_COLUMNS
+                     if f"eval/{name}/{key}" in metrics]
+            print(f"  {name:<14}" + "  ".join(cells))
+
+
 def cpu_seconds(who: int) -> float:
     usage = resource.getrusage(who)
     return usage.ru_utime + usage.ru_stime
@@ -141,19 +178,36 @@ def main() -> None:
     parser.add_argument("--experiment", default="smollm2_arith", help="the preset: smollm2_arith or smollm2_agent")
     parser.add_argument("--steps", type=int, default=5, help="training steps (the first is printed apart)")
     parser.add_argument("--model", default=None, help="model=<name> instead of the preset's smollm2, e.g. tiny")
+    parser.add_argument("--eval", action="store_true", help="keep the preset's eval and print its curve")
+    parser.add_argument("--output", default=None, help="run in this folder and keep it (eval.csv, eval_curve.png)")
+    parser.add_argument("--lora", action="store_true", help="the preset and <experiment>_lora side by side, each in "
+                        "its own process (bench/_learning_lora.py)")
+    parser.add_argument("--summary", default=None, help=argparse.SUPPRESS)  # --lora's children write their figures
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides, e.g. engine.max_batch_size=64")
     args = parse_args(parser, steps=2, model="tiny")
+    if args.lora:
+        flags = [f"--steps={args.steps}"] + [f"--model={args.model}"] * bool(args.model)
+        _learning_lora.compare(Path(__file__), args.experiment, flags + ["--eval"] * args.eval + ["--smoke"] *
+                               args.smoke, args.overrides)
+        return
     extra = [f"model={args.model}"] if args.model else []
     extra += (SMOKE_OVERRIDES if args.smoke else []) + args.overrides
     with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(args.output or tmp)
         before = cpu_seconds(resource.RUSAGE_SELF), cpu_seconds(resource.RUSAGE_CHILDREN)
-        run_preset(Path(tmp), args.experiment, args.steps, extra)
+        started, load = time.time(), os.getloadavg()
+        run_preset(folder, args.experiment, args.steps, extra, args.eval)
         main_s = cpu_seconds(resource.RUSAGE_SELF) - before[0]
         agents_s = cpu_seconds(resource.RUSAGE_CHILDREN) - before[1]
-        steps = step_rows(Path(tmp))
+        steps = step_rows(folder)
         report(steps)
+        if args.eval:
+            report_eval(eval_rows(folder, started))
         report_cpu(main_s, agents_s, int(sum(s["sessions"] for s in steps)))
         report_memory()
+        if args.summary:
+            figures = _learning_lora.summary(folder, steps, eval_rows(folder, started) if args.eval else [], load)
+            Path(args.summary).write_text(json.dumps(figures))
 
 
 if __name__ == "__main__":

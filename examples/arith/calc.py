@@ -24,10 +24,15 @@ INSTRUCTION = ("You have a calculator: write calc a op b (two numbers, op is +, 
 """No concrete numbers: SmolLM2-135M copies an example's numbers into its own call (`calc 12 * 34` on every
 problem, 0 of 200 validation problems right, when the instruction said "for example calc 12 * 34")."""
 CHAIN_INSTRUCTION = ("You have a calculator: write calc a op b (two numbers, op is +, - or *) and it replies with "
-                     "the value. It does one operation at a time: call it again with its value for the next one. "
-                     "Then give the answer.")
-"""The instruction for chained problems (`ARITH_INSTRUCTION=chain`): the same form, and that values feed the next
-call; still no concrete numbers and no worked chain."""
+                     "the value. One operation a call. Then give the answer.")
+"""The instruction for chained problems (`ARITH_INSTRUCTION=chain`): `INSTRUCTION` and that a call does one
+operation; still no concrete numbers and no worked chain. (A longer "call it again with its value for the next
+one" made the base model write bare expressions without `calc`.)"""
+ONE_AT_A_TIME = ("calculator: error: one operation a call: calc the first two numbers, then call again with its "
+                 "value and the next number")
+"""The reply, with `one_at_a_time`, to a call that holds several operations (`calc 47 * 86 + 12`): how the tool
+is used, in general words; no numbers, no step of this problem."""
+_SEVERAL = re.compile(r"[\s()]*-?\d+(?:[\s()]*[+\-*x×][\s()]*-?\d+){2,}[\s()=.]*")
 INSTRUCTIONS = {"one": INSTRUCTION, "chain": CHAIN_INSTRUCTION}
 """`ARITH_INSTRUCTION`'s choices."""
 CONTROL = "Answer with just the number."
@@ -105,10 +110,13 @@ def tool_call(reply: str) -> str | None:
     return match.group(1) if match else None
 
 
-def respond(expression: str) -> tuple[str, bool]:
-    """The calculator's answer to a call, and whether the call was well-formed."""
+def respond(expression: str, one_at_a_time: bool = False) -> tuple[str, bool]:
+    """The calculator's answer to a call, and whether the call was well-formed. With `one_at_a_time` a call of
+    several operations gets `ONE_AT_A_TIME` instead of `MALFORMED`."""
     value = calculate(expression)
-    return (MALFORMED, False) if value is None else (f"calculator: {value}", True)
+    if value is not None:
+        return f"calculator: {value}", True
+    return (ONE_AT_A_TIME if one_at_a_time and _SEVERAL.fullmatch(expression) else MALFORMED), False
 
 
 def final_answer(reply: str) -> int | None:
@@ -118,9 +126,10 @@ def final_answer(reply: str) -> int | None:
 
 
 def episode(ask: Callable[[list[dict]], str], messages: list[dict], answer: int, max_turns: int,
-            tools: bool = True) -> Outcome:
+            tools: bool = True, one_at_a_time: bool = False) -> Outcome:
     """Run one session: ask, answer each calculator call, stop at the first final reply or after `max_turns`
-    replies. `messages` grows with the conversation. Without `tools` the first reply is final (the control)."""
+    replies. `messages` grows with the conversation. Without `tools` the first reply is final (the control);
+    `one_at_a_time` as in `respond`."""
     outcome = Outcome()
     for _ in range(max_turns if tools else 1):
         reply = ask(messages)
@@ -130,7 +139,7 @@ def episode(ask: Callable[[list[dict]], str], messages: list[dict], answer: int,
         if expression is None:
             outcome.reward = float(final_answer(reply) == answer)
             return outcome
-        text, well_formed = respond(expression)
+        text, well_formed = respond(expression, one_at_a_time)
         outcome.calls += well_formed
         outcome.malformed += not well_formed
         if well_formed:

@@ -10,7 +10,8 @@ single-shot control: the question alone, "Answer with just the number.", one cal
 `{"reward", "metadata"}` with `used_tool`, `turns`, `calls`, `malformed`, `too_many_turns` and `tools`, which
 the run's rollout and eval metrics average; a chained problem (`metadata.steps`, `dataset.steps`) adds its
 success and calls under its number of calls needed and whether its calls chained (`calc.Outcome.metadata`).
-`ARITH_INSTRUCTION` picks the instruction (`one`, default, or `chain`: values feed the next call).
+`ARITH_INSTRUCTION` picks the instruction (`one`, default, or `chain`: one operation a call, and a call of
+several operations gets `calc.ONE_AT_A_TIME` back instead of the general error).
 `ARITH_MAX_TURNS` (default 4) caps the replies. The conversation
 is exported implicitly; a worked example is part of every prompt, so it trains no tokens.
 """
@@ -55,9 +56,10 @@ def main() -> None:
     metadata = task.get("metadata") or {}
     tools = bool(metadata.get("tools", True))
     question = task["messages"][-1]["content"]
-    instruction = INSTRUCTIONS[os.environ.get("ARITH_INSTRUCTION", "one")]
+    chain = os.environ.get("ARITH_INSTRUCTION", "one") == "chain"
+    instruction = INSTRUCTIONS["chain" if chain else "one"]
     messages = opening(question, tools, os.environ.get("ARITH_EXAMPLE", "none"), instruction)
-    outcome = episode(chat, messages, metadata["answer"], MAX_TURNS, tools)
+    outcome = episode(chat, messages, metadata["answer"], MAX_TURNS, tools, one_at_a_time=chain)
     with open(os.environ["RELAX_OUTPUT_JSON"], "w", encoding="utf-8") as f:
         json.dump({"reward": outcome.reward, "metadata": outcome.metadata(tools, metadata.get("steps"))},
                   f)

@@ -175,3 +175,19 @@ def test_the_chain_instruction_is_what_the_chain_agent_opens_with(monkeypatch: p
     assert opened[0]["content"] == f"What is 12 + 34? {calc.CHAIN_INSTRUCTION}"
     assert opened[-1]["content"] == f"What is (47 + 86) * 12? {calc.CHAIN_INSTRUCTION}"
     assert not any(ch.isdigit() for ch in calc.CHAIN_INSTRUCTION)  # no numbers for the model to copy
+
+
+@pytest.mark.parametrize("call", ["calc 47 + 86 * 12", "calc (47 + 86) * 12", "calc 1 + 2 + 3 + 4 ="])
+def test_a_call_of_several_operations_gets_the_one_at_a_time_error_in_the_chain_setting(call: str) -> None:
+    _, ask = scripted(call, "calc 47 + 86", "calc 133 * 12", "1596")
+    messages: list[dict] = []
+    outcome = calc.episode(ask, messages, 1596, max_turns=5, one_at_a_time=True)
+    assert messages[1] == {"role": "user", "content": calc.ONE_AT_A_TIME}
+    assert not any(ch.isdigit() for ch in calc.ONE_AT_A_TIME)
+    assert (outcome.reward, outcome.malformed, outcome.calls, outcome.linked()) == (1.0, 1, 2, True)
+    assert calc.respond(call.removeprefix("calc"))[0] == calc.MALFORMED  # agent=arith_calc's reply is unchanged
+
+
+def test_a_call_that_is_not_arithmetic_gets_the_general_error_in_the_chain_setting() -> None:
+    assert calc.respond(" twelve times 34", one_at_a_time=True) == (calc.MALFORMED, False)
+    assert calc.respond(" 12 / 4 + 3", one_at_a_time=True) == (calc.MALFORMED, False)

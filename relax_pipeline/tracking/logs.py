@@ -1,8 +1,11 @@
-"""Run logging: everything the run logs goes to the console and to `run.log` in the output folder.
+"""Run logging: everything the run logs goes to `run.log` in the output folder, and to the console at a glance.
 
 `run_logging` installs the handlers for one run and removes them afterwards, so in-process runs
 (tests) do not leak handlers into each other. Third-party loggers that chatter per request (httpx,
-uvicorn access) are kept at WARNING.
+uvicorn access) are kept at WARNING, and transformers' own progress bars (one per model load) are off.
+The console is `tracking/console.py`'s `ConsoleHandler`: one headline line per step, the rest of run.log's lines
+but the per-step detail ones, progress bars that never split a line; `show_on_console` applies
+`tracking.console` and `tracking.console_metrics` to it once the config is read.
 
 `run.log` is written by `RunLogFile`: a line is formatted and written as it is logged, every warning and error is
 flushed to the file at once, and INFO lines (the gateway's access line per model request above all: a flush is a
@@ -26,11 +29,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+
+from relax_pipeline.tracking.console import CONSOLE_METRICS, HEADLINE, ConsoleHandler
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 QUIET = ("httpx", "httpcore", "uvicorn.access", "urllib3", "filelock")
@@ -193,15 +199,18 @@ def run_logging(output_dir: Path) -> Iterator[Path]:
     output_dir.mkdir(parents=True, exist_ok=True)
     path = output_dir / "run.log"
     root = logging.getLogger()
-    handlers: list[logging.Handler] = [RunLogFile(path), logging.StreamHandler()]
+    run_log = RunLogFile(path)
+    run_log.setFormatter(RunLogFormatter())
+    console = ConsoleHandler(RunLogFormatter(), CONSOLE_METRICS, HEADLINE)
+    console.addFilter(_not_access_info)
+    handlers: list[logging.Handler] = [run_log, console]
     for handler in handlers:
-        handler.setFormatter(RunLogFormatter())
         root.addHandler(handler)
-    handlers[1].addFilter(_not_access_info)
     previous = root.level
     root.setLevel(logging.INFO)
     for name in QUIET:
         logging.getLogger(name).setLevel(logging.WARNING)
+    bars = _hf_bars(False)
     try:
         yield path
     finally:
@@ -209,3 +218,26 @@ def run_logging(output_dir: Path) -> Iterator[Path]:
             root.removeHandler(handler)
             handler.close()
         root.setLevel(previous)
+        if bars:
+            _hf_bars(True)
+
+
+def show_on_console(mode: str, metrics: Mapping[str, str]) -> None:
+    """Apply `tracking.console` (headline or full) and `tracking.console_metrics` to the console `run_logging`
+    installed (nothing without one); a ValueError naming the key for a bad value."""
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, ConsoleHandler):
+            handler.configure(metrics, mode)
+
+
+def _hf_bars(on: bool) -> bool:
+    """Turn transformers' progress bars on or off when it is imported; returns whether they were on."""
+    hf = sys.modules.get("transformers.utils.logging")
+    if hf is None:
+        return False
+    was = bool(hf.is_progress_bar_enabled())
+    if on:
+        hf.enable_progress_bar()
+    else:
+        hf.disable_progress_bar()
+    return was

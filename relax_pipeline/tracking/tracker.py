@@ -1,15 +1,18 @@
 """Trackers: where per-step metrics go besides run.log.
 
 `TrackingSettings` is the `tracking` node (its `traces` and `otlp_endpoint` keys are read by run.py for
-`tracking/traces.py`, whatever the tracker). `NullTracker` is `tracking=none`: the same interface, doing
+`tracking/traces.py`, and its `console` and `console_metrics` keys by the console, `tracking/console.py`, whatever
+the tracker). `NullTracker` is `tracking=none`: the same interface, doing
 nothing, so the pipeline never branches on whether tracking is on. The W&B tracker is `tracking/wandb.py`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from relax_pipeline.tracking.console import CONSOLE_METRICS, HEADLINE, check_console
 
 
 @dataclass
@@ -32,6 +35,16 @@ class TrackingSettings:
     otlp_endpoint: str | None = None
     """Also export the traces to this OTLP/HTTP endpoint (`http://host:4318`, `/v1/traces` added when no path is
     given); needs opentelemetry-exporter-otlp-proto-http (`pip install 'relax_pipeline[otlp]'`)."""
+    console: str = HEADLINE
+    """What the console shows per step: `headline`, one line of `console_metrics` with the time per step and the ETA
+    (the full `step N metrics` line and the per-step AGENTIC lines stay in run.log); `full`, every line run.log gets,
+    each step's headline after its line."""
+    console_metrics: dict[str, str] = field(default_factory=lambda: dict(CONSOLE_METRICS))
+    """The headline's metrics, in order: short label → metric name, a `*` for one path segment whose match joins the
+    label (`eval: eval/*/raw_reward` shows `eval heldout 0.74`); a metric the step lacks is left out."""
+
+    def __post_init__(self) -> None:
+        check_console(self.console, self.console_metrics)
 
 
 class Tracker(Protocol):

@@ -1,9 +1,9 @@
 """Markdown pieces the reference pages share: tables, code spans and prose made safe for a table cell.
 
 MkDocs (Python-Markdown with the tables extension) reads `<name>` outside a code span as an HTML tag and `*...*`
-as emphasis, and a `|` anywhere in a row as a cell border. `prose` escapes those outside code spans and joins a
-docstring's lines into one; `code` wraps a value in a code span that survives a table. Nothing here reads the
-package.
+as emphasis, and a `|` outside a code span as a cell border (inside one it stays in the cell). `prose` escapes
+those outside code spans and joins a docstring's lines into one; `code` wraps a value in a code span that survives
+a table. Nothing here reads the package.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def prose(text: str | None) -> str:
     out, last = [], 0
     for match in _CODE_SPAN.finditer(flat):
         out.append(_escape(flat[last:match.start()]))
-        out.append(match.group(0).replace("|", "\\|"))
+        out.append(match.group(0))
         last = match.end()
     out.append(_escape(flat[last:]))
     return "".join(out)
@@ -36,8 +36,8 @@ def _escape(text: str) -> str:
 
 
 def code(text: str) -> str:
-    """`text` as a code span usable in a table cell (pipes escaped, backticks fenced)."""
-    text = text.replace("|", "\\|")
+    """`text` as a code span usable in a table cell (backticks fenced; Python-Markdown's tables keep a `|` inside a
+    code span in its cell)."""
     fence = "``" if "`" in text else "`"
     pad = " " if text.startswith("`") or text.endswith("`") else ""
     return f"{fence}{pad}{text}{pad}{fence}"

@@ -3,8 +3,10 @@ multi-turn workload that does not fit the KV pool at once.
 
 Set-up: the SGLang-wire fake (`relax_pipeline.testing.sglang_server`, in this process) on the tiny model, with
 `ignore_stop` (every turn generates exactly `--tokens` tokens) and a KV pool of `--kv-tokens` tokens
-(`testing/kv_pool.py`: running requests hold prompt + max_new_tokens, idle KV is evicted least recently used,
-a turn whose KV was evicted is re-prefilled and counted). Prefill costs `--prefill-ms-per-1k` ms per thousand
+(`testing/kv_pool.py`, SGLang 0.5.23's radix cache as counts: running requests hold prompt + max_new_tokens, idle KV
+is evicted least recently used, an open session's KV last (the fake runs with `--enable-session-radix-cache`), a
+closed session's KV is dereferenced and stays cached until evicted, a turn whose KV was evicted is re-prefilled and
+counted). Prefill costs `--prefill-ms-per-1k` ms per thousand
 prefilled tokens (the fake's model is tiny, so this stands for a real model's prefill; the value is printed).
 
 Workload (one step): `--sessions` agent sessions over `--tasks` tasks (sessions of a task share its first prompt
@@ -96,7 +98,8 @@ async def client(mode: str, model: str, args: argparse.Namespace, stack: AsyncEx
                  ) -> tuple[SglangEngine, FakeSglangServer]:
     """A fresh fake and a client with `engine.admission=mode` in front of it (closed with `stack`)."""
     server = await stack.enter_async_context(FakeSglangServer(model, capacity=args.kv_tokens, ignore_stop=True,
-                                                              kv_cache_mb=16, max_context_len=4096))
+                                                              kv_cache_mb=16, max_context_len=4096,
+                                                              session_radix_cache=True))
     server.state.pool.prefill_s_per_1k = args.prefill_ms_per_1k / 1000
     settings = SglangEngineSettings(urls=[server.url], admission=mode, kv_headroom=1.0,
                                     admission_growth_prior=args.growth_prior)

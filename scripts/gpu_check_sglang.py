@@ -11,13 +11,18 @@ logprob of a fixed prompt. Then it checks:
 2. the weight update was applied: the fixed prompt's logprob after the first update differs from before;
 3. partial rollout ran: the run's metrics report parked groups or aborted generations (printed; an abort
    needs a step to end while a group is still generating, which the workload makes likely, not certain);
-4. sessions (`engine.sessions`): a fresh server on the run's model, a three-turn greedy session whose turns send
-   only their new tokens, the session keeping the rest (`engine/session_cached_tokens` > 0), closed at the end
-   (greedy equality with plain requests is printed: GPU numerics may differ between a kept and a recomputed KV);
-5. `engine.weight_update=pause`: a weight update amid a long generation, which is not aborted (its per-token
-   versions are printed).
+4. sessions: the launched server runs with `--enable-session-radix-cache` (`/server_info`), and each session turn
+   after the first is served from the whole previous context (`meta_info.cached_tokens`, less the last token);
+5. a closed session is dereferenced, not freed: its context is still served from the cache after `/close_session`;
+6. `engine.weight_update=pause`: a generation runs on through a weight update, not aborted, with tokens of both
+   versions;
+7. the cache after a paused update: a prompt cached before it is served from no cached prefix after it (the new
+   `cache_salt`), and cached again after that;
+8. `engine.weight_transfer=tensor` and `distributed` (gloo) each load new weights (the probe's logprob changes);
+9. images: not run (printed): no vision-language model SGLang serves is available without a download.
 
-Prints one line per check and exits non-zero when check 1, 2 or 4 fails.
+Prints one line per check and exits non-zero when any of checks 1, 2 and 4 to 8 fails (3 is printed only: an
+abort needs a step to end while a group still generates, which the workload makes likely, not certain).
 """
 
 from __future__ import annotations
@@ -135,7 +140,7 @@ def check_partial(out: Path) -> None:
 
 
 async def check_sessions_and_pause(out: Path) -> bool:
-    """Checks 4 and 5 on a fresh server of the run's model (see the module)."""
+    """Checks 4 to 7 on a fresh server of the run's model (see the module); each one can fail."""
     from relax_pipeline.engine.settings import EngineRun, SglangEngineSettings
 
     calls = [json.loads(line) for line in (out / "engine_calls.jsonl").read_text().splitlines()]
@@ -145,25 +150,107 @@ async def check_sessions_and_pause(out: Path) -> bool:
     engine = SglangEngine(settings, EngineRun(model, output_dir=str(out)))
     await engine.start()
     try:
-        greedy, prompt, same = SamplingParams(16, temperature=0.0), list(PROBE), True
-        for turn in range(3):
-            served = await engine.generate(prompt, greedy, f"s{turn}", session_id="check")
-            plain = await engine.generate(prompt, greedy, f"p{turn}")
-            same &= served.output_ids == plain.output_ids
-            prompt = prompt + list(served.output_ids) + PROBE
-        await engine.close_session("check")
-        metrics = engine.step_metrics()
-        ok = metrics["engine/session_cached_tokens"] > 0 and metrics["engine/sessions_open"] == 0
-        print(f"check 4 sessions: {metrics}, greedy equal to plain requests: {same}", flush=True)
-        task = asyncio.create_task(engine.generate(PROBE, SamplingParams(512, temperature=1.0, seed=1), "long"))
-        await asyncio.sleep(0.2)
-        await engine.update_weights(await asyncio.to_thread(_weights, model), 1)
-        result = await task
-        print(f"check 5 pause: finish {result.finish_reason}, {len(result.output_ids)} tokens, versions "
-              f"{sorted(set(result.token_versions))}", flush=True)
-        return ok and result.finish_reason != "abort"
+        ok = await _sessions(engine)
+        ok &= await _fresh_cache_after_paused_update(engine, model)
+        return ok
     finally:
         await engine.close()
+
+
+async def _cached(engine: SglangEngine, ids: list[int], rid: str) -> int:
+    """A plain one-token /generate of `ids` sent straight to the server; its `meta_info.cached_tokens`."""
+    from relax_pipeline.engine.sglang.wire import payload
+
+    body = payload(list(ids), SamplingParams(1, temperature=0.0), 1, rid, salt=engine._salt())
+    answer = await engine._call("POST", engine._targets.urls[0], "/generate", body)
+    return int(answer["meta_info"].get("cached_tokens") or 0)
+
+
+async def _sessions(engine: SglangEngine) -> bool:
+    """4: the launched server has --enable-session-radix-cache; each session turn after the first is served from the
+    whole previous context (less its last token, whose KV was never computed); greedy equality with plain requests
+    is printed (GPU numerics may differ between kept and recomputed KV). 5: after /close_session the context is
+    still cached (dereferenced, not freed)."""
+    flag = engine.server_info[engine._targets.urls[0]].get("enable_session_radix_cache") is True
+    greedy, prompt, kept, contexts, same = SamplingParams(16, temperature=0.0), list(PROBE), [], [], True
+    for turn in range(3):
+        engine.step_metrics()
+        served = await engine.generate(prompt, greedy, f"s{turn}", session_id="check")
+        kept.append(engine.step_metrics()["engine/session_cached_tokens"])
+        plain = await engine.generate(prompt, greedy, f"p{turn}")
+        same &= served.output_ids == plain.output_ids
+        context = prompt + list(served.output_ids)
+        contexts.append(len(context))
+        prompt = context + PROBE
+    held = all(kept[i] >= contexts[i - 1] - 1 for i in range(1, len(kept)))
+    await engine.close_session("check")
+    after_close = await _cached(engine, context, "after-close")
+    dereferenced = after_close >= len(context) - 1
+    print(f"check 4 sessions: --enable-session-radix-cache {flag}; cached per turn {kept} of contexts {contexts}; "
+          f"kept the previous context: {held}; greedy equal to plain requests: {same}", flush=True)
+    print(f"check 5 closed session dereferenced, not freed: {after_close} of {len(context)} context tokens still "
+          f"cached: {dereferenced}", flush=True)
+    return flag and held and dereferenced
+
+
+async def _fresh_cache_after_paused_update(engine: SglangEngine, model: str) -> bool:
+    """6: a generation runs on through a paused update (not aborted, tokens of both versions). 7: a prompt cached
+    before that update is served from no cached prefix after it (new cache_salt), then is cached again."""
+    warm = list(PROBE) * 4
+    await _cached(engine, warm, "warm")
+    before = await _cached(engine, warm, "warm-again")
+    task = asyncio.create_task(engine.generate(PROBE, SamplingParams(512, temperature=1.0, seed=1), "long"))
+    await asyncio.sleep(0.2)
+    await engine.update_weights(await asyncio.to_thread(_weights, model), 1)
+    result = await task
+    went_on = result.finish_reason != "abort" and set(result.token_versions) == {0, 1}
+    print(f"check 6 pause: finish {result.finish_reason}, {len(result.output_ids)} tokens, versions "
+          f"{sorted(set(result.token_versions))}: {went_on}", flush=True)
+    after, again = await _cached(engine, warm, "after"), await _cached(engine, warm, "after-again")
+    fresh = before >= len(warm) - 1 and after == 0 and again >= len(warm) - 1
+    print(f"check 7 cache after a paused update: cached before {before}, first after {after}, then {again} of "
+          f"{len(warm)}: {fresh}", flush=True)
+    return went_on and fresh
+
+
+async def check_transfers(out: Path) -> bool:
+    """8: weight_transfer=tensor and =distributed (gloo: this process shares the GPU with the server) each load new
+    weights: the probe's greedy logprob changes."""
+    from relax_pipeline.engine.settings import EngineRun, SglangEngineSettings
+
+    model = next(json.loads(line)["model"] for line in (out / "engine_calls.jsonl").read_text().splitlines()
+                 if json.loads(line)["kind"] == "start")
+    moved = await asyncio.to_thread(_moved, model)
+    ok = True
+    for transfer, backend in (("tensor", None), ("distributed", "gloo")):
+        settings = SglangEngineSettings(launch=True, servers=1, weight_transfer=transfer, weight_backend=backend,
+                                        server_args={"mem_fraction_static": 0.4},
+                                        log_dir=str(out / f"sglang-{transfer}"))
+        engine = SglangEngine(settings, EngineRun(model, output_dir=str(out)))
+        await engine.start()
+        try:
+            probe = SamplingParams(1, temperature=0.0)
+            before = (await engine.generate(PROBE, probe, "before")).logprobs[0]
+            await engine.update_weights(moved, 1)
+            after = await engine.generate(PROBE, probe, "after")
+            changed = abs(after.logprobs[0] - before) > 1e-6 and after.weight_version == 1
+        finally:
+            await engine.close()
+        print(f"check 8 weight_transfer={transfer}: probe logprob {before} -> {after.logprobs[0]}, version "
+              f"{after.weight_version}: {changed}", flush=True)
+        ok &= changed
+    print("check 9 images: NOT RUN (no vision-language model SGLang serves is available without a download)",
+          flush=True)
+    return ok
+
+
+def _moved(model: str) -> dict[str, Any]:
+    import torch
+
+    weights = _weights(model)
+    generator = torch.Generator().manual_seed(0)
+    return {k: v + 0.01 * torch.randn(v.shape, generator=generator, dtype=v.dtype) if v.is_floating_point() else v
+            for k, v in weights.items()}
 
 
 def _weights(model: str) -> dict[str, Any]:
@@ -182,6 +269,7 @@ def main() -> int:
     ok = check_tokens(out) & check_update(out)
     check_partial(out)
     ok &= asyncio.run(check_sessions_and_pause(out))
+    ok &= asyncio.run(check_transfers(out))
     print("GPU CHECK", "PASSED" if ok else "FAILED", flush=True)
     return 0 if ok else 1
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU check of engine=sglang (issue 15): a real SGLang server launched by the engine on an NVIDIA GPU, a two-step
 # job=train runtime=partial run, token-exact comparison of the engine's outputs with the dump, and a weight
-# update that changes the logprob of a fixed prompt. Needs the sglang extra: pip install -e '.[sglang,router]'.
+# update that changes the logprob of a fixed prompt. Needs the sglang extra: pip install -e '.[sglang]'.
 #
 #   scripts/gpu_check_sglang.sh [OUT_DIR] [MODEL_FOLDER]
 #
@@ -15,8 +15,8 @@ OUT=${1:-$(mktemp -d -t gpu-check-sglang-XXXX)}
 MODEL=${2:-}
 command -v nvidia-smi >/dev/null || { echo "GPU CHECK NOT RUN: no nvidia-smi (this check needs an NVIDIA GPU)"; exit 2; }
 nvidia-smi -L
-$PY -c "import sglang, sglang_router; print('sglang', sglang.__version__)" \
-  || { echo "GPU CHECK NOT RUN: pip install -e '.[sglang,router]'"; exit 2; }
+$PY -c "import sglang; print('sglang', sglang.__version__)" \
+  || { echo "GPU CHECK NOT RUN: pip install -e '.[sglang]'"; exit 2; }
 if [[ -n "$MODEL" ]]; then
   MODEL_ARGS=("model.path=$MODEL" "model.name=$(basename "$MODEL")")
 else

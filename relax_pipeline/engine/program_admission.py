@@ -14,7 +14,12 @@ size. An admitted session's later turns never wait: its lease only grows to what
 
 Leases end when the session ends (`end`, from `Engine.close_session`: the session's final context teaches
 the growth model) or when the session sat idle (no turn in flight) for `lease_s` seconds: a dead or stuck
-agent cannot hold room forever; such a session waits in the FIFO again at its next turn. Capacity unknown
+agent cannot hold room forever; such a session waits in the FIFO again at its next turn. The KV model is
+SGLang's dereference-then-evict, not free: an open session's KV is referenced (with `--enable-session-radix-cache`;
+eviction takes unreferenced KV first), an ended session's KV is only dereferenced and stays cached until eviction
+needs its room; so an ended lease counts as free room (SGLang evicts that KV for whoever needs it) and the load
+read from `/metrics` (`sglang:num_used_tokens`) excludes it too. Without the flag an open session's KV is ordinary
+cache: its lease is then a prediction the ledger keeps room for, not KV SGLang protects. Capacity unknown
 (0: SGLang reported no `max_total_num_tokens`, the embedded engine runs without a prefix cache) admits
 everything (fail-open), logged once and reported as `agentic_kv/fail_open`.
 

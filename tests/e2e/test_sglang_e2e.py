@@ -3,7 +3,9 @@ the launch command pointed at `relax_pipeline.testing.sglang_server`) behind the
 
 The first run is the full loop (rollout → train → `/update_weights_from_disk` → the next rollout on the new
 weights) with KV-aware admission on; the second is `runtime=partial`, whose parked generation is aborted on
-its server (`/abort_request`) and resumed with its partial tokens in the next step, on new weights.
+its server (`/abort_request`) and resumed with its partial tokens in the next step, on new weights; the third is
+`runtime=fully_async engine.weight_update=pause`: generations run on through every update (paused in place, never
+aborted), each token stamped with the version that sampled it.
 Skipped without the router: `pip install -e '.[router]'` (smg).
 """
 
@@ -88,3 +90,17 @@ def test_partial_rollout_aborts_on_the_server_and_resumes_on_new_weights(tmp_pat
         assert row["group_id"].startswith("g0-1-") and row["response_length"] == 200, "no token lost or duplicated"
         assert row["loss_mask"] == [1] * 200 and len(row["rollout_logprobs"]) == 200
         assert row["weight_versions"] == sorted(row["weight_versions"]) and set(row["weight_versions"]) == {0, 1}
+
+
+def test_fully_async_with_paused_updates_trains_without_aborting(tmp_path: Path, tiny_path: Path) -> None:
+    cfg = compose_config(tmp_path, tiny_path, "job=train", "runtime=fully_async", "rollout.num_steps=3",
+                         *sglang_overrides("decode_delay_s=0.005"), "engine.weight_update=pause")
+    metrics = run(cfg)
+    assert metrics["train/weight_version"] == 3
+    rows = [r for p in sorted((tmp_path / "dump").glob("r_*.jsonl")) for r in read_dump(p)]
+    assert len(rows) == 12
+    for row in rows:
+        check_row(row)
+        assert row["abort_count"] == 0, "a paused update aborts nothing"
+        assert row["weight_versions"] == sorted(row["weight_versions"]) and set(row["weight_versions"]) <= {0, 1, 2}
+    assert {v for r in rows for v in r["weight_versions"]} >= {0, 1}, "later steps ran on updated weights"

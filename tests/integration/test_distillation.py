@@ -2,7 +2,8 @@
 
 The term is zero, and its gradient too, when the teacher is the policy (the step equals one without it); with a
 different teacher, steps whose only loss is the distillation term bring the policy's logprobs of the sampled tokens
-toward the teacher's; settings that cannot work fail before any model is loaded, naming the key.
+toward the teacher's; under `trainer=deepspeed` (ZeRO 2 and 3) a distillation step's loss, distillation term and
+update equal the torch backend's; settings that cannot work fail before any model is loaded, naming the key.
 """
 
 from __future__ import annotations
@@ -15,10 +16,10 @@ import torch
 
 from relax_pipeline.train.losses import LossSettings
 from relax_pipeline.train.optim import OptimSettings
-from relax_pipeline.train.settings import TrainerRun, TrainerSettings
+from relax_pipeline.train.settings import DeepSpeedSettings, TrainerRun, TrainerSettings
 from relax_pipeline.train.step import collate, response_logprobs
 from relax_pipeline.train.torch_backend import TorchTrainer
-from tests.integration.test_trainer import assert_weights, make_samples, micro, weights
+from tests.integration.test_trainer import DEEPSPEED_WARNINGS, assert_weights, make_samples, micro, weights
 
 NO_CLIP = OptimSettings(lr=5e-3, grad_clip=0.0)
 
@@ -81,3 +82,27 @@ def test_bad_settings_fail_naming_the_key(make: object, fragment: str) -> None:
 def test_a_teacher_that_is_not_a_model_folder_fails_naming_the_key(tiny_path: Path, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"trainer\.teacher='.*' is not a Hugging Face folder"):
         trainer(tiny_path, teacher=tmp_path, coef=0.5)
+
+
+@DEEPSPEED_WARNINGS
+@pytest.mark.parametrize("stage", [2, 3])
+def test_a_distillation_step_under_deepspeed_equals_the_torch_path(tiny_path: Path, teacher: Path,
+                                                                   stage: int) -> None:
+    pytest.importorskip("deepspeed", reason="pip install -e '.[deepspeed]'")
+    from relax_pipeline.train.deepspeed_backend import DeepSpeedTrainer
+
+    samples = make_samples(4, seed=5, logprob=-3.0)
+    torch_path = trainer(tiny_path, teacher=teacher, coef=0.5)
+    expected = torch_path.train(samples)
+    settings = DeepSpeedSettings(zero_stage=stage, loss=LossSettings(distill_coef=0.5), batching=micro(4),
+                                 optim=NO_CLIP, teacher=str(teacher))
+    ds = DeepSpeedTrainer(settings, TrainerRun(str(tiny_path)))
+    try:
+        got = ds.train(samples)
+        after = ds.engine_weights()
+    finally:
+        ds.close()
+    assert got["train/distill_loss"] > 0, "the teacher differs from the policy: the term is not zero"
+    assert got["train/distill_loss"] == pytest.approx(expected["train/distill_loss"], rel=1e-5, abs=1e-7)
+    assert got["train/loss"] == pytest.approx(expected["train/loss"], rel=1e-5, abs=1e-7)
+    assert_weights(weights(torch_path), after, atol=NO_CLIP.lr / 10)

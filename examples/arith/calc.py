@@ -32,7 +32,11 @@ ONE_AT_A_TIME = ("calculator: error: one operation a call: calc the first two nu
                  "value and the next number")
 """The reply, with `one_at_a_time`, to a call that holds several operations (`calc 47 * 86 + 12`): how the tool
 is used, in general words; no numbers, no step of this problem."""
+FIRST_OPERATION = "calculator: error: one operation a call; this call's first one is calc {first}"
+"""The reply, with `name_first`, to a call of several operations: the first operation of the model's own call
+(`calc 47 * 86 + 12` → `calc 47 * 86`), read off what it wrote, not off the problem."""
 _SEVERAL = re.compile(r"[\s()]*-?\d+(?:[\s()]*[+\-*x×][\s()]*-?\d+){2,}[\s()=.]*")
+_FIRST = re.compile(r"[\s()]*(-?\d+)[\s()]*([+\-*x×])[\s()]*(-?\d+)")
 INSTRUCTIONS = {"one": INSTRUCTION, "chain": CHAIN_INSTRUCTION}
 """`ARITH_INSTRUCTION`'s choices."""
 CONTROL = "Answer with just the number."
@@ -110,13 +114,44 @@ def tool_call(reply: str) -> str | None:
     return match.group(1) if match else None
 
 
-def respond(expression: str, one_at_a_time: bool = False) -> tuple[str, bool]:
-    """The calculator's answer to a call, and whether the call was well-formed. With `one_at_a_time` a call of
-    several operations gets `ONE_AT_A_TIME` instead of `MALFORMED`."""
-    value = calculate(expression)
-    if value is not None:
-        return f"calculator: {value}", True
-    return (ONE_AT_A_TIME if one_at_a_time and _SEVERAL.fullmatch(expression) else MALFORMED), False
+@dataclass(frozen=True)
+class Replies:
+    """How the calculator words its replies: the chain setting's options (all off: `agent=arith_calc`'s)."""
+
+    one_at_a_time: bool = False
+    """A call of several operations gets `ONE_AT_A_TIME` instead of `MALFORMED`."""
+    name_first: bool = False
+    """... or `FIRST_OPERATION`, naming the first operation of that call."""
+    echo: bool = False
+    """A value comes back with its call: `calculator: 47 * 86 = 4042`."""
+
+
+def respond(expression: str, replies: Replies = Replies()) -> tuple[str, bool]:
+    """The calculator's answer to a call, and whether the call was well-formed."""
+    parsed, value = parse(expression), calculate(expression)
+    if parsed is not None and value is not None:
+        a, op, b = parsed
+        return (f"calculator: {a} {op} {b} = {value}" if replies.echo else f"calculator: {value}"), True
+    if not _SEVERAL.fullmatch(expression) or not (replies.one_at_a_time or replies.name_first):
+        return MALFORMED, False
+    if replies.name_first:
+        first = _FIRST.match(expression)
+        assert first is not None
+        op = "*" if first.group(2) in "x×" else first.group(2)
+        return FIRST_OPERATION.format(first=f"{first.group(1)} {op} {first.group(3)}"), False
+    return ONE_AT_A_TIME, False
+
+
+def made_calls(numbers: list[int], ops: list[str], given: int, replies: Replies = Replies()) -> list[dict]:
+    """The first `given` calls of the chain `numbers`/`ops` as the environment makes them with its own
+    calculator: a `calc` line and its reply each (what `metadata.given` asks the agent to show as prompt)."""
+    messages, value = [], numbers[0]
+    for op, number in zip(ops[:given], numbers[1:given + 1], strict=True):
+        call = f" {value} {op} {number}"
+        text, _ = respond(call, replies)
+        messages += [{"role": "assistant", "content": f"calc{call}"}, {"role": "user", "content": text}]
+        value = calculate(call)  # type: ignore[assignment]
+    return messages
 
 
 def final_answer(reply: str) -> int | None:
@@ -126,10 +161,10 @@ def final_answer(reply: str) -> int | None:
 
 
 def episode(ask: Callable[[list[dict]], str], messages: list[dict], answer: int, max_turns: int,
-            tools: bool = True, one_at_a_time: bool = False) -> Outcome:
+            tools: bool = True, replies: Replies = Replies()) -> Outcome:
     """Run one session: ask, answer each calculator call, stop at the first final reply or after `max_turns`
     replies. `messages` grows with the conversation. Without `tools` the first reply is final (the control);
-    `one_at_a_time` as in `respond`."""
+    `replies` words the calculator's replies (`Replies`)."""
     outcome = Outcome()
     for _ in range(max_turns if tools else 1):
         reply = ask(messages)
@@ -139,7 +174,7 @@ def episode(ask: Callable[[list[dict]], str], messages: list[dict], answer: int,
         if expression is None:
             outcome.reward = float(final_answer(reply) == answer)
             return outcome
-        text, well_formed = respond(expression, one_at_a_time)
+        text, well_formed = respond(expression, replies)
         outcome.calls += well_formed
         outcome.malformed += not well_formed
         if well_formed:

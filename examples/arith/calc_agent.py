@@ -11,8 +11,11 @@ single-shot control: the question alone, "Answer with just the number.", one cal
 the run's rollout and eval metrics average; a chained problem (`metadata.steps`, `dataset.steps`) adds its
 success and calls under its number of calls needed and whether its calls chained (`calc.Outcome.metadata`).
 `ARITH_INSTRUCTION` picks the instruction (`one`, default, or `chain`: one operation a call, and a call of
-several operations gets `calc.ONE_AT_A_TIME` back instead of the general error).
-`ARITH_MAX_TURNS` (default 4) caps the replies. The conversation
+several operations gets `calc.ONE_AT_A_TIME` back instead of the general error). `ARITH_NAME_FIRST=1` names
+that call's first operation instead (`calc.FIRST_OPERATION`); `ARITH_ECHO=1` returns each value with its call.
+A train problem with `metadata.given` (`dataset.train_given`) starts with that many of its calls made by the
+environment's own calculator (`calc.made_calls`), shown as prompt. `ARITH_MAX_TURNS` (default 4) caps the
+model's replies. The conversation
 is exported implicitly; a worked example is part of every prompt, so it trains no tokens.
 """
 
@@ -20,7 +23,7 @@ import json
 import os
 
 from agent import chat
-from calc import CONTROL, INSTRUCTION, INSTRUCTIONS, episode
+from calc import CONTROL, INSTRUCTION, INSTRUCTIONS, Replies, episode, made_calls
 
 MAX_TURNS = int(os.environ.get("ARITH_MAX_TURNS", "4"))
 
@@ -59,7 +62,11 @@ def main() -> None:
     chain = os.environ.get("ARITH_INSTRUCTION", "one") == "chain"
     instruction = INSTRUCTIONS["chain" if chain else "one"]
     messages = opening(question, tools, os.environ.get("ARITH_EXAMPLE", "none"), instruction)
-    outcome = episode(chat, messages, metadata["answer"], MAX_TURNS, tools, one_at_a_time=chain)
+    replies = Replies(one_at_a_time=chain, name_first=os.environ.get("ARITH_NAME_FIRST") == "1",
+                      echo=os.environ.get("ARITH_ECHO") == "1")
+    if tools and metadata.get("given"):
+        messages += made_calls(metadata["numbers"], metadata["ops"], metadata["given"], replies)
+    outcome = episode(chat, messages, metadata["answer"], MAX_TURNS, tools, replies)
     with open(os.environ["RELAX_OUTPUT_JSON"], "w", encoding="utf-8") as f:
         json.dump({"reward": outcome.reward, "metadata": outcome.metadata(tools, metadata.get("steps"))},
                   f)

@@ -16,7 +16,9 @@ is read as a JSONL file like `dataset=digits` does (`eval.datasets=[{name: heldo
 With `steps` (a list of call counts, `[1, 2, 3]`) the problems are chained instead (data/chains.py:
 `47 * 86 + 12`, `(47 + 86) * 12`, drawn with the same three disjoint splits, a problem `i` of a split needing
 `steps[i % len(steps)]` calculator calls; `train_steps` gives the train split its own mix, the curriculum),
-the prompt fills `{expression}` and the metadata holds `answer`, `steps`, `expression` and `split`. An eval
+the prompt fills `{expression}` and the metadata holds `answer`, `steps`, `expression`, `split`, `numbers`,
+`ops` and `given`: with `train_given`, a train problem needing k calls has its first 0..k-1 calls made by the
+environment (drawn with the seed; the agent shows them as prompt), a reverse curriculum; elsewhere 0. An eval
 path `arith:heldout:2` selects the held-out problems needing two calls (one eval set per depth).
 What it does not do: score answers (`credit.examples.exact_answer`), division, or operands beyond what an
 int holds exactly.
@@ -93,8 +95,11 @@ def chain_prompts(settings: ArithSettings, split: str, steps: int | None) -> lis
     chains = ChainSet(settings.operations, settings.low, settings.high, settings.steps, train_steps, sizes,
                       settings.seed).split(split)
     picked = [c for c in chains if steps is None or c.steps == steps]
+    given = random.Random(f"arith-given-{settings.seed}")
     return [Prompt(i, settings.prompt.format(expression=c.text()),
-                   {"answer": c.answer, "steps": c.steps, "expression": c.text(), "split": split})
+                   {"answer": c.answer, "steps": c.steps, "expression": c.text(), "split": split,
+                    "numbers": list(c.numbers), "ops": list(c.ops),
+                    "given": given.randrange(c.steps) if settings.train_given and split == "train" else 0})
             for i, c in enumerate(picked)]
 
 

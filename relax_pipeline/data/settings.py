@@ -62,6 +62,10 @@ class ArithSettings:
     (`[1, 2, 3]`: equal thirds); None: one `a op b` problem each, the whole space enumerated."""
     train_steps: list[int] | None = None
     """The train split's own mix of calls needed (the curriculum, `[1, 2, 2, 3]`); None: `steps`."""
+    train_given: bool = False
+    """Chained train problems come with their first 0..k-1 of k calls already made by the environment's own
+    calculator (`metadata.given`, drawn with `seed`; the agent shows them as prompt, so they train no token); eval
+    splits never do."""
     prompt: str = "What is {a} {op} {b}? Answer with just the number."
     """Prompt text; `{a}`, `{op}` and `{b}` (single problems) or `{expression}` (both) are filled in. The answer
     goes to the row's `metadata.answer`."""

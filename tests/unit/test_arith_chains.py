@@ -80,3 +80,13 @@ def test_chain_set_draws_the_split_asked_for() -> None:
     assert [c.steps for c in chains.split("train")] == [1, 1, 1, 1] and len(chains.split("validation")) == 2
     with pytest.raises(ValueError, match="dataset.split='test'"):
         chains.split("test")
+
+
+def test_train_given_makes_some_calls_for_train_problems_only() -> None:
+    train = dataset("train", train_given=True).prompts
+    assert all(0 <= p.metadata["given"] < p.metadata["steps"] for p in train)
+    assert {p.metadata["given"] for p in train if p.metadata["steps"] == 3} == {0, 1, 2}
+    assert all(p.metadata["given"] == 0 for p in dataset("heldout", train_given=True).prompts)
+    assert all(p.metadata["given"] == 0 for p in dataset("train").prompts)
+    row = train[0]
+    assert len(row.metadata["numbers"]) == len(row.metadata["ops"]) + 1 == row.metadata["steps"] + 1

@@ -181,7 +181,7 @@ def test_the_chain_instruction_is_what_the_chain_agent_opens_with(monkeypatch: p
 def test_a_call_of_several_operations_gets_the_one_at_a_time_error_in_the_chain_setting(call: str) -> None:
     _, ask = scripted(call, "calc 47 + 86", "calc 133 * 12", "1596")
     messages: list[dict] = []
-    outcome = calc.episode(ask, messages, 1596, max_turns=5, one_at_a_time=True)
+    outcome = calc.episode(ask, messages, 1596, max_turns=5, replies=calc.Replies(one_at_a_time=True))
     assert messages[1] == {"role": "user", "content": calc.ONE_AT_A_TIME}
     assert not any(ch.isdigit() for ch in calc.ONE_AT_A_TIME)
     assert (outcome.reward, outcome.malformed, outcome.calls, outcome.linked()) == (1.0, 1, 2, True)
@@ -189,5 +189,32 @@ def test_a_call_of_several_operations_gets_the_one_at_a_time_error_in_the_chain_
 
 
 def test_a_call_that_is_not_arithmetic_gets_the_general_error_in_the_chain_setting() -> None:
-    assert calc.respond(" twelve times 34", one_at_a_time=True) == (calc.MALFORMED, False)
-    assert calc.respond(" 12 / 4 + 3", one_at_a_time=True) == (calc.MALFORMED, False)
+    for replies in (calc.Replies(one_at_a_time=True), calc.Replies(name_first=True)):
+        assert calc.respond(" twelve times 34", replies) == (calc.MALFORMED, False)
+        assert calc.respond(" 12 / 4 + 3", replies) == (calc.MALFORMED, False)
+
+
+@pytest.mark.parametrize("call, first", [(" 47 * 86 + 12", "47 * 86"), (" (47 + 86) x 12 =", "47 + 86"),
+                                         (" -3 - 4 * 5", "-3 - 4")])
+def test_name_first_names_the_first_operation_of_the_models_own_call(call: str, first: str) -> None:
+    assert calc.respond(call, calc.Replies(name_first=True)) == (calc.FIRST_OPERATION.format(first=first), False)
+
+
+def test_echo_returns_the_value_with_its_call() -> None:
+    _, ask = scripted("calc 47 x 86", "calc 4042 + 12", "4054")
+    messages: list[dict] = []
+    outcome = calc.episode(ask, messages, 4054, max_turns=5, replies=calc.Replies(echo=True))
+    assert [messages[1]["content"], messages[3]["content"]] == ["calculator: 47 * 86 = 4042",
+                                                                "calculator: 4042 + 12 = 4054"]
+    assert (outcome.reward, outcome.values, outcome.linked()) == (1.0, [4042, 4054], True)
+
+
+def test_made_calls_are_the_environments_own_first_calls_of_a_chain() -> None:
+    made = calc.made_calls([47, 86, 12, 5], ["+", "*", "-"], 2)
+    assert made == [{"role": "assistant", "content": "calc 47 + 86"}, {"role": "user", "content": "calculator: 133"},
+                    {"role": "assistant", "content": "calc 133 * 12"},
+                    {"role": "user", "content": "calculator: 1596"}]
+    assert calc.made_calls([47, 86], ["+"], 0) == []
+    _, ask = scripted("calc 1596 - 5", "1591")  # the model makes the call that is left, then answers
+    outcome = calc.episode(ask, [{"role": "user", "content": "What is (47 + 86) * 12 - 5?"}, *made], 1591, 5)
+    assert (outcome.reward, outcome.calls, outcome.turns) == (1.0, 1, 2)

@@ -7,9 +7,10 @@ metrics as a `Progress` (`logger.info(..., extra=step_progress(...))`). `run.log
 
     step 18/20 · reward 0.867 · eval heldout 0.74 · loss 1.8e-08 · 2.6 s/step · eta 0:05
 
-`step k/N`: k steps done of N (run.log's `step k-1 metrics`); then each `tracking.console_metrics` entry (label →
-metric name, a `*` standing for one path segment, its match added to the label) the step has, the step's time and
-the time left at the mean of the last `ETA_STEPS` steps. An eval's record becomes `eval after k steps · heldout
+`step k/N`: k steps done of N (run.log's `step k-1 metrics`); then each `tracking.console_metrics` entry the step
+has (`label:metric`, or a bare metric name labelled by its path less the first segment; a `*` stands for one path
+segment, its match added to the label), the step's time and the time left at the mean of the last `ETA_STEPS`
+steps. An eval's record becomes `eval after k steps · heldout
 0.74`, and the per-step detail lines (`DETAIL`: the accounting and eval-end lines) stay in run.log only.
 `tracking.console=full` writes every line run.log gets, each headline after its step's line.
 
@@ -24,7 +25,7 @@ import logging
 import math
 import re
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from tqdm import tqdm
@@ -37,7 +38,7 @@ MODES = (HEADLINE, FULL)
 DETAIL = ("AGENTIC ROLLOUT ", "AGENTIC EVAL ")
 """INFO lines kept off the console under `headline` (the headline holds what a person watches; run.log holds
 them)."""
-CONSOLE_METRICS = {"reward": "rollout/raw_reward", "eval": "eval/*/raw_reward", "loss": "train/loss"}
+CONSOLE_METRICS = ("reward:rollout/raw_reward", "eval:eval/*/raw_reward", "loss:train/loss")
 """`tracking.console_metrics`' default: the mean reward, each eval dataset's, the training loss."""
 ETA_STEPS = 5
 """Steps whose mean time estimates the time left."""
@@ -67,10 +68,10 @@ def eval_progress(done: int, metrics: Mapping[str, float]) -> dict[str, Progress
 
 
 class Headline:
-    """Renders `Progress` as one line: the chosen metrics (label → name pattern, in order), time per step, ETA."""
+    """Renders `Progress` as one line: the chosen metrics (`label:name`, in order), time per step, ETA."""
 
-    def __init__(self, metrics: Mapping[str, str]) -> None:
-        self.patterns = [(label, _pattern(name)) for label, name in metrics.items()]
+    def __init__(self, metrics: Sequence[str]) -> None:
+        self.patterns = [(label, _pattern(name)) for label, name in map(labelled, metrics)]
         self._times: deque[float] = deque(maxlen=ETA_STEPS)
 
     def render(self, progress: Progress) -> str:
@@ -124,13 +125,13 @@ class ConsoleFormatter(logging.Formatter):
 class ConsoleHandler(logging.StreamHandler):  # type: ignore[type-arg] - the stream is stderr's TextIO
     """The run's console: each line written through `tqdm.write` (clear the bars, write, draw them again)."""
 
-    def __init__(self, base: logging.Formatter, metrics: Mapping[str, str], mode: str = HEADLINE) -> None:
+    def __init__(self, base: logging.Formatter, metrics: Sequence[str], mode: str = HEADLINE) -> None:
         super().__init__()
         self.base = base
         self.configure(metrics, mode)
         self.addFilter(self._shown)
 
-    def configure(self, metrics: Mapping[str, str], mode: str) -> None:
+    def configure(self, metrics: Sequence[str], mode: str) -> None:
         """Show `metrics` in each step's headline; `mode` is `tracking.console` (headline or full)."""
         check_console(mode, metrics)
         self.mode = mode
@@ -152,15 +153,30 @@ class ConsoleHandler(logging.StreamHandler):  # type: ignore[type-arg] - the str
             self.handleError(record)
 
 
-def check_console(mode: str, metrics: Mapping[str, str]) -> None:
+def check_console(mode: str, metrics: Sequence[str]) -> None:
     """`tracking.console` and `tracking.console_metrics` as the console takes them; a ValueError naming the key."""
     if mode not in MODES:
         raise ValueError(f"tracking.console={mode!r} is not one of {', '.join(MODES)}: headline shows one line per "
                          "step, full also every line run.log gets")
-    for label, name in metrics.items():
-        if not str(label).strip() or not str(name).strip() or "**" in str(name):
-            raise ValueError(f"tracking.console_metrics.{label}={name!r}: give a short label and a metric name "
-                             "(`reward: rollout/raw_reward`; a `*` stands for one path segment: eval/*/raw_reward)")
+    if isinstance(metrics, str):
+        raise ValueError(f"tracking.console_metrics={metrics!r} is not a list: write "
+                         "tracking.console_metrics=[reward:rollout/raw_reward,loss:train/loss]")
+    for entry in metrics:
+        label, name = labelled(str(entry))
+        if not label.strip() or not name.strip() or "**" in name or " " in name:
+            raise ValueError(f"tracking.console_metrics entry {entry!r} is not `label:metric` or a metric name: "
+                             "write e.g. reward:rollout/raw_reward (a `*` stands for one path segment: "
+                             "eval:eval/*/raw_reward)")
+
+
+def labelled(entry: str) -> tuple[str, str]:
+    """(label, metric name) of a `tracking.console_metrics` entry: `label:name`, or a bare name labelled by its path
+    less the first segment (`train/ppo_kl` → `ppo_kl`)."""
+    label, colon, name = entry.partition(":")
+    if colon:
+        return label, name
+    rest = entry.split("/", 1)[1] if "/" in entry else entry
+    return "/".join(piece for piece in rest.split("/") if piece != "*") or entry, entry
 
 
 def _pattern(name: str) -> re.Pattern[str]:

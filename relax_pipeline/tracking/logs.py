@@ -33,7 +33,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from relax_pipeline.tracking.console import CONSOLE_METRICS, HEADLINE, ConsoleHandler
@@ -222,7 +222,7 @@ def run_logging(output_dir: Path) -> Iterator[Path]:
             _hf_bars(True)
 
 
-def show_on_console(mode: str, metrics: Mapping[str, str]) -> None:
+def show_on_console(mode: str, metrics: Sequence[str]) -> None:
     """Apply `tracking.console` (headline or full) and `tracking.console_metrics` to the console `run_logging`
     installed (nothing without one); a ValueError naming the key for a bad value."""
     for handler in logging.getLogger().handlers:

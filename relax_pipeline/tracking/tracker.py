@@ -39,9 +39,10 @@ class TrackingSettings:
     """What the console shows per step: `headline`, one line of `console_metrics` with the time per step and the ETA
     (the full `step N metrics` line and the per-step AGENTIC lines stay in run.log); `full`, every line run.log gets,
     each step's headline after its line."""
-    console_metrics: dict[str, str] = field(default_factory=lambda: dict(CONSOLE_METRICS))
-    """The headline's metrics, in order: short label → metric name, a `*` for one path segment whose match joins the
-    label (`eval: eval/*/raw_reward` shows `eval heldout 0.74`); a metric the step lacks is left out."""
+    console_metrics: list[str] = field(default_factory=lambda: list(CONSOLE_METRICS))
+    """The headline's metrics, in order, each `label:metric` or a bare metric name (labelled by its path less the first
+    segment); a `*` stands for one path segment and its match joins the label (`eval:eval/*/raw_reward` shows `eval
+    heldout 0.74`); a metric the step lacks is left out."""
 
     def __post_init__(self) -> None:
         check_console(self.console, self.console_metrics)

@@ -36,7 +36,7 @@ def test_a_step_renders_as_one_headline_with_the_chosen_metrics_time_and_eta() -
 
 
 def test_the_eta_is_the_mean_of_the_last_steps_times_the_steps_left() -> None:
-    headline = c.Headline({})
+    headline = c.Headline([])
     for done, seconds in enumerate([100.0] + [10.0] * c.ETA_STEPS, start=1):
         line = headline.render(c.Progress(done, 1000, {"perf/step_time": seconds}))
     assert c.ETA_STEPS == 5 and line.endswith("· 10 s/step · eta 2:45:40"), line  # 994 steps × 10 s: the first,
@@ -44,15 +44,17 @@ def test_the_eta_is_the_mean_of_the_last_steps_times_the_steps_left() -> None:
 
 
 def test_chosen_metrics_in_their_order_a_missing_one_left_out() -> None:
-    line = c.Headline({"kl": "train/kl", "pass": "passrate", "R": "rollout/raw_reward"}).render(c.Progress(1, 2, STEP))
+    line = c.Headline(["train/kl", "pass:passrate", "R:rollout/raw_reward"]).render(c.Progress(1, 2, STEP))
     assert line == "step 1/2 · kl 0.0012 · R 0.867 · 2.6 s/step · eta 0:03"
+    assert [c.labelled(e) for e in ("train/kl", "passrate", "eval/*/raw_reward", "a:b/c")] == [
+        ("kl", "train/kl"), ("passrate", "passrate"), ("raw_reward", "eval/*/raw_reward"), ("a", "b/c")]
 
 
 def test_an_eval_renders_its_datasets_figures() -> None:
     headline = c.Headline(c.CONSOLE_METRICS)
     evals = {k: v for k, v in STEP.items() if k.startswith("eval/")}
     assert headline.render(c.Progress(4, None, evals)) == "eval after 4 steps · heldout 0.74 · val 0.5"
-    assert c.Headline({"r": "rollout/raw_reward"}).render(c.Progress(4, None, evals)) == (
+    assert c.Headline(["r:rollout/raw_reward"]).render(c.Progress(4, None, evals)) == (
         "eval after 4 steps · metrics in run.log")
 
 
@@ -110,7 +112,7 @@ def test_a_line_logged_while_a_bar_is_drawn_stands_on_its_own_line() -> None:
 def test_run_logging_installs_the_console_and_show_on_console_configures_it(tmp_path, capsys) -> None:  # noqa: ANN001
     log = logging.getLogger("relax_pipeline.test_console")
     with run_logging(tmp_path):
-        show_on_console(c.HEADLINE, {"R": "rollout/raw_reward"})
+        show_on_console(c.HEADLINE, ["R:rollout/raw_reward"])
         log.info("step %d metrics %s", 0, "rollout/raw_reward=0.8671", extra=c.step_progress(1, 2, STEP))
         log.info("AGENTIC ROLLOUT event=accounting_end rollout=0")
     assert capsys.readouterr().err.splitlines() == ["step 1/2 · R 0.867 · 2.6 s/step · eta 0:03"]
@@ -122,7 +124,8 @@ def test_run_logging_installs_the_console_and_show_on_console_configures_it(tmp_
 
 @pytest.mark.parametrize("settings, message", [
     ({"console": "loud"}, "tracking.console='loud' is not one of headline, full"),
-    ({"console_metrics": {"reward": ""}}, "tracking.console_metrics.reward='': give a short label and a metric name"),
+    ({"console_metrics": ["reward:"]}, "tracking.console_metrics entry 'reward:' is not `label:metric` or a metric"),
+    ({"console_metrics": "train/loss"}, "tracking.console_metrics='train/loss' is not a list"),
 ])
 def test_bad_console_settings_are_refused_naming_the_key(settings: dict, message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):

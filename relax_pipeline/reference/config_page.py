@@ -136,10 +136,18 @@ class ConfigPage:
     def _node(self, field: str) -> str:
         out = [f"## `{field}`\n"]
         if field in config.SCHEMAS:
+            shown: dict[tuple[str, type], str] = {}
             for kind, record in config.SCHEMAS[field].items():
                 names = [o for o in options(field) if kind_of(field, o) == kind]
                 out.append(f"### `{field}` as {', '.join(code(f'{field}={o}') for o in names) or 'its ' + kind}\n")
-                out += [self._section(s, (field, kind), level=4) for s in sections(record, field)]
+                for section in sections(record, field):
+                    earlier = shown.get((section.prefix, section.record))
+                    if earlier and section.prefix != field:
+                        out.append(f"`{section.prefix}.*`: as for `{field}={earlier}` above "
+                                   f"(record `{section.record.__name__}`).\n")
+                        continue
+                    shown.setdefault((section.prefix, section.record), names[0] if names else kind)
+                    out.append(self._section(section, (field, kind), level=4))
             return "\n".join(out)
         record = _record_of(field)
         out += [self._section(s, None, level=3) for s in sections(record, field)]
@@ -147,10 +155,11 @@ class ConfigPage:
 
     def _section(self, section: Section, kind: tuple[str, str] | None, level: int) -> str:
         record = section.record
-        title = f"{'#' * level} `{section.prefix}`: `{record.__name__}`\n\n"
+        top = section.prefix.count(".") == 0 and "[" not in section.prefix
+        title = "" if top else f"{'#' * level} `{section.prefix}`\n\n"
         doc = prose(record.__doc__) if record.__doc__ and not record.__doc__.startswith(record.__name__ + "(") else ""
-        where = f"Declared in `{source_of(record)}`."
-        return title + (f"{doc} {where}" if doc else where) + "\n\n" + self._table(section, kind)
+        where = f"Record `{record.__name__}`, declared in `{source_of(record)}`."
+        return title + (f"{where} {doc}" if doc else where) + "\n\n" + self._table(section, kind)
 
     def _table(self, section: Section, kind: tuple[str, str] | None) -> str:
         rows = []

@@ -36,7 +36,23 @@ def index() -> str:
             "Check that every page is current (what the test does, without writing anything):\n\n"
             "<!-- runnable -->\n```bash\npython -m relax_pipeline.reference --check\n```\n\n"
             "The design behind these contracts, and why they are what they are, is [the design](../design.md) "
-            "(§3, external contracts).\n")
+            "(§3, external contracts).\n\n" + RUNNABLE)
+
+
+RUNNABLE = """\
+## Commands in the docs run
+
+A ```` ```bash ```` block whose previous line is exactly `<!-- runnable -->`, in `README.md` or any page under
+`docs/`, is run by the docs tier (`tests/docs`, in CI): `.venv/bin/python -m pytest -m docs tests/docs`. Each block
+runs with `bash -euo pipefail` in a temporary folder that mirrors the repository root (so `python -m
+relax_pipeline ...` and `examples/...` work as written), one folder per page with its blocks in page order (a later
+step sees an earlier one's files); `HOME` is temporary, the venv's `bin/` is first on `PATH`, built models are
+shared (`RELAX_CACHE_DIR`), and `$RELAX_DOCS_TMP` names the page's folder. What a block writes under a relative
+path (Hydra's `outputs/`, `output_dir=run`) stays in that folder. A block that exits non-zero or runs past
+`RELAX_DOCS_TIMEOUT_S` (240 s) fails, naming the page, the line, the command and its output's tail; keep each one
+small (a tiny model, a step or two). A command that may exit 1 on purpose (`job=check` on a degraded agent) says
+so: `... || test $? -le 1`.
+"""
 
 
 def _title(path: Path) -> str:

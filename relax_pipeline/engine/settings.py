@@ -4,8 +4,9 @@
 HTTP) and `ScriptEngineSettings` (`engine=scripted`, the fake in `testing/`) are the options' schemas; each one's
 `_target_` names the class it builds, and each checks its own keys when it is made, naming the key and the
 allowed values. `SglangEngineSettings` keeps the documented flat keys (`engine.launch`, `engine.router`,
-`engine.admission`, ...) and hands its parts out as small records (`launch_part`, `router_part`,
-`admission_part`, `placement_part`) so the launch, routing, admission and placement code each read only theirs.
+`engine.admission`, ...: CLI keys users type, design §3.1) and groups them in code as small records
+(`launch_part`, `router_part`, `admission_part`, `program_part`, `placement_part`, `weights_part`,
+`sessions_part`) so the launch, routing, admission, placement, weight and session code each read only theirs.
 `EngineRun` is what an engine gets from the rest of the run: the model folder, the seed, the context length
 the model allows, the template's end-of-turn token, the output folder and the Ray cluster.
 
@@ -162,6 +163,25 @@ class ProgramPart:
 
 
 @dataclass(frozen=True)
+class WeightsPart:
+    """How new weights reach the servers and how running generations meet them (engine/sglang/weights.py)."""
+
+    update: str
+    transfer: str
+    backend: str | None
+    master_address: str | None
+
+
+@dataclass(frozen=True)
+class SessionsPart:
+    """engine.sessions=true: SGLang sessions (engine/sglang/sessions.py) and what to do on servers without
+    `--enable-session-radix-cache`."""
+
+    timeout_s: float | None
+    fallback: bool
+
+
+@dataclass(frozen=True)
 class PlacementPart:
     """engine.placement=ray: one placement-group bundle per launched server (engine/sglang/placement.py)."""
 
@@ -264,6 +284,9 @@ class SglangEngineSettings:
     store on a free port); null: the address this machine reaches the first server from."""
 
     def __post_init__(self) -> None:
+        if self.router == "sglang":
+            raise ValueError("engine.router='sglang': sglang-router (last release 0.3.2) is replaced by smg, its "
+                             "maintained successor; set engine.router=smg (pip install -e '.[router]')")
         check_choice("engine.router", self.router, ROUTERS)
         check_choice("engine.admission", self.admission, ADMISSIONS)
         check_admission(self.kv_headroom, self.admission_max_wait_s, self.admission_lease_s,
@@ -300,6 +323,15 @@ class SglangEngineSettings:
             return None
         url = self.router_url.rstrip("/") if self.router_url else None
         return RouterPart(url, self.router_command, dict(self.router_args))
+
+    @property
+    def weights_part(self) -> WeightsPart:
+        return WeightsPart(self.weight_update, self.weight_transfer, self.weight_backend, self.weight_master_address)
+
+    @property
+    def sessions_part(self) -> SessionsPart | None:
+        """None with engine.sessions=false."""
+        return SessionsPart(self.session_timeout_s, self.sessions_fallback) if self.sessions else None
 
     @property
     def admission_part(self) -> AdmissionPart | None:

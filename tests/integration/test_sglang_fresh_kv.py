@@ -8,6 +8,8 @@ paused update shares a cached prompt, and no stale prefix is served, because eve
 version's `cache_salt`. Fix 2 (sessions that hold KV): the engine launches servers with
 `--enable-session-radix-cache`, refuses running servers without it (or falls back, as `engine.sessions_fallback`
 says), and a closed session's KV is dereferenced, not freed: it stays cached for the next prompt that shares it.
+Bad settings are refused naming the key (`engine.router=sglang`, `engine.router=smg` without smg), and an image
+prompt SGLang served at another length is counted or refused (`engine.image_mismatch`).
 """
 
 from __future__ import annotations
@@ -151,3 +153,30 @@ def test_a_closed_session_is_dereferenced_not_freed(tiny_path: Path, tmp_path: P
     assert held["kv_referenced_tokens"] == context, "an open session references its KV"
     assert closed["kv_referenced_tokens"] == 0 and closed["kv_idle_tokens"] == context, "dereferenced, still cached"
     assert reused == context, "a later prompt that shares it is served from it"
+
+
+def test_bad_router_settings_are_refused_naming_the_key(tiny_path: Path, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="engine.router='sglang'.*engine.router=smg"):
+        SglangEngineSettings(urls=["http://x"], router="sglang")
+
+    async def go() -> None:
+        async with FakeSglangServer(tiny_path, session_radix_cache=True) as server:
+            engine = _engine(tiny_path, tmp_path, [server.url], router="smg",
+                             router_command=f"{sys.executable} -m no_such_router_module")
+            with pytest.raises(ValueError, match=r"engine.router=smg .*engine.router_command.*\[router\]"):
+                await engine.start()
+
+    asyncio.run(go())
+
+
+def test_an_image_prompt_served_at_another_length_is_counted_or_refused(tiny_vl_path: Path) -> None:
+    from relax_pipeline.engine.sglang.media import SglangVision
+
+    vision = SglangVision.load(tiny_vl_path)
+    assert vision is not None
+    vision.served({"prompt_tokens": 12}, 12, "http://s")
+    vision.served({"prompt_tokens": 13}, 12, "http://s")
+    assert vision.take_metrics() == {"engine/image_token_mismatches": 1.0}
+    assert vision.take_metrics() == {"engine/image_token_mismatches": 0.0}, "per step"
+    with pytest.raises(ValueError, match="engine.image_mismatch=refuse"):
+        vision.served({"prompt_tokens": 11}, 12, "http://s", refuse=True)

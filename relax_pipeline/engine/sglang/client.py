@@ -100,7 +100,7 @@ import orjson
 
 from relax_pipeline.engine.base import AdapterWeights, GenerateResult, ImageFeatures, SamplingParams
 from relax_pipeline.engine.program_admission import ProgramAdmission, sglang_load
-from relax_pipeline.engine.settings import EngineRun, SglangEngineSettings
+from relax_pipeline.engine.settings import EngineRun, SessionsPart, SglangEngineSettings
 from relax_pipeline.engine.sglang.launch import Processes, launch_servers, router_command, workers_healthy
 from relax_pipeline.engine.sglang.media import SglangVision, expanded_length
 from relax_pipeline.engine.sglang.placement import RayServers
@@ -182,9 +182,11 @@ class SglangEngine:
         """The weight version whose cache namespace (`cache_salt`) new requests use: set once a load succeeded."""
         self._rl: RlControl | None = None
         """engine.router=smg with its RL control plane: pause, continue and loads fan out through it."""
-        self.distributed = DistributedWeights(partial(self._call, "POST"), settings.weight_backend,
-                                              settings.weight_master_address) \
-            if settings.weight_transfer == "distributed" else None
+        self.weights = settings.weights_part
+        """engine.weight_update, weight_transfer, weight_backend, weight_master_address."""
+        self.distributed = DistributedWeights(partial(self._call, "POST"), self.weights.backend,
+                                              self.weights.master_address) \
+            if self.weights.transfer == "distributed" else None
         """engine.weight_transfer=distributed: rank 0 of the weight-update group with the servers."""
 
     @property
@@ -200,7 +202,7 @@ class SglangEngine:
             return
         from transformers import AutoTokenizer
 
-        check_transfer(self.settings.weight_transfer, self.settings.weight_backend)
+        check_transfer(self.weights.transfer, self.weights.backend)
         self._tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, self.model_path)
         if (Path(self.model_path) / "config.json").is_file():
             self.vision = await asyncio.to_thread(SglangVision.load, self.model_path)
@@ -213,7 +215,7 @@ class SglangEngine:
             self._targets = _Targets(urls, router)
             if router is not None:
                 self._rl = await RlControl.connect(self._call, router, urls)
-            sessions = self._sessions_supported(urls)
+            sessions = self._sessions_supported(urls, self.settings.sessions_part)
         except BaseException:
             await self.close()
             raise
@@ -223,8 +225,8 @@ class SglangEngine:
             self._shared = WorkerLoad(self._targets.router, sum(w.capacity for w in workers))
         if self.programs is not None:
             self.programs.watch(sum(w.capacity for w in workers), sglang_load(self._call, self._targets.urls))
-        if sessions:
-            self.sessions = Sessions(self._call, self.max_context_len, self.settings.session_timeout_s,
+        if sessions is not None:
+            self.sessions = Sessions(self._call, self.max_context_len, sessions.timeout_s,
                                      self._tokenizer.bos_token_id)
 
     async def generate(self, input_ids: Sequence[int], sampling: SamplingParams, rid: str,
@@ -299,14 +301,14 @@ class SglangEngine:
     def in_flight_updates(self) -> bool:
         """engine.weight_update=pause: running generations go on through `update_weights` (paused, not aborted), so
         the runtime need not abort them first."""
-        return self.settings.weight_update == "pause"
+        return self.weights.update == "pause"
 
     async def update_weights(self, state_dict: dict[str, Any], version: int) -> None:
         """Load `state_dict` on every server as `version` (engine.weight_transfer: from a folder written as
         `<weights_dir>/v<version>`, or as tensors), paused around the load with engine.weight_update=pause; requests
         sent after the load use the new version's cache namespace (`cache_salt`, see the module)."""
         folder = None
-        if self.settings.weight_transfer == "disk":
+        if self.weights.transfer == "disk":
             folder = self.weights_dir / f"v{version}"
             await asyncio.to_thread(write_weights, state_dict, Path(self.model_path), folder)
         if not self.in_flight_updates:  # the runtime aborted every generation: the servers are idle, flush
@@ -537,21 +539,21 @@ class SglangEngine:
                                                 self.model_path, launch.server_args, launch.timeout)
         return await launch_servers(self.processes, launch, self.model_path)
 
-    def _sessions_supported(self, urls: list[str]) -> bool:
+    def _sessions_supported(self, urls: list[str], sessions: SessionsPart | None) -> SessionsPart | None:
         """engine.sessions, checked against every server's `enable_session_radix_cache` (`/server_info`): a server
-        without it is refused at start, or (engine.sessions_fallback) the engine runs without sessions."""
-        if not self.settings.sessions:
-            return False
+        without it is refused at start, or (engine.sessions_fallback) the engine runs without sessions (None)."""
+        if sessions is None:
+            return None
         without = [url for url in urls if not self.server_info.get(url, {}).get("enable_session_radix_cache")]
         if not without:
-            return True
+            return sessions
         why = (f"engine.sessions=true, but the SGLang server(s) {without} run without --enable-session-radix-cache: "
                "their sessions would not hold KV between turns (a session's KV is ordinary, evictable cache there)")
-        if not self.settings.sessions_fallback:
+        if not sessions.fallback:
             raise SglangError(f"{why}; relaunch them with --enable-session-radix-cache, or set engine.sessions=false, "
                               "or engine.sessions_fallback=true to run without sessions")
         log.warning("%s; engine.sessions_fallback=true: running with engine.sessions=false", why)
-        return False
+        return None
 
     async def _start_router(self, urls: list[str]) -> str:
         """The router's URL: `router_url`, or a started smg (with its RL control plane) once it sees every worker

@@ -20,10 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omegaconf import MISSING
-
 REQUIRED = "???"
-"""The default of a key that has none (OmegaConf's MISSING): the run refuses to start without it."""
+"""The default of a key that has none (OmegaConf's MISSING is this string): the run refuses to start without it."""
 
 
 @dataclass(frozen=True)
@@ -106,7 +104,7 @@ def type_name(field: dataclasses.Field[Any]) -> str:
 def default_of(field: dataclasses.Field[Any]) -> Any:
     """The field's default value (a factory called once); `REQUIRED` for a key without one."""
     if field.default is not dataclasses.MISSING:
-        return REQUIRED if field.default == MISSING else field.default
+        return field.default
     if field.default_factory is not dataclasses.MISSING:
         made = field.default_factory()
         return dataclasses.asdict(made) if dataclasses.is_dataclass(made) else made

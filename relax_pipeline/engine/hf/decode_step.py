@@ -72,9 +72,9 @@ class Fused:
     tensor (the modules keep their parameters, now views of it, so `load_state_dict` and in-place updates reach
     it), and a call returns each layer's output as a view of the product. One product of the stacked rows equals
     the separate products bit for bit on a CPU (oneDNN reduces each output over the input the same way; tests
-    compare); it saves about 5% of a SmolLM2 decode step. Should a parameter be replaced by another tensor, the
-    next call stacks again. Layers with biases, and LoRA layers (their adapters' products are per layer), are left
-    alone (`None` from `stacked`)."""
+    compare), and one product costs less than two (docs/benchmarks.md, "Engine"). Should a parameter be replaced
+    by another tensor, the next call stacks again. Layers with biases, and LoRA layers (their adapters' products
+    are per layer), are left alone (`None` from `stacked`)."""
 
     def __init__(self, parent: torch.nn.Module, names: tuple[str, ...]) -> None:
         self.modules = [parent.get_submodule(name) for name in names]

@@ -55,7 +55,7 @@ def scan() -> tuple[dict[str, set[str]], set[str]]:
             continue
         tree = ast.parse(path.read_text())
         for name, from_loop in _names(tree, _module(path)):
-            if NAME.match(name) and not FILE.search(name):
+            if NAME.match(name) and not FILE.search(name) and name.rstrip("/") not in NAMESPACES:
                 found.setdefault(name, set()).add(relative.as_posix())
                 if from_loop:
                     expanded.add(name)
@@ -152,7 +152,7 @@ def render() -> str:
                                            "(`relax_pipeline/reference/metrics_page.py`)"), prose(METHOD) + "\n"]
     for namespace, about in NAMESPACES.items():
         names = sorted(n for n in found if n.split("/", 1)[0] == namespace)
-        parts.append(f"## `{namespace}/`\n\n{prose(about)}.\n")
+        parts.append(f"## `{namespace}/`\n\n{prose(about[:1].upper() + about[1:])}.\n")
         parts.append(table(["name", "in"], [[code(n), ", ".join(code(m) for m in sorted(found[n]))] for n in names]))
     return "\n".join(parts)
 
@@ -162,9 +162,10 @@ METHOD = (
     "(`tracking=wandb`). This list is found in the code: every string literal and f-string of the package that "
     "starts with a metric namespace and is not a file name. An f-string whose fields are bound by a loop over "
     "values the module defines (a tuple of outcomes, a dict of names, a range) is expanded to each name; a field "
-    "known only at run time stays a placeholder, `<expr>`, its source text (`rollout/<name>/mean` for a numeric "
-    "reward-object field `name`). A name ending in `/` is a prefix under which names are built at run time. The "
-    "meaning of each metric is in docs/design.md §3.4. Not found by the scan: the names of a user's "
-    "`credit.metrics_path` function (`rollout/user/<name>`), numeric top-level export metadata "
+    "known only at run time stays a placeholder, `<expr>`, its source text (`rollout/<name>`: a numeric "
+    "reward-object field `name`, summarized as `/mean`, `/median`, `/max` and `/min`; `train/<k>`: each value of "
+    "the training step's metrics, `loss`, `pg_loss`, `entropy`, ...). A name ending in `/` is a prefix under which "
+    "names are built at run time. What each metric means: the design, §3.4. Not found by the scan: the names of a "
+    "user's `credit.metrics_path` function (`rollout/user/<name>`), numeric top-level export metadata "
     "(`<field>/mean`, `/median`, `/max`, `/min`) and `passrate` (with `credit.log_passrate`).")
 

@@ -142,9 +142,9 @@ def _bundle() -> str:
 
 
 DUMP_INTRO = (
-    "`debug.save_rollout_data=out/r_{rollout_id}.jsonl` writes one JSON line per exported context (a *context row*) "
-    "and one per failed, dropped or filtered session (a *session row*, without tokens) to each step's file, relative "
-    "paths under the run's output folder. Rows invariants: `len(tokens) == prompt_length + response_length`; "
+    "`debug.save_rollout_data=out/r_{rollout_id}.jsonl` writes one JSON line per exported context (a context row) "
+    "and one per failed, dropped or filtered session (a session row, without tokens) to each step's file, relative "
+    "paths under the run's output folder. Row invariants: `len(tokens) == prompt_length + response_length`; "
     "`loss_mask`, `rollout_logprobs` and `weight_versions` have `response_length` entries. Only `completed` and "
     "`truncated` sessions yield samples. A replay bundle's `rows.jsonl` holds the same rows.")
 

@@ -56,11 +56,13 @@ class JsonlDataset:
 
     def _load(self) -> list[Prompt]:
         if not self.path.is_file():
-            raise FileNotFoundError(f"dataset.path={str(self.path)!r} does not exist")
+            what = "is a folder, not a file" if self.path.is_dir() else "does not exist"
+            raise FileNotFoundError(f"dataset.path={str(self.path)!r} {what}: point it at a JSONL file, one prompt "
+                                    "per line")
         prompts = []
         for line_no, line in enumerate(self.path.read_text(encoding="utf-8").splitlines(), 1):
             if line.strip():
-                prompts.append(self._row(json.loads(line), line_no, len(prompts)))
+                prompts.append(self._row(_json_row(line, self.path, line_no), line_no, len(prompts)))
         if not prompts:
             raise ValueError(f"dataset.path={str(self.path)!r} has no rows")
         return prompts
@@ -111,6 +113,15 @@ class JsonlDataset:
 
     def __len__(self) -> int:
         return len(self.prompts)
+
+
+def _json_row(line: str, path: Path, line_no: int) -> Any:
+    """One line of a JSONL file; a line that is not JSON names the key, the file's line and the fix."""
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"dataset.path={str(path)!r} line {line_no} is not JSON ({error.msg}): a dataset is a JSONL "
+                         "file, one JSON object per line") from None
 
 
 def _image_key(multimodal_keys: dict[str, str]) -> str | None:

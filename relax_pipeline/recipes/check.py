@@ -33,19 +33,19 @@ async def check(job: Job) -> dict[str, float]:
     plan = Plan.of(job.config, job.folder)
     async with Teardown(plan) as teardown:
         teardown.engine = engine = engine_of(plan)
-        findings = _findings(plan)
-        _report(plan, findings)
-        stages, causes = [config_stage(findings, plan.slot_plan().lines())], []
+        found = findings(plan)
+        report(plan, found)
+        stages, causes = [config_stage(found, plan.slot_plan().lines())], []
         if job.config.check.sessions > 0:
-            found, causes = await _certify_sessions(plan, engine, teardown)
-            stages += found
-        cert = conclude(stages, causes, _setup(plan), job.folder)
+            certified, causes = await _certify_sessions(plan, engine, teardown)
+            stages += certified
+        cert = conclude(stages, causes, setup(plan), job.folder)
         return {"check/problems": 0.0, "check/dataset_rows": float(len(plan.dataset)),
-                "check/resident_sessions": float(findings["resident_sessions"]),
+                "check/resident_sessions": float(found["resident_sessions"]),
                 "check/required_slots": float(plan.slot_plan().required), "check/exit_status": float(cert.exit_status)}
 
 
-def _findings(plan: Plan) -> dict[str, Any]:
+def findings(plan: Plan) -> dict[str, Any]:
     """What would run."""
     return {
         "model": str(plan.model_path), "dataset_rows": len(plan.dataset),
@@ -56,10 +56,10 @@ def _findings(plan: Plan) -> dict[str, Any]:
     }
 
 
-def _report(plan: Plan, findings: dict[str, Any]) -> None:
+def report(plan: Plan, found: dict[str, Any]) -> None:
     """Log the findings, the slot plan and every problem; raise the first problem (it stops any run)."""
     problems = agent_problems(plan.agents)
-    for key, value in findings.items():
+    for key, value in found.items():
         log.info("check: %s = %s", key, value)
     for line in plan.slot_plan().lines():
         log.info("check: slots: %s", line)
@@ -70,7 +70,7 @@ def _report(plan: Plan, findings: dict[str, Any]) -> None:
     log.info("check: OK")
 
 
-def _setup(plan: Plan) -> dict[str, Any]:
+def setup(plan: Plan) -> dict[str, Any]:
     """The certificate's record of what was checked."""
     c = plan.config
     return {"model": str(plan.model_path), "agent": plan.agents.train.command, "engine": c.engine._target_,

@@ -91,8 +91,13 @@ class Job:
 def build(record: Any, *live: Any) -> Any:
     """The object a node configures: the class its record's `_target_` names, called with the record and the
     live collaborators the run hands it (the one way any configured object is made)."""
+    return target(record)(record, *live)
+
+
+def target(record: Any) -> type:
+    """The class a record's `_target_` names."""
     module, _, name = record._target_.rpartition(".")
-    return getattr(importlib.import_module(module), name)(record, *live)
+    return getattr(importlib.import_module(module), name)
 
 
 @dataclass

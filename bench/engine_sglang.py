@@ -28,9 +28,10 @@ seconds apart within a round are compared, never whole runs.
 Then, on the same servers, two clients side by side (`engine.sessions` and `engine.weight_update`):
 
 - sessions off vs on: one `--session-turns`-turn session (each turn `--tokens` tokens, then a 10-token
-  observation); printed: the prompt tokens the servers prefill per turn (off: the whole prompt, the fake having
-  no radix cache; on: the prompt less what the session kept, `meta_info.cached_tokens`) and the new tokens per
-  turn, which the on figure must equal. The fake's model time does not model the kept KV, so no times here.
+  observation, each client its own prompts); printed: the prompt tokens the servers prefill per turn (off: the
+  whole prompt as the client sends it, not what a radix cache would serve of it; on: the prompt less
+  `meta_info.cached_tokens`, what the session kept) and the new tokens per turn, which the on figure must not
+  exceed. The fake's model time does not model the kept KV, so no times here.
 - abort vs pause: `--update-generations` generations of `--update-tokens` tokens, a weight update once they
   run; abort aborts them, updates and resumes each with its partial tokens appended (as the turn service does),
   pause updates in place. Printed: seconds until all finished and the tokens re-prefilled by resumes.
@@ -175,7 +176,8 @@ async def side_by_side(urls: list[str], model: str, args: argparse.Namespace) ->
         await client.start()
         clients.append(client)
     try:
-        off, on = [await session_prefill(c, args.session_turns, args.tokens) for c in clients]
+        off, on = [await session_prefill(c, args.session_turns, args.tokens, first=3 + 100 * i)
+                   for i, c in enumerate(clients)]
         weights = await asyncio.to_thread(_weights, model)
         aborted = await updated_by_abort(clients[0], weights, args)
         paused = await updated_by_pause(clients[1], weights, args)
@@ -186,11 +188,12 @@ async def side_by_side(urls: list[str], model: str, args: argparse.Namespace) ->
             "abort_reprefill": aborted[1], "pause_s": paused[0], "pause_reprefill": paused[1]}
 
 
-async def session_prefill(client: Any, turns: int, tokens: int) -> tuple[float, float]:
-    """One session of `turns` turns; the mean prompt tokens prefilled per turn and the mean new tokens per turn."""
+async def session_prefill(client: Any, turns: int, tokens: int, first: int = 3) -> tuple[float, float]:
+    """One session of `turns` turns from prompt `first..first+39` (each client its own, so neither is served from
+    the other's cache); the mean prompt tokens prefilled per turn and the mean new tokens per turn."""
     from relax_pipeline.engine.base import SamplingParams
 
-    prompt, prompts, new = list(range(3, 43)), [], []
+    prompt, prompts, new = list(range(first, first + 40)), [], []
     client.step_metrics()
     for turn in range(turns):
         result = await client.generate(prompt, SamplingParams(tokens, seed=turn), f"sess-{turn}", session_id="bench")

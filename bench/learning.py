@@ -27,6 +27,11 @@ processes (the agents), per session, from `getrusage`. On a
 The target on a 2-core machine is a mean step of at most 25 s. Nothing here is asserted; the numbers depend on
 the machine and its load.
 
+`--lora` runs the preset and its LoRA preset (`experiment=<preset>_lora`, trainer.lora) one after the other, each in
+its own process, and prints them side by side (bench/_learning_lora.py): training step, weight sync, checkpoint size
+and peak resident memory, full against adapter, the load average with each, and with `--eval` the held-out success
+of both at the same wall time.
+
 `--model tiny` runs the preset on the tiny test model instead of SmolLM2 (`--smoke` does, with one small group a
 step and no filter: the tiny model's rewards are all alike, so the drop-uniform filter would reject every group).
 
@@ -42,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import statistics
 import sys
@@ -51,6 +57,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import _learning_lora  # noqa: E402
 from _smoke import parse_args  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 
@@ -173,14 +180,22 @@ def main() -> None:
     parser.add_argument("--model", default=None, help="model=<name> instead of the preset's smollm2, e.g. tiny")
     parser.add_argument("--eval", action="store_true", help="keep the preset's eval and print its curve")
     parser.add_argument("--output", default=None, help="run in this folder and keep it (eval.csv, eval_curve.png)")
+    parser.add_argument("--lora", action="store_true", help="the preset and <experiment>_lora side by side, each in "
+                        "its own process (bench/_learning_lora.py)")
+    parser.add_argument("--summary", default=None, help=argparse.SUPPRESS)  # --lora's children write their figures
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides, e.g. engine.max_batch_size=64")
     args = parse_args(parser, steps=2, model="tiny")
+    if args.lora:
+        flags = [f"--steps={args.steps}"] + [f"--model={args.model}"] * bool(args.model)
+        _learning_lora.compare(Path(__file__), args.experiment, flags + ["--eval"] * args.eval + ["--smoke"] *
+                               args.smoke, args.overrides)
+        return
     extra = [f"model={args.model}"] if args.model else []
     extra += (SMOKE_OVERRIDES if args.smoke else []) + args.overrides
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(args.output or tmp)
         before = cpu_seconds(resource.RUSAGE_SELF), cpu_seconds(resource.RUSAGE_CHILDREN)
-        started = time.time()
+        started, load = time.time(), os.getloadavg()
         run_preset(folder, args.experiment, args.steps, extra, args.eval)
         main_s = cpu_seconds(resource.RUSAGE_SELF) - before[0]
         agents_s = cpu_seconds(resource.RUSAGE_CHILDREN) - before[1]
@@ -190,6 +205,9 @@ def main() -> None:
             report_eval(eval_rows(folder, started))
         report_cpu(main_s, agents_s, int(sum(s["sessions"] for s in steps)))
         report_memory()
+        if args.summary:
+            figures = _learning_lora.summary(folder, steps, eval_rows(folder, started) if args.eval else [], load)
+            Path(args.summary).write_text(json.dumps(figures))
 
 
 if __name__ == "__main__":

@@ -9,10 +9,15 @@ set by the session's DELETE. The server records every POST body (`received`) and
 Handlers: `chat_once` (one Chat Completions call through the gateway with the session's key, then reward 1.0),
 `failing(code, log)` (answers that exit code and log), `hanging` (waits for its DELETE). It is a fake edge:
 it runs no process and no sandbox (`examples/mini_swe_agent/server.py` is the real one).
+
+`python -m relax_pipeline.testing.agent_server --port N` serves `chat_once` in the foreground, as a run's
+`agent.services` (or `eval.agent.services`) entry starts it, and prints one line per session it ran
+(`session <id> mode <RELAX_ROLLOUT_MODE>`) to its log.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import socket
 import threading
@@ -123,3 +128,22 @@ class FakeAgentServer:
         if self._server is not None and self._thread is not None:
             self._server.should_exit = True
             self._thread.join(timeout=10.0)
+
+
+def logged(body: dict[str, Any], cancelled: threading.Event) -> dict[str, Any]:
+    """`chat_once`, with one line per session on stdout (the service's log)."""
+    print(f"session {body['session_id']} mode {body['env'].get('RELAX_ROLLOUT_MODE')}", flush=True)
+    return chat_once(body, cancelled)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Serve `logged` on 127.0.0.1:`--port` until terminated."""
+    parser = argparse.ArgumentParser(description="the fake agent server, in the foreground")
+    parser.add_argument("--port", type=int, required=True)
+    args = parser.parse_args(argv)
+    uvicorn.run(FakeAgentServer(logged).app(), host="127.0.0.1", port=args.port, log_level="warning",
+                access_log=False)
+
+
+if __name__ == "__main__":
+    main()

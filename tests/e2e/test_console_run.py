@@ -1,7 +1,8 @@
 """The console of a real run (`python -m relax_pipeline`, the tiny model, 2 training steps, an eval before the first
-and after each): stderr, as a terminal shows it, has one headline line per step and one per eval, no progress-bar
-fragment inside any line, and none of the per-step detail lines; run.log still has every full line design §3.4
-documents (`step N metrics k=v ...`, the accounting and eval-end lines)."""
+and after each, one metric added to the headline on the command line): stderr, as a terminal shows it, has one
+headline line per step and one per eval, no progress-bar fragment inside any line, and none of the per-step detail
+lines; run.log still has every full line design §3.4 documents (`step N metrics k=v ...`, the accounting and
+eval-end lines)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ def test_one_headline_per_step_no_bar_inside_a_line_and_run_log_keeps_the_full_l
         sys.executable, "-m", "relax_pipeline", "rollout.num_steps=2", "rollout.batch_size=2",
         "rollout.n_samples_per_prompt=4", "rollout.max_response_len=8", f"output_dir={tmp_path}/run",
         f"model.cache_dir={tiny_path.parent}", "eval.interval=1", "eval.n_samples_per_prompt=2",
-        f"eval.datasets=[{{name:heldout,path:{heldout}}}]", f"hydra.run.dir={tmp_path}/hydra"],
+        f"eval.datasets=[{{name:heldout,path:{heldout}}}]", f"hydra.run.dir={tmp_path}/hydra",
+        "tracking.console_metrics=[reward:rollout/raw_reward,eval:eval/*/raw_reward,loss:train/loss,train/samples]"],
         capture_output=True, timeout=600, cwd=tmp_path)
     stderr = done.stderr.decode()  # not text=True: universal newlines would turn the bars' carriage returns into lines
     assert done.returncode == 0, stderr[-3000:]
@@ -33,8 +35,9 @@ def test_one_headline_per_step_no_bar_inside_a_line_and_run_log_keeps_the_full_l
     shown = screen(stderr)
     headlines = [line for line in shown if line.startswith("step ") and " · " in line]
     assert [h.split(" · ")[0] for h in headlines] == ["step 1/2", "step 2/2"], shown
-    assert all(re.search(r" · reward [-\d.e+]+ · eval heldout [-\d.e+]+ · loss [-\d.e+]+ · [\d.]+ s/step", h)
-               for h in headlines), headlines
+    figure = r"[-\d.e+]+"
+    chosen = rf" · reward {figure} · eval heldout {figure} · loss {figure} · samples 8 · [\d.]+ s/step"
+    assert all(re.search(chosen, h) for h in headlines), headlines
     assert "· eta " in headlines[0] and "· eta " not in headlines[1]
     assert [line.split(" · ")[0] for line in shown if line.startswith("eval after ")] == [
         "eval after 0 steps", "eval after 1 step", "eval after 2 steps"]

@@ -126,7 +126,11 @@ class Replies:
     """A value comes back with its call: `calculator: 47 * 86 = 4042`."""
 
 
-def respond(expression: str, replies: Replies = Replies()) -> tuple[str, bool]:
+PLAIN = Replies()
+"""`agent=arith_calc`'s replies."""
+
+
+def respond(expression: str, replies: Replies = PLAIN) -> tuple[str, bool]:
     """The calculator's answer to a call, and whether the call was well-formed."""
     parsed, value = parse(expression), calculate(expression)
     if parsed is not None and value is not None:
@@ -142,7 +146,7 @@ def respond(expression: str, replies: Replies = Replies()) -> tuple[str, bool]:
     return ONE_AT_A_TIME, False
 
 
-def made_calls(numbers: list[int], ops: list[str], given: int, replies: Replies = Replies()) -> list[dict]:
+def made_calls(numbers: list[int], ops: list[str], given: int, replies: Replies = PLAIN) -> list[dict]:
     """The first `given` calls of the chain `numbers`/`ops` as the environment makes them with its own
     calculator: a `calc` line and its reply each (what `metadata.given` asks the agent to show as prompt)."""
     messages, value = [], numbers[0]
@@ -161,7 +165,7 @@ def final_answer(reply: str) -> int | None:
 
 
 def episode(ask: Callable[[list[dict]], str], messages: list[dict], answer: int, max_turns: int,
-            tools: bool = True, replies: Replies = Replies()) -> Outcome:
+            tools: bool = True, replies: Replies = PLAIN) -> Outcome:
     """Run one session: ask, answer each calculator call, stop at the first final reply or after `max_turns`
     replies. `messages` grows with the conversation. Without `tools` the first reply is final (the control);
     `replies` words the calculator's replies (`Replies`)."""

@@ -23,14 +23,20 @@ import json
 import os
 
 from agent import chat
-from calc import CONTROL, INSTRUCTION, INSTRUCTIONS, Replies, episode, made_calls
+from calc import CONTROL, INSTRUCTION, INSTRUCTIONS, PLAIN, Replies, episode, made_calls
 
 MAX_TURNS = int(os.environ.get("ARITH_MAX_TURNS", "4"))
 
 
-def examples(instruction: str) -> dict[str, list[dict]]:
-    """Worked examples put in front of the question (`ARITH_EXAMPLE`, default `none`), with `instruction`."""
+def examples(instruction: str, replies: Replies = PLAIN) -> dict[str, list[dict]]:
+    """Worked examples put in front of the question (`ARITH_EXAMPLE`, default `none`), with `instruction`;
+    `chain`'s two calls are made by the environment's own calculator (`calc.made_calls`, worded by `replies`)."""
     return {
+        "chain": [
+            {"role": "user", "content": f"What is 12 + 34 - 5? {instruction}"},
+            *made_calls([12, 34, 5], ["+", "-"], 2, replies),
+            {"role": "assistant", "content": "The answer is 41."},
+        ],
         "none": [],
         "add": [
             {"role": "user", "content": f"What is 12 + 34? {instruction}"},
@@ -45,12 +51,13 @@ def examples(instruction: str) -> dict[str, list[dict]]:
     }
 
 
-def opening(question: str, tools: bool, example: str = "none", instruction: str = INSTRUCTION) -> list[dict]:
+def opening(question: str, tools: bool, example: str = "none", instruction: str = INSTRUCTION,
+            replies: Replies = PLAIN) -> list[dict]:
     """The session's first messages: a worked example (if any) and the question with the calculator's
     instruction, or the control's question alone."""
     if not tools:
         return [{"role": "user", "content": f"{question} {CONTROL}"}]
-    return [*examples(instruction)[example], {"role": "user", "content": f"{question} {instruction}"}]
+    return [*examples(instruction, replies)[example], {"role": "user", "content": f"{question} {instruction}"}]
 
 
 def main() -> None:
@@ -61,9 +68,9 @@ def main() -> None:
     question = task["messages"][-1]["content"]
     chain = os.environ.get("ARITH_INSTRUCTION", "one") == "chain"
     instruction = INSTRUCTIONS["chain" if chain else "one"]
-    messages = opening(question, tools, os.environ.get("ARITH_EXAMPLE", "none"), instruction)
     replies = Replies(one_at_a_time=chain, name_first=os.environ.get("ARITH_NAME_FIRST") == "1",
                       echo=os.environ.get("ARITH_ECHO") == "1")
+    messages = opening(question, tools, os.environ.get("ARITH_EXAMPLE", "none"), instruction, replies)
     if tools and metadata.get("given"):
         messages += made_calls(metadata["numbers"], metadata["ops"], metadata["given"], replies)
     outcome = episode(chat, messages, metadata["answer"], MAX_TURNS, tools, replies)

@@ -51,7 +51,7 @@ def test_two_steps_train_a_two_call_chain_on_model_tokens_and_eval_by_calls_need
         trained = loss_text(row, tokenizer, 1)
         assert all(line["content"] in trained for line in SCRIPT) and "calculator" not in trained
         untrained = loss_text(row, tokenizer, 0)
-        assert "calculator: 133" in untrained and "calculator: 1596" in untrained
+        assert "calculator: 47 + 86 = 133" in untrained and "calculator: 133 * 12 = 1596" in untrained  # ARITH_ECHO
     figures = eval_figures(tmp_path)
     for calls in (1, 2, 3):  # every held-out problem gets the same two calls and a wrong answer
         assert figures[(f"heldout_{calls}", "raw_reward")] == 0.0

@@ -218,3 +218,14 @@ def test_made_calls_are_the_environments_own_first_calls_of_a_chain() -> None:
     _, ask = scripted("calc 1596 - 5", "1591")  # the model makes the call that is left, then answers
     outcome = calc.episode(ask, [{"role": "user", "content": "What is (47 + 86) * 12 - 5?"}, *made], 1591, 5)
     assert (outcome.reward, outcome.calls, outcome.turns) == (1.0, 1, 2)
+
+
+def test_the_chain_example_is_made_by_the_environments_own_calculator(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(EXAMPLE))
+    agent = load("calc_agent")
+    replies = calc.Replies(one_at_a_time=True, echo=True)
+    opened = agent.opening("What is (47 + 86) * 12?", tools=True, example="chain",
+                           instruction=calc.CHAIN_INSTRUCTION, replies=replies)
+    assert [m["role"] for m in opened] == ["user", "assistant", "user", "assistant", "user", "assistant", "user"]
+    assert opened[1:5] == calc.made_calls([12, 34, 5], ["+", "-"], 2, replies)
+    assert opened[4]["content"] == "calculator: 46 - 5 = 41" and opened[5]["content"] == "The answer is 41."

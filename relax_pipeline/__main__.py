@@ -2,8 +2,9 @@
 
 One convenience before Hydra parses the command line: an override whose value holds a `{rollout_id}`
 placeholder (`debug.save_rollout_data=out/r_{rollout_id}.jsonl`) is quoted, since Hydra's grammar
-reads a bare `{` as the start of a dict. Exit status: 0, 1 when the run failed (its last log line says
-why), 130/143 when a SIGINT/SIGTERM stopped it (its last log line says where the checkpoint is). `job=check`
+reads a bare `{` as the start of a dict. Exit status: 0; 1 when the run failed (`run` said why in one
+sentence, `run failed: ...`, the last line of stderr and of run.log when the job writes one; no traceback);
+130/143 when a SIGINT/SIGTERM stopped it (its last log line says where the checkpoint is). `job=check`
 exits with its certificate's verdict (`certify/certificate.py`): 0 training-grade, 1 degraded, 2 broken (a
 check that cannot even start, such as a config that names a parser that does not exist, is broken too).
 """
@@ -31,7 +32,7 @@ def main(cfg: DictConfig) -> None:
         metrics = run(cfg)
     except RunInterrupted as stop:  # run() already logged where the checkpoint is and how to resume
         sys.exit(stop.exit_code)
-    except Exception:  # noqa: BLE001 - run() already logged why in one sentence
+    except Exception:  # noqa: BLE001 - run() already said why in one sentence (run.log and stderr, or stderr only)
         sys.exit(BROKEN if cfg.job == "check" else 1)
     if cfg.job == "check":
         sys.exit(int(metrics["check/exit_status"]))

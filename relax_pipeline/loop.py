@@ -56,6 +56,7 @@ from relax_pipeline.tracking.traces import TraceWriter
 from relax_pipeline.tracking.tracker import Tracker
 from relax_pipeline.train.allocator import release_freed_memory
 from relax_pipeline.train.base import Trainer
+from relax_pipeline.train.settings import CheckpointSettings
 
 log = logging.getLogger("relax_pipeline")
 _STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -86,6 +87,12 @@ class Checkpoints:
         if self.keep is not None and self.keep < 1:
             raise ValueError(f"trainer.keep_checkpoints={self.keep} must be at least 1, or null to keep every "
                              "checkpoint")
+
+    @classmethod
+    def of(cls, settings: CheckpointSettings, output_dir: Path) -> Checkpoints:
+        """The `trainer` node's checkpoint schedule; `trainer.checkpoint_dir` null: `<output>/checkpoints`."""
+        folder = Path(settings.checkpoint_dir or output_dir / "checkpoints").expanduser()
+        return cls(folder, settings.save_interval, settings.resume, settings.keep_checkpoints)
 
     def steps(self) -> list[tuple[int, Path]]:
         """Every `step_<n>` folder, oldest first."""

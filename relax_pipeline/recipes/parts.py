@@ -319,13 +319,6 @@ def evaluator_of(plan: Plan, pipeline: Pipeline) -> Evaluator | None:
     return Evaluator(pipeline, plan.eval_sets, interval)
 
 
-def checkpoints_of(plan: Plan) -> Checkpoints:
-    """Where checkpoints go, how often, whether to resume and how many stay (`trainer.checkpoint_part`)."""
-    t = plan.config.trainer.checkpoint_part
-    folder = Path(t.checkpoint_dir or plan.output_dir / "checkpoints").expanduser()
-    return Checkpoints(folder, t.save_interval, t.resume, t.keep_checkpoints)
-
-
 def step_loop(job: Job, plan: Plan, served: Served, tracker: MetricsFile, trainer: Trainer | None,
               steps: int) -> StepLoop:
     """The step loop of `steps` steps over a new pipeline, the strategy bound to it and the tracker started."""
@@ -334,7 +327,8 @@ def step_loop(job: Job, plan: Plan, served: Served, tracker: MetricsFile, traine
     tracker.start(job.resolved)
     pipeline = pipeline_of(plan, served)
     traces = TraceWriter(plan.output_dir, True, c.tracking.otlp_endpoint) if c.tracking.traces else None
-    return StepLoop(pipeline, plan.strategy, served.engine, tracker, steps, trainer, checkpoints_of(plan),
+    checkpoints = Checkpoints.of(c.trainer.checkpoint_part, plan.output_dir)
+    return StepLoop(pipeline, plan.strategy, served.engine, tracker, steps, trainer, checkpoints,
                     evaluator_of(plan, pipeline), recorder=c.debug.recorder(plan.output_dir, plan.model_path),
                     traces=traces)
 

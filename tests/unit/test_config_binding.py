@@ -5,8 +5,9 @@
   parameters each takes).
 - Only `run.py` and `config.py` (and `__main__.py`, which hands the composed config to `run`) read the composed
   config: no other module imports OmegaConf or Hydra, or takes a parameter named `cfg` or typed `DictConfig`
-  (`testing/`, the test doubles, may: `register_paced` adds their options to the config groups; `replay/job.py`
-  reads a bundle's recorded config, never the composed one).
+  (`testing/`, the test doubles, may: `register_paced` adds their options to the config groups; so may
+  `reference/`, which composes every preset for the config reference; `replay/job.py` reads a bundle's recorded
+  config, never the composed one).
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ READERS = {"run.py", "config.py", "__main__.py"}
 """The modules that may read the composed config."""
 BUNDLE_READERS = {"replay/job.py"}
 """Modules that read a replay bundle's recorded `config.yaml` with OmegaConf (not the composed config)."""
+DOC_PACKAGES = {"testing", "reference"}
+"""Packages outside the run that compose configs themselves: the test doubles (`register_paced`) and the
+reference pages' generator (every preset composed for `docs/reference/config.md`); no runtime module imports
+either."""
 
 
 def modules() -> dict[str, Path]:
@@ -109,7 +114,7 @@ def config_readers(path: Path) -> list[str]:
 
 def test_only_the_builder_and_the_schema_read_the_composed_config() -> None:
     readers = {str(p.relative_to(ROOT)): config_readers(p) for p in ROOT.rglob("*.py")
-               if (p.name not in READERS or p.parent != ROOT) and p.parent.name != "testing"
+               if (p.name not in READERS or p.parent != ROOT) and p.relative_to(ROOT).parts[0] not in DOC_PACKAGES
                and str(p.relative_to(ROOT)) not in BUNDLE_READERS}
     offenders = {path: lines for path, lines in readers.items() if lines}
     assert not offenders, f"the composed config is read outside run.py/config.py: {offenders}"

@@ -62,6 +62,10 @@ class FakeLifecycle:
     async def update_weights(self, state_dict: dict[str, Any], version: int) -> None:
         self.weight_version = version
 
+    async def update_adapter(self, adapter: Any, version: int) -> None:
+        """A LoRA adapter (`Engine.update_adapter`): only its version is kept, as for full weights."""
+        self.weight_version = version
+
     async def close(self) -> None:
         return None
 
@@ -313,6 +317,10 @@ class PacedEngine:
         return self._finish(request, "abort")
 
     async def update_weights(self, state_dict: dict[str, Any], version: int) -> None:
+        self.weight_version = version
+
+    async def update_adapter(self, adapter: Any, version: int) -> None:
+        """A LoRA adapter (`Engine.update_adapter`): only its version is kept."""
         self.weight_version = version
 
     in_flight_updates = False

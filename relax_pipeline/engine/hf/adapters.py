@@ -40,11 +40,8 @@ class Adapters:
         self.model = model
         self.configs: dict[str, dict[str, Any]] = {}
         """Each loaded adapter's PEFT config (what `load` compares a later sync against)."""
-
-    @property
-    def names(self) -> list[str]:
-        """The loaded adapters' names."""
-        return list(self.configs)
+        self.active: str | None = None
+        """The adapter PEFT's layers run when a forward names none (`names`: a batch whose rows share one)."""
 
     def load(self, adapter: AdapterWeights) -> bool:
         """Load `adapter`'s weights (its layers injected the first time its name is seen); True when the model's
@@ -57,6 +54,8 @@ class Adapters:
         elif _shape(self.configs[adapter.name]) != _shape(adapter.config):
             raise ValueError(f"adapter {adapter.name!r} changed its LoRA shape {_shape(self.configs[adapter.name])} "
                              f"-> {_shape(adapter.config)}; the engine keeps an adapter's rank and target modules")
+        if changed:
+            self.active = None  # PEFT made the new adapter its layers' active one
         tensors = {_bare(name): tensor for name, tensor in adapter.tensors.items()}
         with torch.inference_mode(False), torch.no_grad():
             result = set_peft_model_state_dict(self.model, tensors, adapter_name=adapter.name)
@@ -76,6 +75,27 @@ class Adapters:
             inject_adapter_in_model(config, self.model, adapter_name=adapter.name)
             cast_adapter_dtype(self.model, adapter.name, autocast_adapter_dtype=True)
         self.configs[adapter.name] = dict(adapter.config)
+
+    def names(self, rows: Sequence[str]) -> list[str] | None:
+        """PEFT's `adapter_names` for a forward over rows of adapters `rows`: None (the layers' active adapter, made
+        the rows' one) when every row has the same adapter, which spares PEFT's per-row gather and scatter; the
+        rows' names otherwise, and while no adapter is loaded None (the plain model)."""
+        if not self.configs:
+            return None
+        first = rows[0] if rows else BASE
+        if first == BASE or any(name != first for name in rows):
+            return list(rows)
+        if self.active != first:
+            self._activate(first)
+        return None
+
+    def _activate(self, name: str) -> None:
+        from peft.tuners.lora import LoraLayer
+
+        for module in self.model.modules():
+            if isinstance(module, LoraLayer):
+                module.set_adapter(name, inference_mode=True)
+        self.active = name
 
     @contextmanager
     def rows(self, names: Sequence[str] | None) -> Iterator[None]:

@@ -345,8 +345,8 @@ class ModelCall:
             self.step = decode_step(self.model)
 
     def _names(self, names: Sequence[str]) -> list[str] | None:
-        """Each row's adapter for a forward, or None while no adapter is loaded."""
-        return list(names) if self.adapters.configs else None
+        """PEFT's `adapter_names` for a forward over rows of these adapters (`Adapters.names`)."""
+        return self.adapters.names(names)
 
     def prefill(self, chunks: Sequence[Chunk], adapter: str = BASE) -> Prefilled:
         """Run every chunk's tokens after its cached prefix in one forward pass, with LoRA `adapter`.

@@ -238,6 +238,7 @@ class _Scheduler:
         self.versions[adapter.name] = version
         if adapter.name == DEFAULT_ADAPTER:
             self.engine.weight_version = version
+            self.prefiller_of(BASE).prefix.clear()  # requests naming no adapter take this one from now on
 
     def stop(self) -> None:
         """Command: leave the loop after this round of commands."""

@@ -277,14 +277,15 @@ def lean_case(args: argparse.Namespace) -> None:
 
 def lora_case(args: argparse.Namespace) -> None:
     """`experiment=smollm2_arith`'s step (bf16 autocast over float32 weights, AdamW over every weight) against
-    `smollm2_arith_lora`'s (bf16 base frozen, a rank-16 adapter on every linear layer, AdamW over the adapter)."""
+    `smollm2_arith_lora`'s (bf16 autocast, bf16 base frozen, a rank-16 adapter on every linear layer, AdamW over the
+    adapter)."""
     path, named = tree_model(args.model)
     samples = arith_groups(args.groups)
     batching = BatchSettings(micro_batch_size=len(samples))
     common = {"device": args.device, "batching": batching, "attn_implementation": "grouped"}
     lora = LoraSettings(rank=args.lora_rank, alpha=32, base_dtype="bfloat16")
     trainers = {False: TorchTrainer(TrainerSettings(autocast="bfloat16", **common), TrainerRun(str(path))),
-                True: TorchTrainer(TrainerSettings(lora=lora, **common), TrainerRun(str(path)))}
+                True: TorchTrainer(TrainerSettings(autocast="bfloat16", lora=lora, **common), TrainerRun(str(path)))}
     times = alternate(trainers, samples, args.reps or 6)
     print(f"model: {named}, torch threads {torch.get_num_threads()}, grouped attention")
     print(f"workload: {args.groups} groups x 8 rows (48 prompt + 16 response tokens), one micro-batch")

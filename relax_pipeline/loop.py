@@ -9,7 +9,7 @@ latest checkpoint (weights, optimizer, RNG, step count, data position, weight ve
 the first step and every `eval.interval` steps (`_eval`); `job=eval` is this loop with no steps and an
 evaluator. The loop does not build anything: the job's recipe (`relax_pipeline/recipes/`) hands it the parts.
 
-Stopping (`request_stop`, called by run.py on the first SIGINT or SIGTERM): the pipeline starts no more
+Stopping (`request_stop`, called through run.py's signals on the first SIGINT or SIGTERM): the pipeline starts no more
 groups and drops the running ones (recorded in the dump as `dropped`); a step interrupted during its
 rollout is not trained (its rows still go to the dump), a step whose rollout had finished is completed
 (training cannot be cut short). Then the loop writes a checkpoint of the last finished step unless one

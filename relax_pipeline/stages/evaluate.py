@@ -1,6 +1,6 @@
 """Eval runs: every prompt of every `eval.datasets` entry, once, through the same stages in mode `eval`.
 
-`run.py` builds each entry (an `EvalSet`) with the train dataset's class and resolves its group size
+`recipes/parts.py` builds each entry (an `EvalSet`) with the train dataset's class and resolves its group size
 and its concurrency in groups (`Capacity.eval_groups`: `runtime.eval_concurrency`, or `ceil(T / G)`, so
 an eval holds about as many sessions as a train step). `Evaluator.run` evaluates the datasets one after
 another through `Pipeline.start_group` / `await_group` / `score_group` with mode `eval` (agents see

@@ -60,6 +60,7 @@ from relax_pipeline.gateway.openapi import openapi_document
 from relax_pipeline.protocol.base import Frontend, ProtocolError, TurnMeta, anthropic_body, openai_body
 from relax_pipeline.protocol.chat import ChatFrontend
 from relax_pipeline.protocol.messages import MessagesFrontend, count_tokens
+from relax_pipeline.protocol.suite import ProtocolSuite
 from relax_pipeline.tracking.logs import ACCESS_LOGGER, write_info
 from relax_pipeline.turn.records import TurnRequest, TurnResult
 from relax_pipeline.turn.service import PreparedTurn, TurnService
@@ -70,6 +71,14 @@ access_log = logging.getLogger(ACCESS_LOGGER)
 _IDS = random.Random(secrets.randbits(64))
 """Response ids: unique, not secret (a credential opens only its own session's responses), so no system call each."""
 ACCESS_LINE = "api=%s session=%s status=%d stream=%s prompt_tokens=%d completion_tokens=%d ms=%.1f"
+
+
+def suite_app(store: ForestStore, turns: TurnService, suite: ProtocolSuite, model_name: str,
+              session_ids: bool = False) -> GatewayApp:
+    """The app a run serves: the `protocol` node's record taken whole (its front-ends, service prefix and SSE
+    heartbeat); `session_ids` as in `create_app`."""
+    return create_app(store, turns, suite.service_prefix, model_name, suite.frontends(), suite.sse_heartbeat_s,
+                      session_ids=session_ids)
 
 
 def create_app(store: ForestStore, turns: TurnService, prefix: str = "/agentic_api", model_name: str = "relax",

@@ -33,7 +33,7 @@ from relax_pipeline.data.dataset import DataSource
 from relax_pipeline.data.settings import with_source
 from relax_pipeline.engine.base import Engine
 from relax_pipeline.engine.settings import EngineRun
-from relax_pipeline.gateway.app import create_app
+from relax_pipeline.gateway.app import suite_app
 from relax_pipeline.gateway.server import GatewayServer
 from relax_pipeline.infra import ray_runtime
 from relax_pipeline.loop import Checkpoints, StepLoop
@@ -290,9 +290,8 @@ async def serve(plan: Plan, engine: Engine, teardown: Teardown) -> Served:
 def _gateway_app(plan: Plan, store: ForestStore, turns: TurnService) -> Any:
     """The gateway's app: the protocol suite's front-ends; a loopback gateway also takes a session's id as its
     credential (docs/design.md §3.3)."""
-    p = plan.config.protocol
-    return create_app(store, turns, p.service_prefix, plan.model.name, p.frontends(), p.sse_heartbeat_s,
-                      session_ids=not plan.config.gateway.allow_remote)
+    return suite_app(store, turns, plan.config.protocol, plan.model.name,
+                     session_ids=not plan.config.gateway.allow_remote)
 
 
 def pipeline_of(plan: Plan, served: Served) -> Pipeline:

@@ -14,9 +14,7 @@ from typing import Any
 
 from relax_pipeline.forest.export import IMPLICIT_MODES
 from relax_pipeline.turn.records import SamplingDefaults
-
-HISTORY_MODES = ("tokens", "render")
-"""`rollout.history`'s values (`turn/service.py`'s `HISTORY_POLICIES`)."""
+from relax_pipeline.turn.service import check_history
 
 
 @dataclass
@@ -50,8 +48,7 @@ class RolloutSettings:
     """Default template kwargs written into each session's input."""
 
     def __post_init__(self) -> None:
-        if self.history not in HISTORY_MODES:
-            raise ValueError(f"rollout.history={self.history!r}; choose tokens or render")
+        check_history(self.history)
 
     def sampling(self, context_len: int) -> SamplingDefaults:
         """What every train turn samples with, `context_len` being the run's resolved context limit."""

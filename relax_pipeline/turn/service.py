@@ -51,13 +51,22 @@ from relax_pipeline.turn.errors import LeaseClosed, ProtocolError
 from relax_pipeline.turn.records import Lease, SamplingDefaults, TurnRequest, TurnResult
 from relax_pipeline.turn.sessions import Session
 
-__all__ = ["HISTORY_POLICIES", "SamplingDefaults", "TurnRequest", "TurnResult", "TurnService"]
+__all__ = ["HISTORY_POLICIES", "SamplingDefaults", "TurnRequest", "TurnResult", "TurnService", "check_history"]
 
 log = logging.getLogger(__name__)
 _RIDS = random.Random(secrets.randbits(64))
 """Engine request ids: unique, not secret, so no system call each; a forked child draws from a fresh seed."""
 os.register_at_fork(after_in_child=lambda: _RIDS.seed(secrets.randbits(64)))
 HISTORY_POLICIES = ("tokens", "render")
+"""`rollout.history`'s values: how a re-sent history is matched against the committed turns."""
+
+
+def check_history(history: str) -> None:
+    """The one check of `rollout.history` (the rollout record and the turn service both call it)."""
+    if history not in HISTORY_POLICIES:
+        raise ValueError(f"rollout.history={history!r}; choose one of {list(HISTORY_POLICIES)}")
+
+
 T = TypeVar("T")
 
 
@@ -105,8 +114,7 @@ class TurnService:
         self.defaults = defaults
         self.eval_defaults = eval_defaults or defaults
         """Sampling of eval sessions (`eval.temperature`, `eval.max_response_len`)."""
-        if history not in HISTORY_POLICIES:
-            raise ValueError(f"rollout.history={history!r}; choose one of {list(HISTORY_POLICIES)}")
+        check_history(history)
         self.reuse_visible = history == "tokens"
         """`rollout.history=tokens`: a re-sent assistant turn equal in what is visible reuses its tokens."""
         if template.vision is None:

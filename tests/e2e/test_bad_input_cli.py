@@ -27,7 +27,7 @@ CASES = [
     ("rollout", ["agent.cwd=/NO_SUCH_DIR"], ["agent.cwd='/NO_SUCH_DIR' is not a directory", "agent.cwd=null"]),
     ("rollout", ["dataset.path={tmp}/not_json.jsonl"], ["dataset.path='{tmp}/not_json.jsonl' line 1 is not JSON",
                                                         "one JSON object per line"]),
-    ("rollout", ["rollout.history=bogus"], ["rollout.history='bogus'", "choose tokens or render"]),
+    ("rollout", ["rollout.history=bogus"], ["rollout.history='bogus'", "choose one of ['tokens', 'render']"]),
     ("eval", [], ["job=eval evaluates the eval.datasets entries and there are none", "set eval.datasets="]),
     ("eval", ["eval.datasets=[{name:x,path:NO_SUCH.jsonl}]"],
      ["eval.datasets[0] name='x': dataset.path='NO_SUCH.jsonl' does not exist", "JSONL file"]),

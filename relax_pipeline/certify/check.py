@@ -1,12 +1,12 @@
 """`job=check check.sessions=N`: N real sessions of the configured agent examined stage by stage into a certificate.
 
-run.py builds the run's objects, checks the config as before (its findings are the `config` stage), starts the
-engine, gateway and agent services, and calls `certify_sessions` with the run's pipeline, the model's chat
-template and the configured output parser; `conclude` writes `check/certificate.json` and `check/certificate.md`
-(`certify/certificate.py`) and logs the verdict. Stages after `sessions` run only when a session committed a
-turn; a stage that fails (`certify/evidence.py`, `certify/examine.py`) makes the app `broken`. Nothing here
-raises for what the sessions did: an agent that never calls the model, a template that cannot render its
-messages, an engine that cannot answer are each a failed stage with the reason.
+The check recipe (`recipes/check.py`) builds the run's objects, checks the config as before (its findings are the
+`config` stage), starts the engine, gateway and agent services, and calls `certify_sessions` with the run's
+pipeline, the model's chat template and the configured output parser; `conclude` writes `check/certificate.json` and
+`check/certificate.md` (`certify/certificate.py`) and logs the verdict. Stages after `sessions` run only when a
+session committed a turn; a stage that fails (`certify/evidence.py`, `certify/examine.py`) makes the app `broken`.
+Nothing here raises for what the sessions did: an agent that never calls the model, a template that cannot render
+its messages, an engine that cannot answer are each a failed stage with the reason.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ log = logging.getLogger("relax_pipeline")
 
 @dataclass(frozen=True)
 class CheckKeys:
-    """What the check runs and measures against; connects run.py's config to `certify_sessions`."""
+    """What the check runs and measures against; connects the check recipe's config to `certify_sessions`."""
 
     sessions: int
     """`check.sessions`."""

@@ -35,7 +35,7 @@ _PROBE = (Message("user", "x"),)
 
 @dataclass(frozen=True)
 class RuntimeKeys:
-    """The keys the runtime stage measures against; connects run.py's config to `runtime_stage`."""
+    """The keys the runtime stage measures against; connects the check recipe's config to `runtime_stage`."""
 
     agent_timeout: float | None
     mode: str

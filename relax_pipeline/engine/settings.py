@@ -10,7 +10,8 @@ allowed values. `SglangEngineSettings` keeps the documented flat keys (`engine.l
 `EngineRun` is what an engine gets from the rest of the run: the model folder, the seed, the context length
 the model allows, the template's end-of-turn token, the output folder and the Ray cluster.
 
-What it does not do: build engines or import torch. `run.py` hands these records to the class `_target_` names.
+What it does not do: build engines or import torch. The recipes (`recipes/parts.py`) hand these records to the class
+`_target_` names.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ PLACEMENTS = ("local", "ray")
 
 @dataclass(frozen=True)
 class EngineRun:
-    """What an engine gets from the run besides its node; built once by `run.py`."""
+    """What an engine gets from the run besides its node; built once by `recipes/parts.py`."""
 
     model_path: str
     """The model's Hugging Face folder (`model.path`, or the built model)."""

@@ -25,7 +25,7 @@ from relax_pipeline.stages.pipeline import Pipeline, StepResult
 
 @dataclass(frozen=True)
 class Binding:
-    """What the run resolved for its strategy; connects `run.py` to the strategy."""
+    """What the run resolved for its strategy; connects the recipes (`recipes/parts.py`) to the strategy."""
 
     capacity: int
     """Resident prompt groups (`stages.capacity.Capacity.groups`)."""

@@ -8,7 +8,7 @@ a class of their own. Every combination works or is refused here with the reason
 combine (`PrelaunchPartialRuntime`); fully_async already preempts and resumes every in-flight request around each
 weight update (request-level partial rollout), so `partial_rollout` adds nothing to it and is accepted, while
 `prelaunch` is refused (agents already start continuously). The
-capacity keys (`concurrency`, `eval_concurrency`, `external_slots`) size the whole run: `run.py` resolves them
+capacity keys (`concurrency`, `eval_concurrency`, `external_slots`) size the whole run: `recipes/parts.py` resolves them
 once into `stages.capacity.Capacity` (`capacity_part`), and a strategy gets the result through `bind`. A key
 that only one mode reads (`max_staleness`, fully_async's) must stay null under the others: the strategy
 refuses it at construction, naming the key.
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class CapacityKeys:
-    """The `runtime.*` keys that size the run (read once by `run.py` into `Capacity`)."""
+    """The `runtime.*` keys that size the run (read once by `recipes/parts.py` into `Capacity`)."""
 
     concurrency: int | None
     eval_concurrency: int | None

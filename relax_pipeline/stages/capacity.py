@@ -2,7 +2,7 @@
 
 `Capacity.resolve` turns `runtime.concurrency` (default `rollout.over_sampling_batch_size`, then
 `rollout.batch_size`), `rollout.n_samples_per_prompt` and `runtime.eval_concurrency` into one value that
-`run.py` computes once and passes to the strategy, the evaluator and the slot check; nothing else
+`recipes/parts.py` computes once and passes to the strategy, the evaluator and the slot check; nothing else
 recomputes it.
 
 Agents that run on an external platform (a sandbox service with `runtime.external_slots` slots) need a

@@ -1,6 +1,6 @@
 """Trackers: where per-step metrics go besides run.log.
 
-`TrackingSettings` is the `tracking` node (its `traces` and `otlp_endpoint` keys are read by run.py for
+`TrackingSettings` is the `tracking` node (its `traces` and `otlp_endpoint` keys are read by the recipes for
 `tracking/traces.py`, and its `console` and `console_metrics` keys by the console, `tracking/console.py`, whatever
 the tracker). `NullTracker` is `tracking=none`: the same interface, doing
 nothing, so the pipeline never branches on whether tracking is on. The W&B tracker is `tracking/wandb.py`.

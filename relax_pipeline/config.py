@@ -167,7 +167,17 @@ def validate(config: Config) -> None:
         raise ValueError("agent.executor=ray needs Ray: pip install 'relax_pipeline[ray]' (ray[default]==2.60.0); "
                          "or use agent.executor=local")
     _check_sglang_sessions(config)
+    _check_lora_engine(config)
     config.gateway.check_public_url(config.protocol.service_prefix)
+
+
+def _check_lora_engine(config: Config) -> None:
+    """A LoRA run trains an adapter and syncs only the adapter: the engine must serve adapters (engine=hf)."""
+    lora = getattr(config.trainer, "lora", None)
+    if config.job == "train" and lora is not None and lora.rank is not None and \
+            isinstance(config.engine, SglangEngineSettings):
+        raise ValueError(f"trainer.lora.rank={lora.rank} with engine=sglang: the SGLang client does not load LoRA "
+                         "adapters yet; use engine=hf, or train full weights (trainer.lora.rank=null)")
 
 
 def _check_sglang_sessions(config: Config) -> None:
